@@ -1,0 +1,104 @@
+//! `ApiError`: the one place where errors map to HTTP statuses, as RFC 9457 problem+json.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use raftbox_raft::WriteError;
+use raftbox_storage::{Rejection, StorageError};
+use serde_json::json;
+
+/// Seconds a client is asked to wait after a 503.
+pub const RETRY_AFTER_UNAVAILABLE_S: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        match self {
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
+            ApiError::Unauthenticated(_) => (
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "Unauthenticated",
+            ),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            ApiError::Unavailable(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Unavailable",
+            ),
+            ApiError::Internal(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+            ),
+        }
+    }
+}
+
+impl From<WriteError> for ApiError {
+    fn from(error: WriteError) -> ApiError {
+        ApiError::Unavailable(error.to_string())
+    }
+}
+
+impl From<StorageError> for ApiError {
+    fn from(error: StorageError) -> ApiError {
+        ApiError::Internal(error.to_string())
+    }
+}
+
+impl From<Rejection> for ApiError {
+    fn from(rejection: Rejection) -> ApiError {
+        match rejection {
+            Rejection::Conflict(detail) => ApiError::Conflict(detail),
+            Rejection::NotFound(detail) => ApiError::NotFound(detail),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, slug, title) = self.parts();
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), error = %self, "request failed");
+        }
+        let body = json!({ "type": slug, "title": title, "status": status.as_u16(), "detail": self.to_string() });
+        let mut response = (status, body.to_string()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        match status {
+            StatusCode::UNAUTHORIZED => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(RETRY_AFTER_UNAVAILABLE_S),
+                );
+            }
+            _ => {}
+        }
+        response
+    }
+}

@@ -1,0 +1,26 @@
+//! The handlers, one module per area, and the route table.
+
+mod accounts;
+mod probes;
+
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::AppState;
+
+/// Every route of the API.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(probes::metrics))
+        .route("/v1/cluster", get(probes::cluster))
+        .route("/v1/admin/users", post(accounts::create_user))
+        .route("/v1/admin/users/{user_id}", get(accounts::get_user))
+        .route(
+            "/v1/admin/users/{user_id}/tokens",
+            post(accounts::create_token),
+        )
+        .route("/v1/me", get(accounts::me))
+        .fallback(|| async { crate::ApiError::NotFound("no such route".into()) })
+}

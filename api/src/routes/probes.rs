@@ -1,0 +1,116 @@
+//! Probes and cluster status: `/healthz`, `/readyz`, `/v1/cluster`, `/metrics`.
+
+use std::fmt::Write;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::{ApiError, AppState};
+
+/// Process is up.
+pub async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// Member of a cluster that has a leader.
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let metrics = state.node.metrics();
+    let member = metrics
+        .membership_config
+        .membership()
+        .get_node(&state.node.id())
+        .is_some();
+    match metrics.current_leader {
+        Some(leader) if member => Ok(Json(json!({ "ready": true, "leaderId": leader }))),
+        _ => Err(ApiError::Unavailable(
+            "not a member of a cluster with a leader".into(),
+        )),
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Member {
+    id: u64,
+    http_addr: String,
+    grpc_addr: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterInfo {
+    node_id: u64,
+    leader_id: Option<u64>,
+    term: u64,
+    role: String,
+    members: Vec<Member>,
+    last_applied: u64,
+    last_log_index: u64,
+    snapshot_index: Option<u64>,
+}
+
+/// This node's view of the cluster.
+pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
+    let m = state.node.metrics();
+    let members = m
+        .membership_config
+        .membership()
+        .nodes()
+        .map(|(id, info)| Member {
+            id: *id,
+            http_addr: info.http_addr.clone(),
+            grpc_addr: info.grpc_addr.clone(),
+        })
+        .collect();
+    Json(ClusterInfo {
+        node_id: m.id,
+        leader_id: m.current_leader,
+        term: m.current_term,
+        role: format!("{:?}", m.state),
+        members,
+        last_applied: m.last_applied.map(|id| id.index).unwrap_or(0),
+        last_log_index: m.last_log_index.unwrap_or(0),
+        snapshot_index: m.snapshot.map(|id| id.index),
+    })
+}
+
+/// Prometheus text exposition of the node's Raft gauges.
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let m = state.node.metrics();
+    let gauges = [
+        ("raftbox_raft_term", "Current Raft term.", m.current_term),
+        (
+            "raftbox_raft_is_leader",
+            "1 if this node leads.",
+            u64::from(m.current_leader == Some(m.id)),
+        ),
+        (
+            "raftbox_raft_last_log_index",
+            "Index of the last log entry.",
+            m.last_log_index.unwrap_or(0),
+        ),
+        (
+            "raftbox_raft_last_applied_index",
+            "Index of the last applied entry.",
+            m.last_applied.map_or(0, |i| i.index),
+        ),
+        (
+            "raftbox_raft_snapshot_index",
+            "Last index in the current snapshot.",
+            m.snapshot.map_or(0, |i| i.index),
+        ),
+    ];
+    let mut body = String::new();
+    for (name, help, value) in gauges {
+        let _ = writeln!(
+            body,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{node=\"{}\"}} {value}",
+            m.id
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+}

@@ -1,0 +1,15 @@
+//! Process-level cluster tests: each module checks one invariant against real `raftbox`
+//! processes launched by [`raftbox_cluster_tests::Cluster`], through the HTTP API only.
+//!
+//! Each test starts its own three nodes, so run them one at a time:
+//! `cargo test -p raftbox-cluster-tests -- --test-threads=1` (the `raftbox` binary must be
+//! built first; `scripts/test` does both). `RAFTBOX_SEED` replays a run, `RAFTBOX_KEEP=1`
+//! keeps the cluster directory with the node logs.
+//!
+//! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
+//! - `snapshot_rejoin`: a wiped node rejoins through a snapshot and can lead.
+//! - `restart_durability`: SIGKILL of every node at once loses no acknowledged write.
+
+mod failover;
+mod restart_durability;
+mod snapshot_rejoin;

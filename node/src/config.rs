@@ -1,0 +1,257 @@
+//! Node configuration: a TOML file, overridden by flags and `RAFTBOX_*` environment
+//! variables, parsed once into a validated [`Config`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use raftbox_raft::{NodeInfo, RaftSettings};
+use serde::Deserialize;
+
+/// `raftbox serve` flags; each also reads an environment variable.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// TOML configuration file (see README.md, "Configuration").
+    #[arg(long, env = "RAFTBOX_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This node's id; must be one of the members.
+    #[arg(long, env = "RAFTBOX_NODE_ID")]
+    pub node_id: Option<u64>,
+    /// Directory for the node's database.
+    #[arg(long, env = "RAFTBOX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// HTTP listen address (default: this node's member entry).
+    #[arg(long, env = "RAFTBOX_HTTP_ADDR")]
+    pub http_addr: Option<SocketAddr>,
+    /// gRPC listen address (default: this node's member entry).
+    #[arg(long, env = "RAFTBOX_GRPC_ADDR")]
+    pub grpc_addr: Option<SocketAddr>,
+    /// File holding the admin bearer token; the cluster makes sure an admin user has it.
+    #[arg(long, env = "RAFTBOX_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+    /// Initialize the cluster on first start (set on exactly one node).
+    #[arg(long, env = "RAFTBOX_BOOTSTRAP")]
+    pub bootstrap: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    node_id: Option<u64>,
+    data_dir: Option<PathBuf>,
+    http_addr: Option<SocketAddr>,
+    grpc_addr: Option<SocketAddr>,
+    admin_token_file: Option<PathBuf>,
+    #[serde(default)]
+    bootstrap: bool,
+    #[serde(default)]
+    members: Vec<MemberConfig>,
+    #[serde(default)]
+    raft: RaftConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemberConfig {
+    id: u64,
+    http_addr: SocketAddr,
+    grpc_addr: SocketAddr,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RaftConfig {
+    heartbeat_ms: Option<u64>,
+    election_timeout_min_ms: Option<u64>,
+    election_timeout_max_ms: Option<u64>,
+    snapshot_logs_since_last: Option<u64>,
+    logs_to_keep: Option<u64>,
+    write_timeout_ms: Option<u64>,
+}
+
+/// A validated node configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_id: u64,
+    pub data_dir: PathBuf,
+    pub http_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
+    pub admin_token_file: Option<PathBuf>,
+    pub bootstrap: bool,
+    pub members: BTreeMap<u64, NodeInfo>,
+    pub raft: RaftSettings,
+}
+
+impl Config {
+    /// Reads the file named by `--config` (if any), applies flags, validates.
+    pub fn load(args: ServeArgs) -> anyhow::Result<Config> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("read config {}", path.display()))?;
+                toml::from_str(&text).with_context(|| format!("parse config {}", path.display()))?
+            }
+            None => FileConfig::default(),
+        };
+        Config::merge(file, args)
+    }
+
+    fn merge(file: FileConfig, args: ServeArgs) -> anyhow::Result<Config> {
+        let node_id = args
+            .node_id
+            .or(file.node_id)
+            .context("node_id is required (config or --node-id)")?;
+        let data_dir = args
+            .data_dir
+            .or(file.data_dir)
+            .context("data_dir is required (config or --data-dir)")?;
+        let mut members = BTreeMap::new();
+        let mut addrs = BTreeSet::new();
+        for m in &file.members {
+            if !addrs.insert(m.http_addr) || !addrs.insert(m.grpc_addr) {
+                bail!("member {} reuses an address of another member", m.id);
+            }
+            let info = NodeInfo {
+                http_addr: m.http_addr.to_string(),
+                grpc_addr: m.grpc_addr.to_string(),
+            };
+            if members.insert(m.id, info).is_some() {
+                bail!("member id {} appears twice", m.id);
+            }
+        }
+        let own = file.members.iter().find(|m| m.id == node_id);
+        let Some(own) = own else {
+            bail!(
+                "node_id {node_id} is not among the [[members]] ({:?})",
+                members.keys().collect::<Vec<_>>()
+            );
+        };
+        let d = RaftSettings::default();
+        let raft = RaftSettings {
+            heartbeat_ms: file.raft.heartbeat_ms.unwrap_or(d.heartbeat_ms),
+            election_timeout_min_ms: file
+                .raft
+                .election_timeout_min_ms
+                .unwrap_or(d.election_timeout_min_ms),
+            election_timeout_max_ms: file
+                .raft
+                .election_timeout_max_ms
+                .unwrap_or(d.election_timeout_max_ms),
+            snapshot_logs_since_last: file
+                .raft
+                .snapshot_logs_since_last
+                .unwrap_or(d.snapshot_logs_since_last),
+            logs_to_keep: file.raft.logs_to_keep.unwrap_or(d.logs_to_keep),
+            write_timeout_ms: file.raft.write_timeout_ms.unwrap_or(d.write_timeout_ms),
+        };
+        if raft.heartbeat_ms == 0 || raft.heartbeat_ms >= raft.election_timeout_min_ms {
+            bail!("raft.heartbeat_ms must be positive and below raft.election_timeout_min_ms");
+        }
+        if raft.election_timeout_min_ms >= raft.election_timeout_max_ms {
+            bail!("raft.election_timeout_min_ms must be below raft.election_timeout_max_ms");
+        }
+        if raft.snapshot_logs_since_last == 0 {
+            bail!("raft.snapshot_logs_since_last must be positive");
+        }
+        Ok(Config {
+            node_id,
+            data_dir,
+            http_addr: args.http_addr.or(file.http_addr).unwrap_or(own.http_addr),
+            grpc_addr: args.grpc_addr.or(file.grpc_addr).unwrap_or(own.grpc_addr),
+            admin_token_file: args.admin_token_file.or(file.admin_token_file),
+            bootstrap: args.bootstrap || file.bootstrap,
+            members,
+            raft,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> ServeArgs {
+        ServeArgs {
+            config: None,
+            node_id: None,
+            data_dir: None,
+            http_addr: None,
+            grpc_addr: None,
+            admin_token_file: None,
+            bootstrap: false,
+        }
+    }
+
+    const THREE: &str = r#"
+        node_id = 2
+        data_dir = "/tmp/n2"
+        [[members]]
+        id = 1
+        http_addr = "127.0.0.1:7081"
+        grpc_addr = "127.0.0.1:7091"
+        [[members]]
+        id = 2
+        http_addr = "127.0.0.1:7082"
+        grpc_addr = "127.0.0.1:7092"
+        [raft]
+        heartbeat_ms = 50
+    "#;
+
+    fn check(text: &str, args: ServeArgs) -> anyhow::Result<Config> {
+        Config::merge(toml::from_str(text)?, args)
+    }
+
+    #[test]
+    fn file_values_and_member_defaults() {
+        let config = check(THREE, args()).expect("valid");
+        assert_eq!(config.node_id, 2);
+        assert_eq!(config.http_addr.to_string(), "127.0.0.1:7082");
+        assert_eq!(config.raft.heartbeat_ms, 50);
+        assert_eq!(config.raft.election_timeout_min_ms, 400);
+        assert_eq!(config.members.len(), 2);
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let config = check(
+            THREE,
+            ServeArgs {
+                node_id: Some(1),
+                bootstrap: true,
+                ..args()
+            },
+        )
+        .expect("valid");
+        assert_eq!((config.node_id, config.bootstrap), (1, true));
+        assert_eq!(config.grpc_addr.to_string(), "127.0.0.1:7091");
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_a_reason() {
+        let unknown_member = check(
+            THREE,
+            ServeArgs {
+                node_id: Some(9),
+                ..args()
+            },
+        );
+        assert!(unknown_member
+            .unwrap_err()
+            .to_string()
+            .contains("not among"));
+        let bad_timing = THREE.replace("heartbeat_ms = 50", "heartbeat_ms = 500");
+        assert!(check(&bad_timing, args())
+            .unwrap_err()
+            .to_string()
+            .contains("heartbeat_ms"));
+        assert!(
+            check("nodeid = 1", args()).is_err(),
+            "unknown keys are errors"
+        );
+        assert!(check("data_dir = \"/x\"", args())
+            .unwrap_err()
+            .to_string()
+            .contains("node_id"));
+    }
+}

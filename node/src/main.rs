@@ -1,0 +1,41 @@
+//! `raftbox`: runs a cluster node (`serve`) and drives a running cluster (`bench`).
+//!
+//! - [`config`]: the node's configuration: TOML file, flags and environment, validated once.
+//! - [`serve`]: wiring of storage, Raft, gRPC and HTTP; signals and graceful shutdown.
+//! - [`bench`]: the write benchmark against a running cluster.
+
+mod bench;
+mod config;
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+/// raftbox: a Raft-replicated file store, job scheduler and rate limiter.
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand)]
+enum Commands {
+    /// Run a cluster node until SIGTERM or Ctrl-C.
+    Serve(config::ServeArgs),
+    /// Measure write throughput and latency of a running cluster with N concurrent writers.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        Commands::Serve(args) => {
+            let config = config::Config::load(args)?;
+            runtime.block_on(serve::run(config))
+        }
+        Commands::Bench(args) => runtime.block_on(bench::run(args)),
+    }
+}

@@ -1,0 +1,122 @@
+//! `raftbox serve`: opens the database, starts Raft, serves gRPC (peers) and HTTP (clients),
+//! bootstraps the cluster where configured, and shuts down gracefully on SIGTERM or Ctrl-C.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use raftbox_api::AppState;
+use raftbox_raft::{RaftGrpc, RaftNode, RaftServiceServer, WriteError};
+use raftbox_storage::{Command, Db, Outcome};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::config::Config;
+
+/// Pause between attempts to register the admin token while the cluster has no quorum yet.
+const ADMIN_RETRY_DELAY: Duration = Duration::from_millis(200);
+
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,openraft=warn,h2=warn,tower=warn,hyper=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    tracing::info!(node_id = config.node_id, http = %config.http_addr, grpc = %config.grpc_addr,
+        data_dir = %config.data_dir.display(), "starting raftbox node");
+
+    let db = Db::open(&config.data_dir.join("db")).context("open database")?;
+    let node = RaftNode::start(config.node_id, db, config.raft.clone())
+        .await
+        .context("start raft")?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+
+    let grpc_listener = TcpListener::bind(config.grpc_addr)
+        .await
+        .with_context(|| format!("bind gRPC {}", config.grpc_addr))?;
+    let http_listener = TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("bind HTTP {}", config.http_addr))?;
+    let service = RaftServiceServer::new(RaftGrpc::new(node.clone()))
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), stopped()),
+    );
+    let http = tokio::spawn(raftbox_api::serve(
+        http_listener,
+        AppState { node: node.clone() },
+        stopped(),
+    ));
+
+    if config.bootstrap {
+        node.bootstrap(config.members.clone())
+            .await
+            .context("bootstrap cluster")?;
+    }
+    if let Some(path) = &config.admin_token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("read admin token {}", path.display()))?;
+        tokio::spawn(ensure_admin(node.clone(), token.trim().to_string()));
+    }
+
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    http.await
+        .context("join HTTP server")?
+        .context("HTTP server")?;
+    grpc.await
+        .context("join gRPC server")?
+        .context("gRPC server")?;
+    node.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("install SIGTERM handler")?;
+    tokio::select! {
+        _ = terminate.recv() => {}
+        result = tokio::signal::ctrl_c() => result.context("wait for Ctrl-C")?,
+    }
+    Ok(())
+}
+
+/// Makes sure an admin user holding `token` exists; retries until the cluster has a quorum.
+async fn ensure_admin(node: RaftNode, token: String) {
+    let token_hash = raftbox_api::auth::hash_token(&token);
+    loop {
+        let command = Command::EnsureAdmin {
+            user_id: uuid::Uuid::new_v4().to_string(),
+            namespace_id: uuid::Uuid::new_v4().to_string(),
+            token_id: uuid::Uuid::new_v4().to_string(),
+            token_hash,
+        };
+        match node.write(command).await {
+            Ok(Outcome::AdminReady { user_id }) => {
+                tracing::info!(%user_id, "admin token registered");
+                return;
+            }
+            Ok(other) => {
+                tracing::error!(outcome = ?other, "admin token could not be registered");
+                return;
+            }
+            Err(WriteError::ShuttingDown) => return,
+            Err(e) => tracing::debug!(error = %e, "admin token not registered yet; retrying"),
+        }
+        tokio::time::sleep(ADMIN_RETRY_DELAY).await;
+    }
+}

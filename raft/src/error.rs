@@ -1,0 +1,28 @@
+//! The error types of the raft crate.
+
+/// Why a proposed write has no outcome.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WriteError {
+    /// No leader could be reached before the deadline; the write was not applied.
+    #[error("no leader available: {0}")]
+    Unavailable(String),
+    /// The write may or may not have been applied (the leader failed mid-write).
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    /// This node is shutting down.
+    #[error("node is shutting down")]
+    ShuttingDown,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("storage: {0}")]
+    Storage(#[from] raftbox_storage::StorageError),
+    #[error("raft storage: {0}")]
+    RaftStorage(#[from] openraft::StorageError<u64>),
+    #[error("raft config: {0}")]
+    Config(#[from] openraft::ConfigError),
+    #[error("raft: {0}")]
+    Fatal(#[from] openraft::error::Fatal<u64>),
+}

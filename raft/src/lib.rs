@@ -1,0 +1,27 @@
+//! raftbox-raft: consensus for a raftbox node.
+//!
+//! - [`types`]: the openraft type configuration.
+//! - [`log_store`], [`state_machine`]: openraft's storage traits over `raftbox-storage`.
+//! - [`network`], [`service`]: the tonic/prost node-to-node protocol (client and server).
+//! - [`proposer`]: client-write batching and leader forwarding.
+//! - [`node`]: a running node: write, linearizable read barrier, bootstrap.
+
+pub mod error;
+pub mod log_store;
+pub mod network;
+pub mod node;
+pub mod proposer;
+pub mod service;
+pub mod state_machine;
+pub mod types;
+
+/// Generated protobuf types; used only inside this crate's modules and by the server wiring.
+pub mod pb {
+    tonic::include_proto!("raftbox.raft");
+}
+
+pub use error::{StartError, WriteError};
+pub use node::{RaftNode, RaftSettings};
+pub use pb::raft_service_server::RaftServiceServer;
+pub use service::RaftGrpc;
+pub use types::{NodeId, NodeInfo, RaftMetrics};

@@ -1,0 +1,179 @@
+//! The Raft log store: openraft's `RaftLogStorage` over the node's RocksDB.
+//!
+//! Appends are acknowledged to openraft only after the WAL is synced; votes are synced before
+//! `save_vote` returns.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{LogState, OptionalSend, RaftLogReader, StorageIOError};
+use raftbox_storage::{keys, Db};
+
+use crate::types::{Entry, LogId, RaftStorageError, TypeConfig, Vote};
+
+/// The log store; cloning it yields a reader over the same database.
+#[derive(Debug, Clone)]
+pub struct LogStore {
+    db: Db,
+}
+
+impl LogStore {
+    pub fn new(db: Db) -> LogStore {
+        LogStore { db }
+    }
+
+    /// Runs blocking RocksDB work off the async workers.
+    async fn blocking<T, F>(&self, work: F) -> Result<T, RaftStorageError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Db) -> Result<T, RaftStorageError> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || work(db))
+            .await
+            .map_err(|e| RaftStorageError::from(StorageIOError::write_logs(&e)))?
+    }
+
+    fn meta<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>, RaftStorageError> {
+        let raw = self
+            .db
+            .meta_get(key)
+            .map_err(|e| StorageIOError::read(&e))?;
+        raw.map(|bytes| serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read(&e).into()))
+            .transpose()
+    }
+}
+
+fn range_to_indexes<RB: RangeBounds<u64>>(range: &RB) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(&i) => i,
+        Bound::Excluded(&i) => i.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&i) => i.saturating_add(1),
+        Bound::Excluded(&i) => i,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+fn decode_entry(bytes: &[u8]) -> Result<Entry, RaftStorageError> {
+    serde_json::from_slice(bytes).map_err(|e| StorageIOError::read_logs(&e).into())
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, RaftStorageError> {
+        let (start, end) = range_to_indexes(&range);
+        let raw = self
+            .db
+            .log_range(start, end)
+            .map_err(|e| StorageIOError::read_logs(&e))?;
+        raw.iter().map(|(_, bytes)| decode_entry(bytes)).collect()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
+        let last_purged_log_id: Option<LogId> = self.meta(keys::meta::PURGED)?;
+        let last = self
+            .db
+            .log_last()
+            .map_err(|e| StorageIOError::read_logs(&e))?;
+        let last_log_id = match last {
+            Some((_, bytes)) => Some(decode_entry(&bytes)?.log_id),
+            None => last_purged_log_id,
+        };
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), RaftStorageError> {
+        let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(&e))?;
+        self.blocking(move |db| {
+            db.meta_put(keys::meta::VOTE, &bytes, true)
+                .map_err(|e| StorageIOError::write_vote(&e).into())
+        })
+        .await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, RaftStorageError> {
+        self.meta(keys::meta::VOTE)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
+        let bytes = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
+        // Not synced: a lost committed id only means re-applying less on restart.
+        self.db
+            .meta_put(keys::meta::COMMITTED, &bytes, false)
+            .map_err(|e| StorageIOError::write(&e).into())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {
+        Ok(self.meta::<Option<LogId>>(keys::meta::COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), RaftStorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut encoded = Vec::new();
+        for entry in entries {
+            let bytes = serde_json::to_vec(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
+            encoded.push((entry.log_id.index, bytes));
+        }
+        let result = self
+            .blocking(move |db| {
+                db.log_append(encoded)
+                    .map_err(|e| StorageIOError::write_logs(&e).into())
+            })
+            .await;
+        match result {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        self.blocking(move |db| {
+            db.log_truncate(log_id.index)
+                .map_err(|e| StorageIOError::write_logs(&e).into())
+        })
+        .await
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        let bytes = serde_json::to_vec(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
+        self.blocking(move |db| {
+            db.log_purge(log_id.index, bytes)
+                .map_err(|e| StorageIOError::write_logs(&e).into())
+        })
+        .await
+    }
+}

@@ -1,0 +1,177 @@
+//! The client side of the node-to-node gRPC protocol: openraft's `RaftNetwork` and the
+//! forwarding calls of the proposer.
+//!
+//! Every call has a deadline; channels connect lazily with a connect timeout and HTTP/2
+//! keep-alive, so a dead peer never hangs a call. Transport failures become
+//! `RPCError::Unreachable`, which makes openraft back off.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::pb::raft_reply::Result as ReplyResult;
+use crate::pb::raft_service_client::RaftServiceClient;
+use crate::pb::{RaftMessage, RaftReply};
+use crate::types::{NodeId, NodeInfo, TypeConfig};
+
+/// How long establishing a TCP connection to a peer may take.
+pub const CONNECT_TIMEOUT_MS: u64 = 500;
+/// HTTP/2 keep-alive ping interval; a peer that stops answering is detected within
+/// interval + timeout.
+pub const KEEPALIVE_INTERVAL_MS: u64 = 1_000;
+pub const KEEPALIVE_TIMEOUT_MS: u64 = 2_000;
+
+/// A cache of one lazily-connected channel per peer address.
+#[derive(Debug, Clone, Default)]
+pub struct Peers {
+    channels: Arc<Mutex<HashMap<String, Channel>>>,
+}
+
+impl Peers {
+    /// A client for the peer at `grpc_addr` (host:port); connects on first use.
+    pub fn client(
+        &self,
+        grpc_addr: &str,
+    ) -> Result<RaftServiceClient<Channel>, tonic::transport::Error> {
+        let channel = {
+            let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+            match channels.get(grpc_addr) {
+                Some(channel) => channel.clone(),
+                None => {
+                    let channel = Endpoint::from_shared(format!("http://{grpc_addr}"))?
+                        .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+                        .tcp_nodelay(true)
+                        .http2_keep_alive_interval(Duration::from_millis(KEEPALIVE_INTERVAL_MS))
+                        .keep_alive_timeout(Duration::from_millis(KEEPALIVE_TIMEOUT_MS))
+                        .keep_alive_while_idle(true)
+                        .connect_lazy();
+                    channels.insert(grpc_addr.to_string(), channel.clone());
+                    channel
+                }
+            }
+        };
+        Ok(RaftServiceClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX))
+    }
+}
+
+/// Builds one [`PeerNetwork`] per replication target.
+#[derive(Debug, Clone, Default)]
+pub struct NetworkFactory {
+    pub peers: Peers,
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = PeerNetwork;
+
+    async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerNetwork {
+        PeerNetwork {
+            target,
+            addr: node.grpc_addr.clone(),
+            peers: self.peers.clone(),
+        }
+    }
+}
+
+/// openraft's connection to one peer.
+#[derive(Debug)]
+pub struct PeerNetwork {
+    target: NodeId,
+    addr: String,
+    peers: Peers,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, E>>;
+
+/// Transport-level failure: the peer may be down; openraft backs off.
+fn unreachable<E: std::error::Error>(status: &tonic::Status) -> RPCError<NodeId, NodeInfo, E> {
+    RPCError::Unreachable(Unreachable::new(status))
+}
+
+fn network<E: std::error::Error, S: std::error::Error + 'static>(
+    source: &S,
+) -> RPCError<NodeId, NodeInfo, E> {
+    RPCError::Network(NetworkError::new(source))
+}
+
+impl PeerNetwork {
+    async fn call<Req, Resp, E>(
+        &self,
+        method: Method,
+        request: &Req,
+        timeout: Duration,
+    ) -> RpcResult<Resp, RaftError<NodeId, E>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let json = serde_json::to_vec(request).map_err(|e| network(&e))?;
+        let mut client = self.peers.client(&self.addr).map_err(|e| network(&e))?;
+        let mut message = tonic::Request::new(RaftMessage { json });
+        message.set_timeout(timeout);
+        let reply = match method {
+            Method::AppendEntries => client.append_entries(message).await,
+            Method::Vote => client.vote(message).await,
+            Method::InstallSnapshot => client.install_snapshot(message).await,
+        };
+        let reply: RaftReply = reply.map_err(|status| unreachable(&status))?.into_inner();
+        match reply.result {
+            Some(ReplyResult::Ok(bytes)) => serde_json::from_slice(&bytes).map_err(|e| network(&e)),
+            Some(ReplyResult::Error(bytes)) => {
+                let error: RaftError<NodeId, E> =
+                    serde_json::from_slice(&bytes).map_err(|e| network(&e))?;
+                Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
+            }
+            None => Err(network(&std::io::Error::other("empty reply"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Method {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+impl RaftNetwork<TypeConfig> for PeerNetwork {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        self.call(Method::AppendEntries, &rpc, option.hard_ttl())
+            .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
+        self.call(Method::InstallSnapshot, &rpc, option.hard_ttl())
+            .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, RaftError<NodeId>> {
+        self.call(Method::Vote, &rpc, option.hard_ttl()).await
+    }
+}

@@ -1,0 +1,220 @@
+//! A running Raft node: openraft over the node's stores, its proposer, and the calls the
+//! rest of the node makes (write, linearizable read barrier, bootstrap, status).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::{Config, SnapshotPolicy};
+use raftbox_storage::{Command, Db, Outcome, StateMachine};
+use tokio::time::Instant;
+
+use crate::error::{StartError, WriteError};
+use crate::log_store::LogStore;
+use crate::network::{NetworkFactory, Peers};
+use crate::pb::read_index_reply::Result as ReadIndexResult;
+use crate::pb::{ReadIndexRequest, StatusRequest};
+use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
+use crate::state_machine::StateMachineStore;
+use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
+
+/// Raft timing and log-compaction settings of a node.
+#[derive(Debug, Clone)]
+pub struct RaftSettings {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Build a snapshot after this many entries were applied since the last one.
+    pub snapshot_logs_since_last: u64,
+    /// Entries kept in the log behind a snapshot (for followers that are a little behind).
+    pub logs_to_keep: u64,
+    /// How long a write or read barrier may wait for a leader and a quorum.
+    pub write_timeout_ms: u64,
+}
+
+impl Default for RaftSettings {
+    fn default() -> RaftSettings {
+        RaftSettings {
+            heartbeat_ms: 100,
+            election_timeout_min_ms: 400,
+            election_timeout_max_ms: 800,
+            snapshot_logs_since_last: 10_000,
+            logs_to_keep: 1_000,
+            write_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// How long a bootstrapping node waits for each peer's status answer.
+const BOOTSTRAP_PROBE_TIMEOUT_MS: u64 = 1_000;
+
+struct Inner {
+    id: NodeId,
+    raft: Raft,
+    state: StateMachine,
+    proposer: Proposer,
+    peers: Peers,
+    settings: RaftSettings,
+}
+
+/// A cheap, cloneable handle to the node.
+#[derive(Clone)]
+pub struct RaftNode {
+    inner: Arc<Inner>,
+}
+
+impl RaftNode {
+    /// Opens the stores in `db` and starts openraft. Serving gRPC is the caller's job
+    /// (see [`crate::RaftGrpc`]).
+    pub async fn start(id: NodeId, db: Db, settings: RaftSettings) -> Result<RaftNode, StartError> {
+        let config = Config {
+            cluster_name: "raftbox".into(),
+            heartbeat_interval: settings.heartbeat_ms,
+            election_timeout_min: settings.election_timeout_min_ms,
+            election_timeout_max: settings.election_timeout_max_ms,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_logs_since_last),
+            max_in_snapshot_log_to_keep: settings.logs_to_keep,
+            ..Default::default()
+        }
+        .validate()?;
+        let state = StateMachine::new(db.clone());
+        let sm_store = StateMachineStore::new(state.clone())?;
+        let peers = Peers::default();
+        let network = NetworkFactory {
+            peers: peers.clone(),
+        };
+        let raft = Raft::new(id, Arc::new(config), network, LogStore::new(db), sm_store).await?;
+        let proposer = Proposer::spawn(ProposerContext {
+            node_id: id,
+            raft: raft.clone(),
+            peers: peers.clone(),
+            write_timeout: Duration::from_millis(settings.write_timeout_ms),
+        });
+        Ok(RaftNode {
+            inner: Arc::new(Inner {
+                id,
+                raft,
+                state,
+                proposer,
+                peers,
+                settings,
+            }),
+        })
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    pub fn proposer(&self) -> &Proposer {
+        &self.inner.proposer
+    }
+
+    /// The local state machine, for reads (call [`RaftNode::read_barrier`] first for a
+    /// linearizable read).
+    pub fn state(&self) -> &StateMachine {
+        &self.inner.state
+    }
+
+    pub fn metrics(&self) -> RaftMetrics {
+        self.inner.raft.metrics().borrow().clone()
+    }
+
+    /// Applies one command through the leader (batched with concurrent ones).
+    pub async fn write(&self, command: Command) -> Result<Outcome, WriteError> {
+        let mut outcomes = self.inner.proposer.submit(vec![command]).await?;
+        outcomes
+            .pop()
+            .ok_or_else(|| WriteError::Unknown("no outcome for the command".into()))
+    }
+
+    /// Returns once this node has applied everything committed before the call: a read of
+    /// the local state after it is linearizable.
+    pub async fn read_barrier(&self) -> Result<(), WriteError> {
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
+        loop {
+            let (leader, addr) = wait_for_leader(&self.inner.raft, deadline).await?;
+            let index = if leader == self.inner.id {
+                match self.inner.raft.ensure_linearizable().await {
+                    Ok(_) => return Ok(()),
+                    Err(_) => None,
+                }
+            } else {
+                self.remote_read_index(&addr, deadline).await
+            };
+            if let Some(index) = index {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                return self
+                    .inner
+                    .raft
+                    .wait(Some(remaining))
+                    .applied_index_at_least(Some(index), "read barrier")
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        WriteError::Unavailable(format!("catching up to read index {index}: {e}"))
+                    });
+            }
+            if Instant::now() >= deadline {
+                return Err(WriteError::Unavailable(
+                    "no leader confirmed a read index".into(),
+                ));
+            }
+            let mut metrics = self.inner.raft.metrics();
+            let _ = tokio::time::timeout(Duration::from_millis(50), metrics.changed()).await;
+        }
+    }
+
+    async fn remote_read_index(&self, addr: &str, deadline: Instant) -> Option<u64> {
+        let mut client = self.inner.peers.client(addr).ok()?;
+        let mut request = tonic::Request::new(ReadIndexRequest {});
+        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        match client.read_index(request).await.ok()?.into_inner().result? {
+            ReadIndexResult::Index(index) => Some(index),
+            ReadIndexResult::NotLeader(_) => None,
+        }
+    }
+
+    /// On a fresh node chosen to bootstrap: initializes the cluster with `members`, unless
+    /// the node or any reachable peer already belongs to an initialized cluster.
+    pub async fn bootstrap(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), StartError> {
+        if self.inner.raft.is_initialized().await? {
+            tracing::info!("cluster already initialized; no bootstrap");
+            return Ok(());
+        }
+        for (id, info) in members.iter().filter(|(id, _)| **id != self.inner.id) {
+            if self.peer_initialized(&info.grpc_addr).await {
+                tracing::info!(
+                    peer = id,
+                    "peer belongs to an initialized cluster; joining it instead of bootstrapping"
+                );
+                return Ok(());
+            }
+        }
+        tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initializing the cluster");
+        if let Err(e) = self.inner.raft.initialize(members).await {
+            tracing::warn!(error = %e, "initialize refused");
+        }
+        Ok(())
+    }
+
+    async fn peer_initialized(&self, addr: &str) -> bool {
+        let Ok(mut client) = self.inner.peers.client(addr) else {
+            return false;
+        };
+        let mut request = tonic::Request::new(StatusRequest {});
+        request.set_timeout(Duration::from_millis(BOOTSTRAP_PROBE_TIMEOUT_MS));
+        matches!(client.status(request).await, Ok(reply) if reply.get_ref().initialized)
+    }
+
+    /// Stops openraft (the caller stops serving first).
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+    }
+}

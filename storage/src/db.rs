@@ -1,0 +1,209 @@
+//! Opening a node's RocksDB and raw access to the Raft log and Raft metadata.
+//!
+//! Durability rule: every write that openraft must see durable (log append, vote, truncate)
+//! goes through a synced write. All column families share one WAL, so a synced write also
+//! makes every earlier unsynced write (state-machine applies) durable.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions, DB,
+};
+
+use crate::{cf, keys, StorageError};
+
+/// A cheap, cloneable handle to the node's database.
+#[derive(Clone)]
+pub struct Db {
+    inner: Arc<DB>,
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("path", &self.inner.path())
+            .finish()
+    }
+}
+
+pub(crate) fn write_options(sync: bool) -> WriteOptions {
+    let mut options = WriteOptions::default();
+    options.set_sync(sync);
+    options
+}
+
+impl Db {
+    /// Opens (creating if needed) the database at `path` with every column family of [`cf::ALL`].
+    pub fn open(path: &Path) -> Result<Db, StorageError> {
+        std::fs::create_dir_all(path)?;
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        options.set_keep_log_file_num(4);
+        let descriptors = cf::ALL
+            .iter()
+            .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
+        let inner = DB::open_cf_descriptors(&options, path, descriptors)?;
+        Ok(Db {
+            inner: Arc::new(inner),
+        })
+    }
+
+    pub(crate) fn rocks(&self) -> &DB {
+        &self.inner
+    }
+
+    pub(crate) fn cf(&self, name: &'static str) -> &ColumnFamily {
+        // The database was opened with every name of cf::ALL; a miss is a programming error.
+        self.inner
+            .cf_handle(name)
+            .unwrap_or_else(|| panic!("column family {name} missing"))
+    }
+
+    /// Appends encoded log entries and syncs the WAL before returning.
+    pub fn log_append<I>(&self, entries: I) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = (u64, Vec<u8>)>,
+    {
+        let mut batch = WriteBatch::default();
+        let log = self.cf(cf::LOG);
+        for (index, bytes) in entries {
+            batch.put_cf(log, keys::log(index), bytes);
+        }
+        self.inner.write_opt(batch, &write_options(true))?;
+        Ok(())
+    }
+
+    /// Entries with `start <= index < end`, in order.
+    pub fn log_range(&self, start: u64, end: u64) -> Result<Vec<(u64, Vec<u8>)>, StorageError> {
+        let mut out = Vec::new();
+        if start >= end {
+            return Ok(out);
+        }
+        let from = keys::log(start);
+        let iter = self.inner.iterator_cf(
+            self.cf(cf::LOG),
+            IteratorMode::From(&from, Direction::Forward),
+        );
+        for item in iter {
+            let (key, value) = item?;
+            let index =
+                keys::log_index(&key).ok_or_else(|| StorageError::Corrupt("log key".into()))?;
+            if index >= end {
+                break;
+            }
+            out.push((index, value.into_vec()));
+        }
+        Ok(out)
+    }
+
+    /// The entry with the highest index, if any.
+    pub fn log_last(&self) -> Result<Option<(u64, Vec<u8>)>, StorageError> {
+        let mut iter = self.inner.iterator_cf(self.cf(cf::LOG), IteratorMode::End);
+        match iter.next() {
+            None => Ok(None),
+            Some(item) => {
+                let (key, value) = item?;
+                let index =
+                    keys::log_index(&key).ok_or_else(|| StorageError::Corrupt("log key".into()))?;
+                Ok(Some((index, value.into_vec())))
+            }
+        }
+    }
+
+    /// Deletes every entry with index >= `from` (conflicting entries), synced.
+    pub fn log_truncate(&self, from: u64) -> Result<(), StorageError> {
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(self.cf(cf::LOG), keys::log(from), keys::log(u64::MAX));
+        batch.delete_cf(self.cf(cf::LOG), keys::log(u64::MAX));
+        self.inner.write_opt(batch, &write_options(true))?;
+        Ok(())
+    }
+
+    /// Records `purged` under `purged_key` and deletes every entry with index <= `upto`, in one
+    /// write.
+    pub fn log_purge(&self, upto: u64, purged_value: Vec<u8>) -> Result<(), StorageError> {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(cf::RAFT_META), keys::meta::PURGED, purged_value);
+        batch.delete_range_cf(
+            self.cf(cf::LOG),
+            keys::log(0),
+            keys::log(upto.saturating_add(1)),
+        );
+        self.inner.write_opt(batch, &write_options(true))?;
+        Ok(())
+    }
+
+    /// Writes one Raft metadata value; `sync` for values openraft must find after a crash.
+    pub fn meta_put(&self, key: &[u8], value: &[u8], sync: bool) -> Result<(), StorageError> {
+        self.inner
+            .put_cf_opt(self.cf(cf::RAFT_META), key, value, &write_options(sync))?;
+        Ok(())
+    }
+
+    pub fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.inner.get_cf(self.cf(cf::RAFT_META), key)?)
+    }
+
+    /// Syncs the shared WAL, making every earlier write durable.
+    pub fn sync_wal(&self) -> Result<(), StorageError> {
+        self.inner.flush_wal(true)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open() -> (tempfile::TempDir, Db) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(dir.path()).expect("open");
+        (dir, db)
+    }
+
+    #[test]
+    fn log_append_range_truncate_purge() {
+        let (_dir, db) = open();
+        db.log_append((1..=10).map(|i| (i, vec![i as u8])))
+            .expect("append");
+        assert_eq!(
+            db.log_range(3, 6)
+                .expect("range")
+                .iter()
+                .map(|e| e.0)
+                .collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        assert_eq!(db.log_last().expect("last").map(|e| e.0), Some(10));
+        db.log_truncate(8).expect("truncate");
+        assert_eq!(db.log_last().expect("last").map(|e| e.0), Some(7));
+        db.log_purge(4, b"p".to_vec()).expect("purge");
+        assert_eq!(
+            db.log_range(0, 100).expect("range").first().map(|e| e.0),
+            Some(5)
+        );
+        assert_eq!(
+            db.meta_get(keys::meta::PURGED).expect("meta"),
+            Some(b"p".to_vec())
+        );
+    }
+
+    #[test]
+    fn reopen_keeps_data() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = Db::open(dir.path()).expect("open");
+            db.log_append([(1, b"a".to_vec())]).expect("append");
+            db.meta_put(keys::meta::VOTE, b"v", true).expect("vote");
+        }
+        let db = Db::open(dir.path()).expect("reopen");
+        assert_eq!(db.log_range(1, 2).expect("range"), vec![(1, b"a".to_vec())]);
+        assert_eq!(
+            db.meta_get(keys::meta::VOTE).expect("vote"),
+            Some(b"v".to_vec())
+        );
+    }
+}

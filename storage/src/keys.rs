@@ -1,0 +1,91 @@
+//! Key encodings, once. Integers are big-endian so keys sort numerically; every state key
+//! starts with a one-byte table tag so a table is a contiguous key range.
+
+/// Key of log entry `index` in [`crate::cf::LOG`].
+pub fn log(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+/// Decodes a [`log`] key.
+pub fn log_index(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.try_into().ok()?))
+}
+
+/// Keys in [`crate::cf::RAFT_META`].
+pub mod meta {
+    pub const VOTE: &[u8] = b"vote";
+    pub const COMMITTED: &[u8] = b"committed";
+    pub const PURGED: &[u8] = b"purged";
+    pub const SNAPSHOT: &[u8] = b"snapshot";
+}
+
+/// Table tags of [`crate::cf::STATE`].
+mod tag {
+    pub const SYSTEM: u8 = 0x00;
+    pub const USER: u8 = 0x01;
+    pub const USER_NAME: u8 = 0x02;
+    pub const TOKEN: u8 = 0x03;
+    pub const NAMESPACE: u8 = 0x04;
+}
+
+fn tagged(tag: u8, rest: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + rest.len());
+    key.push(tag);
+    key.extend_from_slice(rest);
+    key
+}
+
+/// The opaque applied marker (last applied log id and membership, owned by the raft crate).
+pub fn applied_marker() -> Vec<u8> {
+    tagged(tag::SYSTEM, b"applied")
+}
+
+/// The state machine's clock: the largest leader time applied so far.
+pub fn clock() -> Vec<u8> {
+    tagged(tag::SYSTEM, b"clock")
+}
+
+pub fn user(user_id: &str) -> Vec<u8> {
+    tagged(tag::USER, user_id.as_bytes())
+}
+
+/// Unique index: user name → user id.
+pub fn user_name(name: &str) -> Vec<u8> {
+    tagged(tag::USER_NAME, name.as_bytes())
+}
+
+/// Tokens are keyed by the blake3 hash of the secret; the secret itself is never stored.
+pub fn token(token_hash: &[u8; 32]) -> Vec<u8> {
+    tagged(tag::TOKEN, token_hash)
+}
+
+pub fn namespace(namespace_id: &str) -> Vec<u8> {
+    tagged(tag::NAMESPACE, namespace_id.as_bytes())
+}
+
+/// The first key of the user table and the first key past it.
+pub fn user_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::USER], vec![tag::USER + 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_keys_sort_numerically() {
+        assert!(log(2) < log(10));
+        assert!(log(255) < log(256));
+        assert_eq!(log_index(&log(12345)), Some(12345));
+        assert_eq!(log_index(b"short"), None);
+    }
+
+    #[test]
+    fn tables_do_not_overlap() {
+        let (start, end) = user_range();
+        let u = user("abc");
+        assert!(start <= u && u < end);
+        assert!(!(start <= user_name("abc") && user_name("abc") < end));
+        assert!(!(start <= namespace("abc") && namespace("abc") < end));
+    }
+}

@@ -1,0 +1,23 @@
+//! raftbox-storage: the one RocksDB instance of a node and everything written to it.
+//!
+//! - [`cf`]: column-family names (the storage layout, part 1).
+//! - [`keys`]: key encodings (the storage layout, part 2).
+//! - [`db`]: opening the database; raw Raft-log and Raft-metadata access.
+//! - [`command`]: the replicated commands and their outcomes (what travels in the log).
+//! - [`records`]: the stored records of the state machine.
+//! - [`state`]: the deterministic `apply`, the read queries and snapshot build/restore.
+//!
+//! This crate knows nothing of openraft, tonic, axum or clocks: time arrives inside commands.
+
+pub mod cf;
+pub mod command;
+pub mod db;
+mod error;
+pub mod keys;
+pub mod records;
+pub mod state;
+
+pub use command::{Batch, Command, Outcome, Rejection};
+pub use db::Db;
+pub use error::StorageError;
+pub use state::StateMachine;

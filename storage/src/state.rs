@@ -1,0 +1,386 @@
+//! The replicated state machine: deterministic apply, read queries, snapshot build/restore.
+//!
+//! `apply` reads no clock, randomness, environment or node-local file: time (`Batch::now_ms`)
+//! and ids travel inside the commands. Each applied log entry is one RocksDB write batch
+//! holding its data changes together with the applied marker (the last applied log id and
+//! membership, opaque bytes owned by the raft crate).
+
+use std::collections::HashMap;
+
+use rocksdb::{IteratorMode, WriteBatch};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::command::{Batch, Command, Outcome, Rejection};
+use crate::db::write_options;
+use crate::records::{Namespace, NamespaceKind, Token, User};
+use crate::{cf, keys, Db, StorageError};
+
+/// Magic prefix of a snapshot image; the version is the last byte.
+const SNAPSHOT_MAGIC: &[u8; 8] = b"RBXSNAP1";
+/// Length of the blake3 checksum that ends a snapshot image.
+const SNAPSHOT_CHECKSUM_BYTES: usize = 32;
+/// Name of the admin user that `EnsureAdmin` creates.
+pub const ADMIN_USER_NAME: &str = "admin";
+
+/// A consistent image of the state column family.
+#[derive(Debug, Clone)]
+pub struct SnapshotImage {
+    /// The applied marker as of the image.
+    pub marker: Option<Vec<u8>>,
+    /// Encoded image: magic, length-prefixed key/value pairs, blake3 checksum.
+    pub bytes: Vec<u8>,
+}
+
+/// The state machine over the node's database.
+#[derive(Debug, Clone)]
+pub struct StateMachine {
+    db: Db,
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing plain data structs to JSON cannot fail.
+    serde_json::to_vec(value).expect("records serialize")
+}
+
+fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
+    serde_json::from_slice(bytes).map_err(StorageError::decode(what))
+}
+
+/// The pending writes of one applied entry: reads see earlier writes of the same entry.
+struct Txn<'a> {
+    db: &'a Db,
+    batch: WriteBatch,
+    overlay: HashMap<Vec<u8>, Vec<u8>>,
+    now_ms: u64,
+}
+
+impl Txn<'_> {
+    fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        if let Some(value) = self.overlay.get(key) {
+            return Ok(Some(value.clone()));
+        }
+        Ok(self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?)
+    }
+
+    fn get<T: DeserializeOwned>(
+        &self,
+        what: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
+        self.get_raw(key)?
+            .map(|bytes| decode(what, &bytes))
+            .transpose()
+    }
+
+    fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.batch.put_cf(self.db.cf(cf::STATE), &key, &value);
+        self.overlay.insert(key, value);
+    }
+
+    fn put<T: Serialize>(&mut self, key: Vec<u8>, value: &T) {
+        self.put_raw(key, encode(value));
+    }
+}
+
+impl StateMachine {
+    pub fn new(db: Db) -> StateMachine {
+        StateMachine { db }
+    }
+
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
+    /// The applied marker of the last applied entry, if any entry was applied.
+    pub fn applied_marker(&self) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self
+            .db
+            .rocks()
+            .get_cf(self.db.cf(cf::STATE), keys::applied_marker())?)
+    }
+
+    /// The state machine's clock: the largest leader time applied so far (0 before any).
+    pub fn clock_ms(&self) -> Result<u64, StorageError> {
+        let raw = self
+            .db
+            .rocks()
+            .get_cf(self.db.cf(cf::STATE), keys::clock())?;
+        raw.map(|bytes| decode("clock", &bytes))
+            .transpose()
+            .map(|c| c.unwrap_or(0))
+    }
+
+    /// Applies one log entry: its batch (none for blank and membership entries) and the new
+    /// applied marker, as one write batch. Returns one outcome per command, in order.
+    pub fn apply(
+        &self,
+        marker: &[u8],
+        batch: Option<&Batch>,
+    ) -> Result<Vec<Outcome>, StorageError> {
+        let now_ms = match batch {
+            Some(batch) => self.clock_ms()?.max(batch.now_ms),
+            None => self.clock_ms()?,
+        };
+        let mut txn = Txn {
+            db: &self.db,
+            batch: WriteBatch::default(),
+            overlay: HashMap::new(),
+            now_ms,
+        };
+        let mut outcomes = Vec::new();
+        if let Some(batch) = batch {
+            outcomes.reserve(batch.commands.len());
+            for command in &batch.commands {
+                outcomes.push(apply_command(&mut txn, command)?);
+            }
+            txn.put(keys::clock(), &now_ms);
+        }
+        txn.put_raw(keys::applied_marker(), marker.to_vec());
+        // Not synced: the log entry being applied is already durable in the same WAL, and the
+        // next synced write (or `build_snapshot`) makes this one durable too.
+        self.db
+            .rocks()
+            .write_opt(txn.batch, &write_options(false))?;
+        Ok(outcomes)
+    }
+
+    pub fn user(&self, user_id: &str) -> Result<Option<User>, StorageError> {
+        self.get("user", &keys::user(user_id))
+    }
+
+    /// The token with this secret hash and the user it belongs to.
+    pub fn token(&self, token_hash: &[u8; 32]) -> Result<Option<(Token, User)>, StorageError> {
+        let Some(token) = self.get::<Token>("token", &keys::token(token_hash))? else {
+            return Ok(None);
+        };
+        let user = self.user(&token.user_id)?.ok_or_else(|| {
+            StorageError::Corrupt(format!("token {} names a missing user", token.id))
+        })?;
+        Ok(Some((token, user)))
+    }
+
+    pub fn namespace(&self, namespace_id: &str) -> Result<Option<Namespace>, StorageError> {
+        self.get("namespace", &keys::namespace(namespace_id))
+    }
+
+    /// Number of users (for metrics and tests).
+    pub fn user_count(&self) -> Result<u64, StorageError> {
+        let (start, end) = keys::user_range();
+        let mut count = 0;
+        let iter = self.db.rocks().iterator_cf(
+            self.db.cf(cf::STATE),
+            IteratorMode::From(&start, rocksdb::Direction::Forward),
+        );
+        for item in iter {
+            let (key, _) = item?;
+            if *key >= *end {
+                break;
+            }
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    fn get<T: DeserializeOwned>(
+        &self,
+        what: &'static str,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError> {
+        let raw = self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?;
+        raw.map(|bytes| decode(what, &bytes)).transpose()
+    }
+
+    /// Builds a consistent image of the whole state from one RocksDB snapshot view.
+    pub fn build_snapshot(&self) -> Result<SnapshotImage, StorageError> {
+        self.db.sync_wal()?;
+        let view = self.db.rocks().snapshot();
+        let marker = view.get_cf(self.db.cf(cf::STATE), keys::applied_marker())?;
+        let mut bytes = SNAPSHOT_MAGIC.to_vec();
+        for item in view.iterator_cf(self.db.cf(cf::STATE), IteratorMode::Start) {
+            let (key, value) = item?;
+            push_framed(&mut bytes, &key);
+            push_framed(&mut bytes, &value);
+        }
+        let checksum = blake3::hash(&bytes);
+        bytes.extend_from_slice(checksum.as_bytes());
+        Ok(SnapshotImage { marker, bytes })
+    }
+
+    /// Replaces the whole state with a snapshot image, synced. Returns the image's marker.
+    pub fn restore_snapshot(&self, image: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        let pairs = parse_image(image)?;
+        let state = self.db.cf(cf::STATE);
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(state, [0x00u8].as_slice(), [0xffu8; 8].as_slice());
+        let mut marker = None;
+        let marker_key = keys::applied_marker();
+        for (key, value) in pairs {
+            if key == marker_key.as_slice() {
+                marker = Some(value.to_vec());
+            }
+            batch.put_cf(state, key, value);
+        }
+        self.db.rocks().write_opt(batch, &write_options(true))?;
+        Ok(marker)
+    }
+}
+
+fn push_framed(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = u32::try_from(bytes.len()).expect("state keys and values are under 4 GiB");
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Checks magic and checksum and splits an image into key/value pairs.
+fn parse_image(image: &[u8]) -> Result<Vec<(&[u8], &[u8])>, StorageError> {
+    if image.len() < SNAPSHOT_MAGIC.len() + SNAPSHOT_CHECKSUM_BYTES
+        || !image.starts_with(SNAPSHOT_MAGIC)
+    {
+        return Err(corrupt_image("bad header"));
+    }
+    let (body, checksum) = image.split_at(image.len() - SNAPSHOT_CHECKSUM_BYTES);
+    if blake3::hash(body).as_bytes() != checksum {
+        return Err(corrupt_image("checksum mismatch"));
+    }
+    let mut rest = &body[SNAPSHOT_MAGIC.len()..];
+    let mut pairs = Vec::new();
+    while !rest.is_empty() {
+        let key = take_framed(&mut rest)?;
+        let value = take_framed(&mut rest)?;
+        pairs.push((key, value));
+    }
+    Ok(pairs)
+}
+
+fn corrupt_image(what: &str) -> StorageError {
+    StorageError::Corrupt(format!("snapshot image: {what}"))
+}
+
+fn take_framed<'a>(rest: &mut &'a [u8]) -> Result<&'a [u8], StorageError> {
+    let (len, tail) = rest
+        .split_first_chunk::<4>()
+        .ok_or_else(|| corrupt_image("truncated length"))?;
+    let len = u32::from_be_bytes(*len) as usize;
+    if tail.len() < len {
+        return Err(corrupt_image("truncated value"));
+    }
+    let (value, tail) = tail.split_at(len);
+    *rest = tail;
+    Ok(value)
+}
+
+fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outcome, StorageError> {
+    match command {
+        Command::CreateUser {
+            user_id,
+            namespace_id,
+            name,
+        } => create_user(txn, user_id, namespace_id, name, false),
+        Command::CreateToken {
+            token_id,
+            user_id,
+            name,
+            token_hash,
+        } => {
+            if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
+                return Ok(Outcome::Rejected(Rejection::NotFound(format!(
+                    "user {user_id}"
+                ))));
+            }
+            create_token(txn, token_id, user_id, name, token_hash)
+        }
+        Command::EnsureAdmin {
+            user_id,
+            namespace_id,
+            token_id,
+            token_hash,
+        } => {
+            if let Some(token) = txn.get::<Token>("token", &keys::token(token_hash))? {
+                return Ok(Outcome::AdminReady {
+                    user_id: token.user_id,
+                });
+            }
+            let admin_id =
+                match txn.get::<String>("user name", &keys::user_name(ADMIN_USER_NAME))? {
+                    Some(existing) => existing,
+                    None => match create_user(txn, user_id, namespace_id, ADMIN_USER_NAME, true)? {
+                        Outcome::UserCreated { user_id, .. } => user_id,
+                        other => return Ok(other),
+                    },
+                };
+            create_token(txn, token_id, &admin_id, "admin", token_hash)?;
+            Ok(Outcome::AdminReady { user_id: admin_id })
+        }
+    }
+}
+
+fn create_user(
+    txn: &mut Txn<'_>,
+    user_id: &str,
+    namespace_id: &str,
+    name: &str,
+    admin: bool,
+) -> Result<Outcome, StorageError> {
+    if txn.get_raw(&keys::user_name(name))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!(
+            "a user named {name:?} exists"
+        ))));
+    }
+    if txn.get_raw(&keys::user(user_id))?.is_some()
+        || txn.get_raw(&keys::namespace(namespace_id))?.is_some()
+    {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!(
+            "id {user_id} or {namespace_id} is taken"
+        ))));
+    }
+    let created_ms = txn.now_ms;
+    let user = User {
+        id: user_id.into(),
+        name: name.into(),
+        namespace_id: namespace_id.into(),
+        admin,
+        created_ms,
+    };
+    let namespace = Namespace {
+        id: namespace_id.into(),
+        kind: NamespaceKind::Personal,
+        owner_user_id: user_id.into(),
+        created_ms,
+    };
+    txn.put(keys::user(user_id), &user);
+    txn.put(keys::user_name(name), &user_id.to_string());
+    txn.put(keys::namespace(namespace_id), &namespace);
+    Ok(Outcome::UserCreated {
+        user_id: user_id.into(),
+        namespace_id: namespace_id.into(),
+    })
+}
+
+fn create_token(
+    txn: &mut Txn<'_>,
+    token_id: &str,
+    user_id: &str,
+    name: &str,
+    token_hash: &[u8; 32],
+) -> Result<Outcome, StorageError> {
+    if txn.get_raw(&keys::token(token_hash))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(
+            "token already registered".into(),
+        )));
+    }
+    let token = Token {
+        id: token_id.into(),
+        user_id: user_id.into(),
+        name: name.into(),
+        created_ms: txn.now_ms,
+    };
+    txn.put(keys::token(token_hash), &token);
+    Ok(Outcome::TokenCreated {
+        token_id: token_id.into(),
+    })
+}
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;
