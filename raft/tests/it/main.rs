@@ -1,0 +1,27 @@
+//! Integration tests of the raft crate: openraft's storage conformance suite against the
+//! real RocksDB-backed log store and state machine.
+
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::StorageError;
+use raftbox_raft::log_store::LogStore;
+use raftbox_raft::state_machine::StateMachineStore;
+use raftbox_raft::types::TypeConfig;
+use raftbox_storage::{Db, StateMachine};
+
+struct RocksBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for RocksBuilder {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<u64>> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(dir.path()).expect("open db");
+        let sm = StateMachineStore::new(StateMachine::new(db.clone()))?;
+        Ok((dir, LogStore::new(db), sm))
+    }
+}
+
+#[test]
+fn openraft_storage_suite() -> Result<(), StorageError<u64>> {
+    Suite::test_all(RocksBuilder)
+}
