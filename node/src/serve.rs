@@ -9,7 +9,7 @@ use raftbox_raft::{RaftGrpc, RaftNode, RaftServiceServer, WriteError};
 use raftbox_storage::{Command, Db, Outcome};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 use crate::config::Config;
 
@@ -52,7 +52,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let grpc = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), stopped()),
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
+                stopped(),
+            ),
     );
     let http = tokio::spawn(raftbox_api::serve(
         http_listener,
