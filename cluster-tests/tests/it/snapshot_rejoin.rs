@@ -3,9 +3,10 @@
 //! node can only be rebuilt from a snapshot; it must then apply as far as the leader, report
 //! a `snapshotIndex`, and hold every user — the early ones included.
 //!
-//! The second phase makes the rebuilt node serve from its own state: the two other nodes are
+//! The second phase checks the rebuilt node can carry the cluster: the two other nodes are
 //! stopped, one of them wiped and restarted, so the rebuilt node holds the only complete log
-//! and must win the election; every user is then read through it while it leads.
+//! and must win the election; every user is then read through it while it leads, and the
+//! other two nodes are rebuilt from it.
 
 use std::time::Duration;
 
