@@ -14,6 +14,7 @@ pub mod command;
 pub mod db;
 mod error;
 pub mod keys;
+pub mod ratelimit;
 pub mod records;
 pub mod state;
 
