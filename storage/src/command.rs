@@ -6,6 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ratelimit::{Algorithm, Decision};
+use crate::records::{IdempotencyResult, SavedResponse};
+
 /// One log entry's worth of commands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Batch {
@@ -39,6 +42,68 @@ pub enum Command {
         token_id: String,
         token_hash: [u8; 32],
     },
+    /// Applies `command` at most once per idempotency `scope` (a hash of principal, route and
+    /// key): the record and the effect are written in this same apply. `on_success` is the
+    /// response to save when `command` succeeds (ids are generated before proposing, so it is
+    /// known in advance); a rejection is saved as such.
+    Idempotent {
+        scope: [u8; 32],
+        fingerprint: [u8; 32],
+        ttl_ms: u64,
+        on_success: SavedResponse,
+        command: Box<Command>,
+    },
+    /// Starts multi-step keyed work: inserts an `IN_PROGRESS` record with a lease.
+    IdempotencyBegin {
+        scope: [u8; 32],
+        fingerprint: [u8; 32],
+        ttl_ms: u64,
+        lease_ms: u64,
+    },
+    /// Finishes multi-step keyed work: the record becomes `DONE` with the response.
+    IdempotencyComplete {
+        scope: [u8; 32],
+        response: SavedResponse,
+    },
+    /// The keyed work did not happen (e.g. no quorum before it started): forget the record.
+    IdempotencyRelease { scope: [u8; 32] },
+    /// Applies `command` once per `(consumer, message_id)`: a processed-message record
+    /// written with the effect; a duplicate is skipped.
+    Once {
+        consumer: String,
+        message_id: String,
+        ttl_ms: u64,
+        command: Box<Command>,
+    },
+    /// Checks and updates rate limits atomically: either every check admits the request and
+    /// all states advance, or none does.
+    RateCheck { checks: Vec<RateCheck> },
+    /// Deletes expired idempotency, processed-message and idle rate-limit records, at most
+    /// `max_records` of each kind.
+    PurgeExpired { max_records: u32 },
+}
+
+/// One limit to check: its state key and algorithm.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateCheck {
+    pub key: String,
+    pub algorithm: Algorithm,
+}
+
+/// What an idempotent command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum IdempotencyOutcome {
+    /// First time: the work ran (for `Idempotent`, with this outcome).
+    Applied { outcome: Box<Outcome> },
+    /// First time (`IdempotencyBegin`): the caller runs the work now.
+    Begun,
+    /// Already done: the saved result, the work is not run again.
+    Replay { result: IdempotencyResult },
+    /// A request with this key is still running.
+    InProgress { retry_after_ms: u64 },
+    /// The key was used with a different request body.
+    KeyReused,
 }
 
 /// The result of one command, in the order of the batch.
@@ -56,6 +121,19 @@ pub enum Outcome {
         user_id: String,
     },
     Rejected(Rejection),
+    Idempotency(IdempotencyOutcome),
+    /// `Once`: the message was processed before; nothing was applied.
+    Duplicate,
+    /// `RateCheck`: one decision per check, in order.
+    Rate {
+        allowed: bool,
+        decisions: Vec<Decision>,
+    },
+    /// Idempotency completion and release, which have no result of their own.
+    Done,
+    Purged {
+        records: u64,
+    },
 }
 
 /// A command that was applied but changed nothing, and why. Deterministic on every node.

@@ -26,6 +26,55 @@ mod tag {
     pub const USER_NAME: u8 = 0x02;
     pub const TOKEN: u8 = 0x03;
     pub const NAMESPACE: u8 = 0x04;
+    pub const IDEMPOTENCY: u8 = 0x05;
+    pub const IDEMPOTENCY_EXPIRY: u8 = 0x06;
+    pub const PROCESSED: u8 = 0x07;
+    pub const PROCESSED_EXPIRY: u8 = 0x08;
+    pub const RATE: u8 = 0x09;
+    pub const RATE_EXPIRY: u8 = 0x0a;
+}
+
+/// An expiry index: records of one table ordered by the time they expire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiring {
+    Idempotency,
+    Processed,
+    Rate,
+}
+
+impl Expiring {
+    fn tags(self) -> (u8, u8) {
+        match self {
+            Expiring::Idempotency => (tag::IDEMPOTENCY, tag::IDEMPOTENCY_EXPIRY),
+            Expiring::Processed => (tag::PROCESSED, tag::PROCESSED_EXPIRY),
+            Expiring::Rate => (tag::RATE, tag::RATE_EXPIRY),
+        }
+    }
+
+    /// Key of the record `id` in its table.
+    pub fn record(self, id: &[u8]) -> Vec<u8> {
+        tagged(self.tags().0, id)
+    }
+
+    /// Key of the index entry: the expiry time, then the record id.
+    pub fn index(self, expires_ms: u64, id: &[u8]) -> Vec<u8> {
+        let mut rest = expires_ms.to_be_bytes().to_vec();
+        rest.extend_from_slice(id);
+        tagged(self.tags().1, &rest)
+    }
+
+    /// The first index key and the first key past the index.
+    pub fn index_range(self) -> (Vec<u8>, Vec<u8>) {
+        let tag = self.tags().1;
+        (vec![tag], vec![tag + 1])
+    }
+
+    /// Splits an index key into (expires_ms, record id).
+    pub fn parse_index(key: &[u8]) -> Option<(u64, &[u8])> {
+        let rest = key.get(1..)?;
+        let (time, id) = rest.split_first_chunk::<8>()?;
+        Some((u64::from_be_bytes(*time), id))
+    }
 }
 
 fn tagged(tag: u8, rest: &[u8]) -> Vec<u8> {

@@ -13,6 +13,7 @@ pub mod cf;
 pub mod command;
 pub mod db;
 mod error;
+mod guards;
 pub mod keys;
 pub mod ratelimit;
 pub mod records;

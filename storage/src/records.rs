@@ -32,3 +32,42 @@ pub struct Namespace {
     pub owner_user_id: String,
     pub created_ms: u64,
 }
+
+/// An HTTP response saved for idempotent replay; opaque to storage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+/// What a finished idempotent request produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum IdempotencyResult {
+    Response(SavedResponse),
+    Rejected(crate::Rejection),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum IdempotencyStatus {
+    InProgress { lease_until_ms: u64 },
+    Done { result: IdempotencyResult },
+}
+
+/// An idempotency record: key scope (the record id), body fingerprint, status, expiry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyRecord {
+    pub fingerprint: [u8; 32],
+    pub status: IdempotencyStatus,
+    pub created_ms: u64,
+    pub expires_ms: u64,
+}
+
+/// Rate-limiter state of one key, and when it becomes indistinguishable from no state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateRecord {
+    pub state: crate::ratelimit::LimitState,
+    pub idle_at_ms: u64,
+}

@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::command::{Batch, Command, Outcome, Rejection};
 use crate::db::write_options;
 use crate::records::{Namespace, NamespaceKind, Token, User};
-use crate::{cf, keys, Db, StorageError};
+use crate::{cf, guards, keys, Db, StorageError};
 
 /// Magic prefix of a snapshot image; the version is the last byte.
 const SNAPSHOT_MAGIC: &[u8; 8] = b"RBXSNAP1";
@@ -48,22 +48,22 @@ fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, St
 }
 
 /// The pending writes of one applied entry: reads see earlier writes of the same entry.
-struct Txn<'a> {
+pub(crate) struct Txn<'a> {
     db: &'a Db,
     batch: WriteBatch,
-    overlay: HashMap<Vec<u8>, Vec<u8>>,
-    now_ms: u64,
+    overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    pub(crate) now_ms: u64,
 }
 
 impl Txn<'_> {
-    fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+    pub(crate) fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         if let Some(value) = self.overlay.get(key) {
-            return Ok(Some(value.clone()));
+            return Ok(value.clone());
         }
         Ok(self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?)
     }
 
-    fn get<T: DeserializeOwned>(
+    pub(crate) fn get<T: DeserializeOwned>(
         &self,
         what: &'static str,
         key: &[u8],
@@ -73,13 +73,38 @@ impl Txn<'_> {
             .transpose()
     }
 
-    fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
+    pub(crate) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
         self.batch.put_cf(self.db.cf(cf::STATE), &key, &value);
-        self.overlay.insert(key, value);
+        self.overlay.insert(key, Some(value));
     }
 
-    fn put<T: Serialize>(&mut self, key: Vec<u8>, value: &T) {
+    pub(crate) fn put<T: Serialize>(&mut self, key: Vec<u8>, value: &T) {
         self.put_raw(key, encode(value));
+    }
+
+    pub(crate) fn delete(&mut self, key: Vec<u8>) {
+        self.batch.delete_cf(self.db.cf(cf::STATE), &key);
+        self.overlay.insert(key, None);
+    }
+
+    /// Keys of `[start, end)` as of the previous entry (this entry's writes not included),
+    /// at most `max`.
+    pub(crate) fn committed_keys(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        max: usize,
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
+        let mut keys = Vec::new();
+        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
+        for item in self.db.rocks().iterator_cf(self.db.cf(cf::STATE), mode) {
+            let (key, _) = item?;
+            if *key >= *end || keys.len() >= max {
+                break;
+            }
+            keys.push(key.into_vec());
+        }
+        Ok(keys)
     }
 }
 
@@ -270,8 +295,31 @@ fn take_framed<'a>(rest: &mut &'a [u8]) -> Result<&'a [u8], StorageError> {
     Ok(value)
 }
 
-fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outcome, StorageError> {
+pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outcome, StorageError> {
     match command {
+        Command::Idempotent {
+            scope,
+            fingerprint,
+            ttl_ms,
+            on_success,
+            command,
+        } => guards::idempotent(txn, scope, fingerprint, *ttl_ms, on_success, command),
+        Command::IdempotencyBegin {
+            scope,
+            fingerprint,
+            ttl_ms,
+            lease_ms,
+        } => guards::begin(txn, scope, fingerprint, *ttl_ms, *lease_ms),
+        Command::IdempotencyComplete { scope, response } => guards::complete(txn, scope, response),
+        Command::IdempotencyRelease { scope } => guards::release(txn, scope),
+        Command::Once {
+            consumer,
+            message_id,
+            ttl_ms,
+            command,
+        } => guards::once(txn, consumer, message_id, *ttl_ms, command),
+        Command::RateCheck { checks } => guards::rate_check(txn, checks),
+        Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
         Command::CreateUser {
             user_id,
             namespace_id,

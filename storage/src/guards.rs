@@ -1,0 +1,239 @@
+//! Apply logic of the request guards: idempotency records, processed-message records and
+//! rate-limiter state, and the purge of those that expired.
+//!
+//! Each record kind has an expiry index (`keys::Expiring`) so the purge reads only what is
+//! due, in time order, and never runs on the request path.
+
+use crate::command::{Command, IdempotencyOutcome, Outcome, RateCheck};
+use crate::keys::Expiring;
+use crate::records::{
+    IdempotencyRecord, IdempotencyResult, IdempotencyStatus, RateRecord, SavedResponse,
+};
+use crate::state::{apply_command, Txn};
+use crate::StorageError;
+
+fn get_record(txn: &Txn<'_>, scope: &[u8; 32]) -> Result<Option<IdempotencyRecord>, StorageError> {
+    txn.get("idempotency record", &Expiring::Idempotency.record(scope))
+}
+
+/// What an existing, unexpired record means for a new request with the same scope; `None`
+/// when the request should run (no record, expired, or an abandoned lease).
+fn existing(
+    txn: &Txn<'_>,
+    scope: &[u8; 32],
+    fingerprint: &[u8; 32],
+) -> Result<Option<IdempotencyOutcome>, StorageError> {
+    let Some(record) = get_record(txn, scope)? else {
+        return Ok(None);
+    };
+    if record.expires_ms <= txn.now_ms {
+        return Ok(None);
+    }
+    if record.fingerprint != *fingerprint {
+        return Ok(Some(IdempotencyOutcome::KeyReused));
+    }
+    Ok(match record.status {
+        IdempotencyStatus::Done { result } => Some(IdempotencyOutcome::Replay { result }),
+        IdempotencyStatus::InProgress { lease_until_ms } if lease_until_ms > txn.now_ms => {
+            Some(IdempotencyOutcome::InProgress {
+                retry_after_ms: lease_until_ms - txn.now_ms,
+            })
+        }
+        IdempotencyStatus::InProgress { .. } => None,
+    })
+}
+
+/// Writes `record` under `scope`, keeping the expiry index in step.
+fn put_record(
+    txn: &mut Txn<'_>,
+    scope: &[u8; 32],
+    record: &IdempotencyRecord,
+) -> Result<(), StorageError> {
+    if let Some(old) = get_record(txn, scope)? {
+        if old.expires_ms != record.expires_ms {
+            txn.delete(Expiring::Idempotency.index(old.expires_ms, scope));
+        }
+    }
+    txn.put(Expiring::Idempotency.record(scope), record);
+    txn.put_raw(
+        Expiring::Idempotency.index(record.expires_ms, scope),
+        Vec::new(),
+    );
+    Ok(())
+}
+
+pub(crate) fn idempotent(
+    txn: &mut Txn<'_>,
+    scope: &[u8; 32],
+    fingerprint: &[u8; 32],
+    ttl_ms: u64,
+    on_success: &SavedResponse,
+    command: &Command,
+) -> Result<Outcome, StorageError> {
+    if let Some(earlier) = existing(txn, scope, fingerprint)? {
+        return Ok(Outcome::Idempotency(earlier));
+    }
+    let outcome = apply_command(txn, command)?;
+    let result = match &outcome {
+        Outcome::Rejected(rejection) => IdempotencyResult::Rejected(rejection.clone()),
+        _ => IdempotencyResult::Response(on_success.clone()),
+    };
+    let record = IdempotencyRecord {
+        fingerprint: *fingerprint,
+        status: IdempotencyStatus::Done { result },
+        created_ms: txn.now_ms,
+        expires_ms: txn.now_ms.saturating_add(ttl_ms),
+    };
+    put_record(txn, scope, &record)?;
+    Ok(Outcome::Idempotency(IdempotencyOutcome::Applied {
+        outcome: Box::new(outcome),
+    }))
+}
+
+pub(crate) fn begin(
+    txn: &mut Txn<'_>,
+    scope: &[u8; 32],
+    fingerprint: &[u8; 32],
+    ttl_ms: u64,
+    lease_ms: u64,
+) -> Result<Outcome, StorageError> {
+    if let Some(earlier) = existing(txn, scope, fingerprint)? {
+        return Ok(Outcome::Idempotency(earlier));
+    }
+    let record = IdempotencyRecord {
+        fingerprint: *fingerprint,
+        status: IdempotencyStatus::InProgress {
+            lease_until_ms: txn.now_ms.saturating_add(lease_ms),
+        },
+        created_ms: txn.now_ms,
+        expires_ms: txn.now_ms.saturating_add(ttl_ms),
+    };
+    put_record(txn, scope, &record)?;
+    Ok(Outcome::Idempotency(IdempotencyOutcome::Begun))
+}
+
+pub(crate) fn complete(
+    txn: &mut Txn<'_>,
+    scope: &[u8; 32],
+    response: &SavedResponse,
+) -> Result<Outcome, StorageError> {
+    if let Some(mut record) = get_record(txn, scope)? {
+        if matches!(record.status, IdempotencyStatus::InProgress { .. }) {
+            record.status = IdempotencyStatus::Done {
+                result: IdempotencyResult::Response(response.clone()),
+            };
+            put_record(txn, scope, &record)?;
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn release(txn: &mut Txn<'_>, scope: &[u8; 32]) -> Result<Outcome, StorageError> {
+    if let Some(record) = get_record(txn, scope)? {
+        if matches!(record.status, IdempotencyStatus::InProgress { .. }) {
+            txn.delete(Expiring::Idempotency.index(record.expires_ms, scope));
+            txn.delete(Expiring::Idempotency.record(scope));
+        }
+    }
+    Ok(Outcome::Done)
+}
+
+fn message_key(consumer: &str, message_id: &str) -> Vec<u8> {
+    let mut id = consumer.as_bytes().to_vec();
+    id.push(0);
+    id.extend_from_slice(message_id.as_bytes());
+    id
+}
+
+pub(crate) fn once(
+    txn: &mut Txn<'_>,
+    consumer: &str,
+    message_id: &str,
+    ttl_ms: u64,
+    command: &Command,
+) -> Result<Outcome, StorageError> {
+    let id = message_key(consumer, message_id);
+    let previous: Option<u64> = txn.get("processed message", &Expiring::Processed.record(&id))?;
+    if previous.is_some_and(|expires_ms| expires_ms > txn.now_ms) {
+        return Ok(Outcome::Duplicate);
+    }
+    if let Some(expires_ms) = previous {
+        txn.delete(Expiring::Processed.index(expires_ms, &id));
+    }
+    let outcome = apply_command(txn, command)?;
+    let expires_ms = txn.now_ms.saturating_add(ttl_ms);
+    txn.put(Expiring::Processed.record(&id), &expires_ms);
+    txn.put_raw(Expiring::Processed.index(expires_ms, &id), Vec::new());
+    Ok(outcome)
+}
+
+pub(crate) fn rate_check(txn: &mut Txn<'_>, checks: &[RateCheck]) -> Result<Outcome, StorageError> {
+    let mut decisions = Vec::with_capacity(checks.len());
+    let mut updates = Vec::with_capacity(checks.len());
+    for check in checks {
+        let key = Expiring::Rate.record(check.key.as_bytes());
+        let previous: Option<RateRecord> = txn.get("rate state", &key)?;
+        let (decision, state) = check
+            .algorithm
+            .check(previous.as_ref().map(|r| &r.state), txn.now_ms);
+        decisions.push(decision);
+        let record = RateRecord {
+            state,
+            idle_at_ms: txn.now_ms.saturating_add(check.algorithm.idle_after_ms()),
+        };
+        updates.push((check.key.as_bytes(), previous.map(|p| p.idle_at_ms), record));
+    }
+    let allowed = decisions.iter().all(|d| d.allowed);
+    if allowed {
+        for (id, previous_idle_at, record) in updates {
+            if let Some(old) = previous_idle_at.filter(|old| *old != record.idle_at_ms) {
+                txn.delete(Expiring::Rate.index(old, id));
+            }
+            txn.put_raw(Expiring::Rate.index(record.idle_at_ms, id), Vec::new());
+            txn.put(Expiring::Rate.record(id), &record);
+        }
+    }
+    Ok(Outcome::Rate { allowed, decisions })
+}
+
+pub(crate) fn purge_expired(
+    txn: &mut Txn<'_>,
+    max_records: usize,
+) -> Result<Outcome, StorageError> {
+    let mut purged = 0;
+    for kind in [Expiring::Idempotency, Expiring::Processed, Expiring::Rate] {
+        let (start, end) = kind.index_range();
+        for index_key in txn.committed_keys(&start, &end, max_records)? {
+            let Some((expires_ms, id)) = Expiring::parse_index(&index_key) else {
+                continue;
+            };
+            if expires_ms > txn.now_ms {
+                break;
+            }
+            let record_key = kind.record(id);
+            if record_expiry(txn, kind, &record_key)? == Some(expires_ms) {
+                txn.delete(record_key);
+                purged += 1;
+            }
+            txn.delete(index_key.clone());
+        }
+    }
+    Ok(Outcome::Purged { records: purged })
+}
+
+/// The expiry a record currently has (it may have been renewed since an index entry).
+fn record_expiry(txn: &Txn<'_>, kind: Expiring, key: &[u8]) -> Result<Option<u64>, StorageError> {
+    Ok(match kind {
+        Expiring::Idempotency => txn
+            .get::<IdempotencyRecord>("idempotency record", key)?
+            .map(|r| r.expires_ms),
+        Expiring::Processed => txn.get::<u64>("processed message", key)?,
+        Expiring::Rate => txn
+            .get::<RateRecord>("rate state", key)?
+            .map(|r| r.idle_at_ms),
+    })
+}
+
+#[cfg(test)]
+#[path = "guards_tests.rs"]
+mod tests;
