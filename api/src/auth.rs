@@ -42,11 +42,19 @@ impl Principal {
         if self.user.admin {
             Ok(())
         } else {
-            Err(ApiError::Forbidden(
-                "this call needs the admin token".into(),
-            ))
+            Err(ApiError::Forbidden("this call needs the admin token".into()))
         }
     }
+}
+
+/// Header naming the caller's tenant, for tenant-scoped rate limits.
+pub const TENANT_HEADER: &str = "x-tenant-id";
+
+/// The hash of the request's bearer token, if it carries a well-formed one.
+pub fn bearer_hash(headers: &axum::http::HeaderMap) -> Option<[u8; 32]> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let token = value.strip_prefix("Bearer ")?.trim();
+    (!token.is_empty()).then(|| hash_token(token))
 }
 
 fn bearer(parts: &Parts) -> Result<&str, ApiError> {
@@ -54,9 +62,7 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
         .headers
         .get(header::AUTHORIZATION)
         .ok_or_else(|| ApiError::Unauthenticated("missing Authorization: Bearer <token>".into()))?;
-    let value = value
-        .to_str()
-        .map_err(|_| ApiError::Unauthenticated("malformed Authorization header".into()))?;
+    let value = value.to_str().map_err(|_| ApiError::Unauthenticated("malformed Authorization header".into()))?;
     let token = value
         .strip_prefix("Bearer ")
         .map(str::trim)
@@ -68,10 +74,7 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
 impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Principal, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Principal, ApiError> {
         let hash = hash_token(bearer(parts)?);
         let state_machine = state.node.state();
         let mut found = state_machine.token(&hash)?;
@@ -81,13 +84,8 @@ impl FromRequestParts<AppState> for Principal {
             state.node.read_barrier().await?;
             found = state_machine.token(&hash)?;
         }
-        let (token, user) =
-            found.ok_or_else(|| ApiError::Unauthenticated("unknown token".into()))?;
-        Ok(Principal {
-            user,
-            token_id: token.id,
-            token_name: token.name,
-        })
+        let (token, user) = found.ok_or_else(|| ApiError::Unauthenticated("unknown token".into()))?;
+        Ok(Principal { user, token_id: token.id, token_name: token.name })
     }
 }
 

@@ -7,7 +7,7 @@ use raftbox_storage::{Rejection, StorageError};
 use serde_json::json;
 
 /// Seconds a client is asked to wait after a 503.
-pub const RETRY_AFTER_UNAVAILABLE_S: u32 = 1;
+pub const RETRY_AFTER_UNAVAILABLE_S: u64 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -22,6 +22,14 @@ pub enum ApiError {
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("a request with this Idempotency-Key is still in progress")]
+    IdempotencyInProgress { retry_after_s: u64 },
+    #[error("this Idempotency-Key was used with a different request body")]
+    IdempotencyKeyReused,
+    #[error("rate limit exceeded")]
+    RateLimited { retry_after_s: u64 },
+    #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
@@ -31,24 +39,20 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad-request", "Bad request"),
-            ApiError::Unauthenticated(_) => (
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                "Unauthenticated",
-            ),
+            ApiError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated", "Unauthenticated"),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
-            ApiError::Unavailable(_) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "Unavailable",
-            ),
-            ApiError::Internal(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "Internal error",
-            ),
+            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
+            ApiError::IdempotencyInProgress { .. } => {
+                (StatusCode::CONFLICT, "idempotency-in-progress", "Request in progress")
+            }
+            ApiError::IdempotencyKeyReused => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency key reused")
+            }
+            ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate-limited", "Too many requests"),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Unavailable"),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
         }
     }
 }
@@ -83,21 +87,19 @@ impl IntoResponse for ApiError {
         let body = json!({ "type": slug, "title": title, "status": status.as_u16(), "detail": self.to_string() });
         let mut response = (status, body.to_string()).into_response();
         let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        match status {
-            StatusCode::UNAUTHORIZED => {
-                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        let retry_after_s = match self {
+            ApiError::IdempotencyInProgress { retry_after_s } | ApiError::RateLimited { retry_after_s } => {
+                Some(retry_after_s)
             }
-            StatusCode::SERVICE_UNAVAILABLE => {
-                headers.insert(
-                    header::RETRY_AFTER,
-                    HeaderValue::from(RETRY_AFTER_UNAVAILABLE_S),
-                );
-            }
-            _ => {}
+            ApiError::Unavailable(_) => Some(RETRY_AFTER_UNAVAILABLE_S),
+            _ => None,
+        };
+        if let Some(seconds) = retry_after_s {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }

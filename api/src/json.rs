@@ -8,8 +8,7 @@ use crate::ApiError;
 /// Parses a JSON request body; bad JSON or a wrong shape is a 400. The Content-Type is not
 /// checked, so `curl -d '{...}'` works as typed.
 pub fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
 /// Length limit of user and token names, in characters.

@@ -115,10 +115,7 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
         .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
         .collect::<io::Result<Vec<_>>>()
         .context("bind a free loopback port")?;
-    listeners
-        .iter()
-        .map(|listener| Ok(listener.local_addr().context("read a bound port")?.port()))
-        .collect()
+    listeners.iter().map(|listener| Ok(listener.local_addr().context("read a bound port")?.port())).collect()
 }
 
 /// A fresh admin token: `rbx_` and base64url (no padding) of 32 random bytes, the same shape
@@ -171,16 +168,12 @@ impl Seed {
     /// `test` is the test's path inside the `it` binary, e.g. `failover::leader_killed`.
     pub fn new(test: &str) -> Seed {
         let value = match env::var(SEED_ENV) {
-            Ok(text) => text
-                .trim()
-                .parse()
-                .unwrap_or_else(|_| panic!("{SEED_ENV}={text:?} is not an unsigned integer")),
+            Ok(text) => {
+                text.trim().parse().unwrap_or_else(|_| panic!("{SEED_ENV}={text:?} is not an unsigned integer"))
+            }
             Err(_) => rand::random(),
         };
-        let seed = Seed {
-            value,
-            test: test.to_owned(),
-        };
+        let seed = Seed { value, test: test.to_owned() };
         eprintln!("seed {value}; replay with: {}", seed.replay_command());
         seed
     }
@@ -195,21 +188,14 @@ impl Seed {
     }
 
     pub fn replay_command(&self) -> String {
-        format!(
-            "{SEED_ENV}={} cargo test -p raftbox-cluster-tests {}",
-            self.value, self.test
-        )
+        format!("{SEED_ENV}={} cargo test -p raftbox-cluster-tests {}", self.value, self.test)
     }
 }
 
 impl Drop for Seed {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!(
-                "test {} failed; replay with: {}",
-                self.test,
-                self.replay_command()
-            );
+            eprintln!("test {} failed; replay with: {}", self.test, self.replay_command());
         }
     }
 }
@@ -224,11 +210,7 @@ pub struct Deadline {
 
 impl Deadline {
     pub fn after(limit: Duration, what: impl Into<String>) -> Deadline {
-        Deadline {
-            what: what.into(),
-            limit,
-            until: Instant::now() + limit,
-        }
+        Deadline { what: what.into(), limit, until: Instant::now() + limit }
     }
 
     pub fn expired(&self) -> bool {
@@ -237,11 +219,7 @@ impl Deadline {
 
     pub async fn tick(&self, last_observation: &str) -> Result<()> {
         if self.expired() {
-            bail!(
-                "{} not reached within {:?}; last observation: {last_observation}",
-                self.what,
-                self.limit
-            );
+            bail!("{} not reached within {:?}; last observation: {last_observation}", self.what, self.limit);
         }
         let remaining = self.until.saturating_duration_since(Instant::now());
         tokio::time::sleep(remaining.min(ms(POLL_INTERVAL_MS))).await;
@@ -324,12 +302,7 @@ pub async fn send(request: reqwest::RequestBuilder) -> Result<Outcome> {
     let status = response.status();
     let body = match response.text().await {
         Ok(body) => body,
-        Err(err) => {
-            return Ok(Outcome::Unknown(format!(
-                "{status}, body lost: {}",
-                describe(&err)
-            )))
-        }
+        Err(err) => return Ok(Outcome::Unknown(format!("{status}, body lost: {}", describe(&err)))),
     };
     if status.is_success() {
         let value = if body.trim().is_empty() {
@@ -347,31 +320,14 @@ pub async fn send(request: reqwest::RequestBuilder) -> Result<Outcome> {
 }
 
 /// `POST /v1/admin/users {"name"}` with the admin token.
-pub async fn create_user(
-    http: &reqwest::Client,
-    url: &str,
-    admin_token: &str,
-    name: &str,
-) -> Result<Outcome> {
-    let request = http
-        .post(format!("{url}/v1/admin/users"))
-        .bearer_auth(admin_token)
-        .json(&json!({ "name": name }));
+pub async fn create_user(http: &reqwest::Client, url: &str, admin_token: &str, name: &str) -> Result<Outcome> {
+    let request = http.post(format!("{url}/v1/admin/users")).bearer_auth(admin_token).json(&json!({ "name": name }));
     send(request).await
 }
 
 /// `GET /v1/admin/users/{userId}` with the admin token (a linearizable read).
-pub async fn get_user(
-    http: &reqwest::Client,
-    url: &str,
-    admin_token: &str,
-    user_id: &str,
-) -> Result<Outcome> {
-    send(
-        http.get(format!("{url}/v1/admin/users/{user_id}"))
-            .bearer_auth(admin_token),
-    )
-    .await
+pub async fn get_user(http: &reqwest::Client, url: &str, admin_token: &str, user_id: &str) -> Result<Outcome> {
+    send(http.get(format!("{url}/v1/admin/users/{user_id}")).bearer_auth(admin_token)).await
 }
 
 /// `POST /v1/admin/users/{userId}/tokens {"name"}` with the admin token.
@@ -411,11 +367,7 @@ impl CreatedUser {
                 .map(str::to_owned)
                 .ok_or_else(|| anyhow!("creating user {name}: no string {key:?} in {body}"))
         };
-        Ok(CreatedUser {
-            name: name.to_owned(),
-            user_id: field("userId")?,
-            namespace_id: field("namespaceId")?,
-        })
+        Ok(CreatedUser { name: name.to_owned(), user_id: field("userId")?, namespace_id: field("namespaceId")? })
     }
 }
 
@@ -493,19 +445,10 @@ pub async fn create_users(
     .await
 }
 
-async fn create_user_settled(
-    http: &reqwest::Client,
-    url: &str,
-    admin_token: &str,
-    name: &str,
-) -> Result<CreatedUser> {
+async fn create_user_settled(http: &reqwest::Client, url: &str, admin_token: &str, name: &str) -> Result<CreatedUser> {
     let mut last = String::new();
     for attempt in 0..CREATE_ATTEMPTS_MAX {
-        let attempt_name = if attempt == 0 {
-            name.to_owned()
-        } else {
-            format!("{name}-retry{attempt}")
-        };
+        let attempt_name = if attempt == 0 { name.to_owned() } else { format!("{name}-retry{attempt}") };
         match create_user(http, url, admin_token, &attempt_name).await? {
             Outcome::Ok(body) => return CreatedUser::from_body(&attempt_name, &body),
             Outcome::Rejected(status, body) => {
@@ -545,9 +488,7 @@ async fn check_user(
             }
         }
     }
-    Ok(Some(format!(
-        "{user:?}: no answer in {VERIFY_ATTEMPTS_MAX} attempts: {last}"
-    )))
+    Ok(Some(format!("{user:?}: no answer in {VERIFY_ATTEMPTS_MAX} attempts: {last}")))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -567,19 +508,12 @@ pub struct NodeView {
 
 impl NodeView {
     pub fn parse(body: &Value) -> Result<NodeView> {
-        let number = |key: &str| {
-            body[key]
-                .as_u64()
-                .ok_or_else(|| anyhow!("no number {key:?} in /v1/cluster: {body}"))
-        };
+        let number = |key: &str| body[key].as_u64().ok_or_else(|| anyhow!("no number {key:?} in /v1/cluster: {body}"));
         Ok(NodeView {
             node_id: number("nodeId")?,
             leader_id: body["leaderId"].as_u64(),
             term: number("term")?,
-            role: body["role"]
-                .as_str()
-                .ok_or_else(|| anyhow!("no string \"role\" in /v1/cluster: {body}"))?
-                .to_owned(),
+            role: body["role"].as_str().ok_or_else(|| anyhow!("no string \"role\" in /v1/cluster: {body}"))?.to_owned(),
             // Null before anything was applied.
             last_applied: body["lastApplied"].as_u64().unwrap_or(0),
             last_log_index: body["lastLogIndex"].as_u64().unwrap_or(0),
@@ -625,10 +559,7 @@ pub struct ClusterOptions {
 
 impl Default for ClusterOptions {
     fn default() -> ClusterOptions {
-        ClusterOptions {
-            nodes: 3,
-            raft: RaftTuning::default(),
-        }
+        ClusterOptions { nodes: 3, raft: RaftTuning::default() }
     }
 }
 
@@ -678,16 +609,10 @@ impl Cluster {
     pub fn launch(options: ClusterOptions) -> Result<Cluster> {
         ensure!(options.nodes >= 1, "a cluster needs at least one node");
         let bin = raftbox_bin()?;
-        let dir = tempfile::Builder::new()
-            .prefix("raftbox-cluster-")
-            .tempdir()
-            .context("create the cluster directory")?;
+        let dir =
+            tempfile::Builder::new().prefix("raftbox-cluster-").tempdir().context("create the cluster directory")?;
         let root = dir.path().to_path_buf();
-        eprintln!(
-            "cluster directory: {} (binary {})",
-            root.display(),
-            bin.display()
-        );
+        eprintln!("cluster directory: {} (binary {})", root.display(), bin.display());
 
         let admin_token = generate_token();
         let token_path = root.join("admin.token");
@@ -708,8 +633,7 @@ impl Cluster {
         for member in &members {
             let node_dir = root.join(format!("node{}", member.id));
             let data_dir = node_dir.join("data");
-            fs::create_dir_all(&data_dir)
-                .with_context(|| format!("create {}", data_dir.display()))?;
+            fs::create_dir_all(&data_dir).with_context(|| format!("create {}", data_dir.display()))?;
             let config_path = node_dir.join("config.toml");
             let config = render_config(&NodeConfig {
                 member,
@@ -718,15 +642,9 @@ impl Cluster {
                 token_path: &token_path,
                 raft: &options.raft,
             });
-            fs::write(&config_path, config)
-                .with_context(|| format!("write {}", config_path.display()))?;
-            let node = Node {
-                member: member.clone(),
-                data_dir,
-                config_path,
-                log_path: node_dir.join("log"),
-                child: None,
-            };
+            fs::write(&config_path, config).with_context(|| format!("write {}", config_path.display()))?;
+            let node =
+                Node { member: member.clone(), data_dir, config_path, log_path: node_dir.join("log"), child: None };
             nodes.insert(member.id, node);
         }
 
@@ -750,15 +668,11 @@ impl Cluster {
     // --- accessors -----------------------------------------------------------------------
 
     fn node(&self, id: u64) -> &Node {
-        self.nodes
-            .get(&id)
-            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
+        self.nodes.get(&id).unwrap_or_else(|| panic!("no node {id} in this cluster"))
     }
 
     fn node_mut(&mut self, id: u64) -> &mut Node {
-        self.nodes
-            .get_mut(&id)
-            .unwrap_or_else(|| panic!("no node {id} in this cluster"))
+        self.nodes.get_mut(&id).unwrap_or_else(|| panic!("no node {id} in this cluster"))
     }
 
     /// Every node id, running or not, ascending.
@@ -768,11 +682,7 @@ impl Cluster {
 
     /// Ids of the nodes whose process the harness started and has not stopped.
     pub fn live_ids(&self) -> Vec<u64> {
-        self.nodes
-            .values()
-            .filter(|n| n.child.is_some())
-            .map(|n| n.member.id)
-            .collect()
+        self.nodes.values().filter(|n| n.child.is_some()).map(|n| n.member.id).collect()
     }
 
     pub fn is_running(&self, id: u64) -> bool {
@@ -851,10 +761,7 @@ impl Cluster {
         // Peers of a stopped node report it unreachable; openraft logs that at ERROR.
         self.allow_log_error(PEER_DOWN_LOG_FRAGMENT);
         let node = self.node_mut(id);
-        let mut child = node
-            .child
-            .take()
-            .ok_or_else(|| anyhow!("node {id} is not running"))?;
+        let mut child = node.child.take().ok_or_else(|| anyhow!("node {id} is not running"))?;
         child.kill().with_context(|| format!("SIGKILL node {id}"))?;
         child.wait().with_context(|| format!("reap node {id}"))?;
         Ok(())
@@ -865,28 +772,17 @@ impl Cluster {
     pub async fn terminate(&mut self, id: u64, deadline: Duration) -> Result<ExitStatus> {
         self.allow_log_error(PEER_DOWN_LOG_FRAGMENT);
         let node = self.node_mut(id);
-        let child = node
-            .child
-            .as_mut()
-            .ok_or_else(|| anyhow!("node {id} is not running"))?;
+        let child = node.child.as_mut().ok_or_else(|| anyhow!("node {id} is not running"))?;
         // The workspace forbids `unsafe`, so no libc::kill: the shell's kill builtin (present
         // even where procps is not) signals the pid of our own unreaped child, which cannot
         // have been reused.
         let pid = child.id().to_string();
-        let sent = Command::new("sh")
-            .args(["-c", "kill -TERM \"$1\"", "sh", &pid])
-            .status()
-            .context("run kill -TERM")?;
-        ensure!(
-            sent.success(),
-            "kill -TERM {pid} (node {id}) failed: {sent}"
-        );
+        let sent =
+            Command::new("sh").args(["-c", "kill -TERM \"$1\"", "sh", &pid]).status().context("run kill -TERM")?;
+        ensure!(sent.success(), "kill -TERM {pid} (node {id}) failed: {sent}");
         let wait = Deadline::after(deadline, format!("node {id} to exit after SIGTERM"));
         loop {
-            if let Some(status) = child
-                .try_wait()
-                .with_context(|| format!("poll node {id}"))?
-            {
+            if let Some(status) = child.try_wait().with_context(|| format!("poll node {id}"))? {
                 node.child = None;
                 return Ok(status);
             }
@@ -902,14 +798,9 @@ impl Cluster {
     /// Removes every file of node `id`'s data directory; the node must be stopped.
     pub fn wipe(&mut self, id: u64) -> Result<()> {
         let node = self.node(id);
-        ensure!(
-            node.child.is_none(),
-            "node {id} must be stopped before its data is wiped"
-        );
-        fs::remove_dir_all(&node.data_dir)
-            .with_context(|| format!("remove {}", node.data_dir.display()))?;
-        fs::create_dir_all(&node.data_dir)
-            .with_context(|| format!("create {}", node.data_dir.display()))?;
+        ensure!(node.child.is_none(), "node {id} must be stopped before its data is wiped");
+        fs::remove_dir_all(&node.data_dir).with_context(|| format!("remove {}", node.data_dir.display()))?;
+        fs::create_dir_all(&node.data_dir).with_context(|| format!("create {}", node.data_dir.display()))?;
         Ok(())
     }
 
@@ -920,9 +811,7 @@ impl Cluster {
         for node in self.nodes.values_mut() {
             let id = node.member.id;
             let status = match node.child.as_mut() {
-                Some(child) => child
-                    .try_wait()
-                    .with_context(|| format!("poll node {id}"))?,
+                Some(child) => child.try_wait().with_context(|| format!("poll node {id}"))?,
                 None => None,
             };
             if let Some(status) = status {
@@ -939,10 +828,7 @@ impl Cluster {
 
     /// Node `id`'s `/v1/cluster` as JSON.
     pub async fn cluster_info(&self, id: u64) -> Result<Value> {
-        let request = self
-            .http
-            .get(format!("{}/v1/cluster", self.http_url(id)))
-            .timeout(ms(PROBE_TIMEOUT_MS));
+        let request = self.http.get(format!("{}/v1/cluster", self.http_url(id))).timeout(ms(PROBE_TIMEOUT_MS));
         match send(request).await? {
             Outcome::Ok(body) => Ok(body),
             other => bail!("GET /v1/cluster on node {id}: {other:?}"),
@@ -957,11 +843,7 @@ impl Cluster {
     /// The leader as seen by the first running node that knows one.
     pub async fn leader_id(&self) -> Option<u64> {
         for id in self.live_ids() {
-            if let Ok(NodeView {
-                leader_id: Some(leader),
-                ..
-            }) = self.view(id).await
-            {
+            if let Ok(NodeView { leader_id: Some(leader), .. }) = self.view(id).await {
                 return Some(leader);
             }
         }
@@ -971,10 +853,7 @@ impl Cluster {
     /// Ready means `/readyz` answers 200 and the admin token is accepted (`/v1/me` 200).
     async fn probe_ready(&self, id: u64) -> Result<()> {
         let url = self.http_url(id);
-        let request = self
-            .http
-            .get(format!("{url}/readyz"))
-            .timeout(ms(PROBE_TIMEOUT_MS));
+        let request = self.http.get(format!("{url}/readyz")).timeout(ms(PROBE_TIMEOUT_MS));
         match send(request).await? {
             Outcome::Ok(_) => {}
             other => bail!("/readyz: {other:?}"),
@@ -1013,28 +892,16 @@ impl Cluster {
         let mut agreed: Option<u64> = None;
         for id in self.live_ids() {
             let view = self.view(id).await?;
-            let leader = view
-                .leader_id
-                .ok_or_else(|| anyhow!("node {id} knows no leader"))?;
+            let leader = view.leader_id.ok_or_else(|| anyhow!("node {id} knows no leader"))?;
             if let Some(previous) = agreed {
-                ensure!(
-                    previous == leader,
-                    "nodes disagree on the leader: {previous} vs {leader}"
-                );
+                ensure!(previous == leader, "nodes disagree on the leader: {previous} vs {leader}");
             }
             agreed = Some(leader);
         }
         let leader = agreed.ok_or_else(|| anyhow!("no node is running"))?;
-        ensure!(
-            self.is_running(leader),
-            "the reported leader {leader} is not running"
-        );
+        ensure!(self.is_running(leader), "the reported leader {leader} is not running");
         let view = self.view(leader).await?;
-        ensure!(
-            view.is_leader(),
-            "node {leader} is reported leader but says {}",
-            view.role
-        );
+        ensure!(view.is_leader(), "node {leader} is reported leader but says {}", view.role);
         Ok(leader)
     }
 
@@ -1082,8 +949,7 @@ impl Cluster {
         let target = self.view(leader).await?.last_applied;
         let remaining = deadline.saturating_sub(started.elapsed());
         let what = format!("node {id} to apply up to index {target} (leader {leader})");
-        self.wait_view(id, remaining, &what, |view| view.last_applied >= target)
-            .await
+        self.wait_view(id, remaining, &what, |view| view.last_applied >= target).await
     }
 
     // --- checks --------------------------------------------------------------------------
@@ -1121,10 +987,7 @@ impl Cluster {
                 Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
                 Err(err) => {
-                    found.push(format!(
-                        "node {id}: cannot read {}: {err}",
-                        node.log_path.display()
-                    ));
+                    found.push(format!("node {id}: cannot read {}: {err}", node.log_path.display()));
                     continue;
                 }
             };
@@ -1132,10 +995,7 @@ impl Cluster {
                 let line = strip_ansi(raw);
                 let panic = line.contains("panicked at");
                 let error = line.contains(" ERROR ")
-                    && !self
-                        .allowed_log_errors
-                        .iter()
-                        .any(|allowed| line.contains(allowed.as_str()));
+                    && !self.allowed_log_errors.iter().any(|allowed| line.contains(allowed.as_str()));
                 if panic || error {
                     found.push(format!("node {id}: {line}"));
                 }
@@ -1214,10 +1074,7 @@ impl Drop for Cluster {
                 let path = dir.keep();
                 eprintln!("{KEEP_ENV}=1: cluster directory kept at {}", path.display());
             } else if failed {
-                eprintln!(
-                    "cluster directory {} removed; rerun with {KEEP_ENV}=1 to keep it",
-                    self.root.display()
-                );
+                eprintln!("cluster directory {} removed; rerun with {KEEP_ENV}=1 to keep it", self.root.display());
             }
         }
     }
@@ -1276,8 +1133,7 @@ fn write_private(path: &Path, contents: &str) -> Result<()> {
         .mode(0o600)
         .open(path)
         .with_context(|| format!("create {}", path.display()))?;
-    file.write_all(contents.as_bytes())
-        .with_context(|| format!("write {}", path.display()))
+    file.write_all(contents.as_bytes()).with_context(|| format!("write {}", path.display()))
 }
 
 /// Removes ANSI CSI escape sequences (colours), in case a node logs with colours on.
@@ -1337,10 +1193,7 @@ pub struct Workload {
 impl Workload {
     /// Spawns the writers; each draws its own generator from `rng`.
     pub fn spawn(http: reqwest::Client, spec: WorkloadSpec, rng: &mut StdRng) -> Workload {
-        assert!(
-            !spec.targets.is_empty(),
-            "a workload needs at least one target"
-        );
+        assert!(!spec.targets.is_empty(), "a workload needs at least one target");
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(AtomicUsize::new(0));
         let records = Arc::new(Mutex::new(Vec::new()));
@@ -1360,12 +1213,7 @@ impl Workload {
             };
             tasks.spawn(run_writer(context, writer_rng));
         }
-        Workload {
-            stop,
-            acked,
-            records,
-            tasks,
-        }
+        Workload { stop, acked, records, tasks }
     }
 
     /// Acknowledged writes so far.
@@ -1412,20 +1260,11 @@ async fn run_writer(context: WriterContext, mut rng: StdRng) -> Result<()> {
         let finished = Instant::now();
         let acknowledged = outcome.is_ok();
         {
-            let mut records = context
-                .records
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut records = context.records.lock().unwrap_or_else(PoisonError::into_inner);
             if records.len() >= WORKLOAD_RECORDS_MAX {
                 return Ok(());
             }
-            records.push(WriteRecord {
-                name,
-                node: *node,
-                started,
-                finished,
-                outcome,
-            });
+            records.push(WriteRecord { name, node: *node, started, finished, outcome });
         }
         if acknowledged {
             context.acked.fetch_add(1, Ordering::Relaxed);
@@ -1460,11 +1299,7 @@ impl WriteSummary {
 
 impl fmt::Display for WriteSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} acknowledged, {} rejected, {} unknown",
-            self.acknowledged, self.rejected, self.unknown
-        )
+        write!(f, "{} acknowledged, {} rejected, {} unknown", self.acknowledged, self.rejected, self.unknown)
     }
 }
 
@@ -1483,18 +1318,9 @@ pub fn ensure_none_rejected(records: &[WriteRecord]) -> Result<()> {
         .iter()
         .filter(|record| record.outcome.is_rejected())
         .take(10)
-        .map(|record| {
-            format!(
-                "{} via node {}: {:?}",
-                record.name, record.node, record.outcome
-            )
-        })
+        .map(|record| format!("{} via node {}: {:?}", record.name, record.node, record.outcome))
         .collect();
-    ensure!(
-        rejected.is_empty(),
-        "writes were rejected:\n{}",
-        rejected.join("\n")
-    );
+    ensure!(rejected.is_empty(), "writes were rejected:\n{}", rejected.join("\n"));
     Ok(())
 }
 

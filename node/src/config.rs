@@ -6,6 +6,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
+use raftbox_api::idempotency::IdempotencyConfig;
+use raftbox_api::ratelimit::{RateLimit, RateLimitingConfig};
+use raftbox_api::ApiConfig;
 use raftbox_raft::{NodeInfo, RaftSettings};
 use serde::Deserialize;
 
@@ -49,6 +52,12 @@ struct FileConfig {
     members: Vec<MemberConfig>,
     #[serde(default)]
     raft: RaftConfig,
+    #[serde(default)]
+    idempotency: IdempotencyConfig,
+    #[serde(default)]
+    rate_limiting: RateLimitingConfig,
+    #[serde(default)]
+    rate_limits: Vec<RateLimit>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -81,6 +90,7 @@ pub struct Config {
     pub bootstrap: bool,
     pub members: BTreeMap<u64, NodeInfo>,
     pub raft: RaftSettings,
+    pub api: ApiConfig,
 }
 
 impl Config {
@@ -88,8 +98,7 @@ impl Config {
     pub fn load(args: ServeArgs) -> anyhow::Result<Config> {
         let file = match &args.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("read config {}", path.display()))?;
+                let text = std::fs::read_to_string(path).with_context(|| format!("read config {}", path.display()))?;
                 toml::from_str(&text).with_context(|| format!("parse config {}", path.display()))?
             }
             None => FileConfig::default(),
@@ -98,50 +107,29 @@ impl Config {
     }
 
     fn merge(file: FileConfig, args: ServeArgs) -> anyhow::Result<Config> {
-        let node_id = args
-            .node_id
-            .or(file.node_id)
-            .context("node_id is required (config or --node-id)")?;
-        let data_dir = args
-            .data_dir
-            .or(file.data_dir)
-            .context("data_dir is required (config or --data-dir)")?;
+        let node_id = args.node_id.or(file.node_id).context("node_id is required (config or --node-id)")?;
+        let data_dir = args.data_dir.or(file.data_dir).context("data_dir is required (config or --data-dir)")?;
         let mut members = BTreeMap::new();
         let mut addrs = BTreeSet::new();
         for m in &file.members {
             if !addrs.insert(m.http_addr) || !addrs.insert(m.grpc_addr) {
                 bail!("member {} reuses an address of another member", m.id);
             }
-            let info = NodeInfo {
-                http_addr: m.http_addr.to_string(),
-                grpc_addr: m.grpc_addr.to_string(),
-            };
+            let info = NodeInfo { http_addr: m.http_addr.to_string(), grpc_addr: m.grpc_addr.to_string() };
             if members.insert(m.id, info).is_some() {
                 bail!("member id {} appears twice", m.id);
             }
         }
         let own = file.members.iter().find(|m| m.id == node_id);
         let Some(own) = own else {
-            bail!(
-                "node_id {node_id} is not among the [[members]] ({:?})",
-                members.keys().collect::<Vec<_>>()
-            );
+            bail!("node_id {node_id} is not among the [[members]] ({:?})", members.keys().collect::<Vec<_>>());
         };
         let d = RaftSettings::default();
         let raft = RaftSettings {
             heartbeat_ms: file.raft.heartbeat_ms.unwrap_or(d.heartbeat_ms),
-            election_timeout_min_ms: file
-                .raft
-                .election_timeout_min_ms
-                .unwrap_or(d.election_timeout_min_ms),
-            election_timeout_max_ms: file
-                .raft
-                .election_timeout_max_ms
-                .unwrap_or(d.election_timeout_max_ms),
-            snapshot_logs_since_last: file
-                .raft
-                .snapshot_logs_since_last
-                .unwrap_or(d.snapshot_logs_since_last),
+            election_timeout_min_ms: file.raft.election_timeout_min_ms.unwrap_or(d.election_timeout_min_ms),
+            election_timeout_max_ms: file.raft.election_timeout_max_ms.unwrap_or(d.election_timeout_max_ms),
+            snapshot_logs_since_last: file.raft.snapshot_logs_since_last.unwrap_or(d.snapshot_logs_since_last),
             logs_to_keep: file.raft.logs_to_keep.unwrap_or(d.logs_to_keep),
             write_timeout_ms: file.raft.write_timeout_ms.unwrap_or(d.write_timeout_ms),
         };
@@ -154,6 +142,16 @@ impl Config {
         if raft.snapshot_logs_since_last == 0 {
             bail!("raft.snapshot_logs_since_last must be positive");
         }
+        let mut names = BTreeSet::new();
+        for limit in &file.rate_limits {
+            limit.validate().map_err(anyhow::Error::msg)?;
+            if !names.insert(limit.name.as_str()) {
+                bail!("rate limit name {:?} appears twice", limit.name);
+            }
+        }
+        if file.idempotency.ttl_s == 0 || file.idempotency.lease_s == 0 {
+            bail!("idempotency.ttl_s and idempotency.lease_s must be positive");
+        }
         Ok(Config {
             node_id,
             data_dir,
@@ -163,6 +161,11 @@ impl Config {
             bootstrap: args.bootstrap || file.bootstrap,
             members,
             raft,
+            api: ApiConfig {
+                idempotency: file.idempotency,
+                rate_limiting: file.rate_limiting,
+                rate_limits: file.rate_limits,
+            },
         })
     }
 }
@@ -214,44 +217,33 @@ mod tests {
 
     #[test]
     fn flags_override_the_file() {
-        let config = check(
-            THREE,
-            ServeArgs {
-                node_id: Some(1),
-                bootstrap: true,
-                ..args()
-            },
-        )
-        .expect("valid");
+        let config = check(THREE, ServeArgs { node_id: Some(1), bootstrap: true, ..args() }).expect("valid");
         assert_eq!((config.node_id, config.bootstrap), (1, true));
         assert_eq!(config.grpc_addr.to_string(), "127.0.0.1:7091");
     }
 
     #[test]
+    fn rate_limits_and_idempotency_parse() {
+        let text = format!(
+            "{THREE}\n[idempotency]\nttl_s = 60\n[rate_limiting]\ndecision_timeout_ms = 100\n\
+             [[rate_limits]]\nname = \"u\"\nscope = \"user\"\nroutes = [\"/v1/*\"]\n\
+             algorithm = \"token_bucket\"\ncapacity = 10\nrefill_per_s = 5\nfailure = \"closed\""
+        );
+        let config = check(&text, args()).expect("valid");
+        assert_eq!(config.api.idempotency.ttl_s, 60);
+        assert_eq!(config.api.rate_limiting.decision_timeout_ms, 100);
+        assert_eq!(config.api.rate_limits.len(), 1);
+        let twice = format!("{text}\n[[rate_limits]]\nname = \"u\"\nscope = \"ip\"\nroutes = [\"/\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow_ms = 1");
+        assert!(check(&twice, args()).unwrap_err().to_string().contains("twice"));
+    }
+
+    #[test]
     fn bad_configs_are_refused_with_a_reason() {
-        let unknown_member = check(
-            THREE,
-            ServeArgs {
-                node_id: Some(9),
-                ..args()
-            },
-        );
-        assert!(unknown_member
-            .unwrap_err()
-            .to_string()
-            .contains("not among"));
+        let unknown_member = check(THREE, ServeArgs { node_id: Some(9), ..args() });
+        assert!(unknown_member.unwrap_err().to_string().contains("not among"));
         let bad_timing = THREE.replace("heartbeat_ms = 50", "heartbeat_ms = 500");
-        assert!(check(&bad_timing, args())
-            .unwrap_err()
-            .to_string()
-            .contains("heartbeat_ms"));
-        assert!(
-            check("nodeid = 1", args()).is_err(),
-            "unknown keys are errors"
-        );
-        assert!(check("data_dir = \"/x\"", args())
-            .unwrap_err()
-            .to_string()
-            .contains("node_id"));
+        assert!(check(&bad_timing, args()).unwrap_err().to_string().contains("heartbeat_ms"));
+        assert!(check("nodeid = 1", args()).is_err(), "unknown keys are errors");
+        assert!(check("data_dir = \"/x\"", args()).unwrap_err().to_string().contains("node_id"));
     }
 }

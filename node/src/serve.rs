@@ -13,6 +13,11 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::config::Config;
 
+/// How often the leader purges expired idempotency, processed-message and rate records.
+const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+/// Records of each kind deleted per purge command, at most (bounds one log entry).
+const PURGE_RECORDS_MAX: u32 = 1_000;
+
 /// Pause between attempts to register the admin token while the cluster has no quorum yet.
 const ADMIN_RETRY_DELAY: Duration = Duration::from_millis(200);
 
@@ -29,9 +34,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         data_dir = %config.data_dir.display(), "starting raftbox node");
 
     let db = Db::open(&config.data_dir.join("db")).context("open database")?;
-    let node = RaftNode::start(config.node_id, db, config.raft.clone())
-        .await
-        .context("start raft")?;
+    let node = RaftNode::start(config.node_id, db, config.raft.clone()).await.context("start raft")?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -40,57 +43,43 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         }
     };
 
-    let grpc_listener = TcpListener::bind(config.grpc_addr)
-        .await
-        .with_context(|| format!("bind gRPC {}", config.grpc_addr))?;
-    let http_listener = TcpListener::bind(config.http_addr)
-        .await
-        .with_context(|| format!("bind HTTP {}", config.http_addr))?;
+    let grpc_listener =
+        TcpListener::bind(config.grpc_addr).await.with_context(|| format!("bind gRPC {}", config.grpc_addr))?;
+    let http_listener =
+        TcpListener::bind(config.http_addr).await.with_context(|| format!("bind HTTP {}", config.http_addr))?;
     let service = RaftServiceServer::new(RaftGrpc::new(node.clone()))
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX);
     let grpc = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(grpc_listener).with_nodelay(Some(true)),
-                stopped(),
-            ),
+            .serve_with_incoming_shutdown(TcpIncoming::from(grpc_listener).with_nodelay(Some(true)), stopped()),
     );
-    let http = tokio::spawn(raftbox_api::serve(
-        http_listener,
-        AppState { node: node.clone() },
-        stopped(),
-    ));
+    let state = AppState { node: node.clone(), config: std::sync::Arc::new(config.api.clone()) };
+    let http = tokio::spawn(raftbox_api::serve(http_listener, state, stopped()));
+    tokio::spawn(purge_expired(node.clone(), stopped()));
 
     if config.bootstrap {
-        node.bootstrap(config.members.clone())
-            .await
-            .context("bootstrap cluster")?;
+        node.bootstrap(config.members.clone()).await.context("bootstrap cluster")?;
     }
     if let Some(path) = &config.admin_token_file {
-        let token = std::fs::read_to_string(path)
-            .with_context(|| format!("read admin token {}", path.display()))?;
+        let token = std::fs::read_to_string(path).with_context(|| format!("read admin token {}", path.display()))?;
         tokio::spawn(ensure_admin(node.clone(), token.trim().to_string()));
     }
 
     wait_for_signal().await?;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    http.await
-        .context("join HTTP server")?
-        .context("HTTP server")?;
-    grpc.await
-        .context("join gRPC server")?
-        .context("gRPC server")?;
+    http.await.context("join HTTP server")?.context("HTTP server")?;
+    grpc.await.context("join gRPC server")?.context("gRPC server")?;
     node.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("install SIGTERM handler")?;
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("install SIGTERM handler")?;
     tokio::select! {
         _ = terminate.recv() => {}
         result = tokio::signal::ctrl_c() => result.context("wait for Ctrl-C")?,
@@ -121,5 +110,25 @@ async fn ensure_admin(node: RaftNode, token: String) {
             Err(e) => tracing::debug!(error = %e, "admin token not registered yet; retrying"),
         }
         tokio::time::sleep(ADMIN_RETRY_DELAY).await;
+    }
+}
+
+/// On the leader, deletes expired guard records in the background (never on a request).
+async fn purge_expired(node: RaftNode, stopped: impl std::future::Future<Output = ()>) {
+    let mut ticks = tokio::time::interval(PURGE_INTERVAL);
+    tokio::pin!(stopped);
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            _ = ticks.tick() => {}
+        }
+        if node.metrics().current_leader != Some(node.id()) {
+            continue;
+        }
+        match node.write(Command::PurgeExpired { max_records: PURGE_RECORDS_MAX }).await {
+            Ok(Outcome::Purged { records }) if records > 0 => tracing::info!(records, "purged expired records"),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(error = %e, "purge skipped"),
+        }
     }
 }

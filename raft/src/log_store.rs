@@ -35,16 +35,9 @@ impl LogStore {
             .map_err(|e| RaftStorageError::from(StorageIOError::write_logs(&e)))?
     }
 
-    fn meta<T: serde::de::DeserializeOwned>(
-        &self,
-        key: &[u8],
-    ) -> Result<Option<T>, RaftStorageError> {
-        let raw = self
-            .db
-            .meta_get(key)
-            .map_err(|e| StorageIOError::read(&e))?;
-        raw.map(|bytes| serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read(&e).into()))
-            .transpose()
+    fn meta<T: serde::de::DeserializeOwned>(&self, key: &[u8]) -> Result<Option<T>, RaftStorageError> {
+        let raw = self.db.meta_get(key).map_err(|e| StorageIOError::read(&e))?;
+        raw.map(|bytes| serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read(&e).into())).transpose()
     }
 }
 
@@ -72,10 +65,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry>, RaftStorageError> {
         let (start, end) = range_to_indexes(&range);
-        let raw = self
-            .db
-            .log_range(start, end)
-            .map_err(|e| StorageIOError::read_logs(&e))?;
+        let raw = self.db.log_range(start, end).map_err(|e| StorageIOError::read_logs(&e))?;
         raw.iter().map(|(_, bytes)| decode_entry(bytes)).collect()
     }
 }
@@ -85,18 +75,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, RaftStorageError> {
         let last_purged_log_id: Option<LogId> = self.meta(keys::meta::PURGED)?;
-        let last = self
-            .db
-            .log_last()
-            .map_err(|e| StorageIOError::read_logs(&e))?;
+        let last = self.db.log_last().map_err(|e| StorageIOError::read_logs(&e))?;
         let last_log_id = match last {
             Some((_, bytes)) => Some(decode_entry(&bytes)?.log_id),
             None => last_purged_log_id,
         };
-        Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
-        })
+        Ok(LogState { last_purged_log_id, last_log_id })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -106,8 +90,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), RaftStorageError> {
         let bytes = serde_json::to_vec(vote).map_err(|e| StorageIOError::write_vote(&e))?;
         self.blocking(move |db| {
-            db.meta_put(keys::meta::VOTE, &bytes, true)
-                .map_err(|e| StorageIOError::write_vote(&e).into())
+            db.meta_put(keys::meta::VOTE, &bytes, true).map_err(|e| StorageIOError::write_vote(&e).into())
         })
         .await
     }
@@ -119,20 +102,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
         let bytes = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
         // Not synced: a lost committed id only means re-applying less on restart.
-        self.db
-            .meta_put(keys::meta::COMMITTED, &bytes, false)
-            .map_err(|e| StorageIOError::write(&e).into())
+        self.db.meta_put(keys::meta::COMMITTED, &bytes, false).map_err(|e| StorageIOError::write(&e).into())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, RaftStorageError> {
         Ok(self.meta::<Option<LogId>>(keys::meta::COMMITTED)?.flatten())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), RaftStorageError>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), RaftStorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -142,12 +119,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let bytes = serde_json::to_vec(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
             encoded.push((entry.log_id.index, bytes));
         }
-        let result = self
-            .blocking(move |db| {
-                db.log_append(encoded)
-                    .map_err(|e| StorageIOError::write_logs(&e).into())
-            })
-            .await;
+        let result =
+            self.blocking(move |db| db.log_append(encoded).map_err(|e| StorageIOError::write_logs(&e).into())).await;
         match result {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
@@ -161,19 +134,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
-        self.blocking(move |db| {
-            db.log_truncate(log_id.index)
-                .map_err(|e| StorageIOError::write_logs(&e).into())
-        })
-        .await
+        self.blocking(move |db| db.log_truncate(log_id.index).map_err(|e| StorageIOError::write_logs(&e).into())).await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
         let bytes = serde_json::to_vec(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
-        self.blocking(move |db| {
-            db.log_purge(log_id.index, bytes)
-                .map_err(|e| StorageIOError::write_logs(&e).into())
-        })
-        .await
+        self.blocking(move |db| db.log_purge(log_id.index, bytes).map_err(|e| StorageIOError::write_logs(&e).into()))
+            .await
     }
 }

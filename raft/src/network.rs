@@ -9,13 +9,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -41,10 +39,7 @@ pub struct Peers {
 
 impl Peers {
     /// A client for the peer at `grpc_addr` (host:port); connects on first use.
-    pub fn client(
-        &self,
-        grpc_addr: &str,
-    ) -> Result<RaftServiceClient<Channel>, tonic::transport::Error> {
+    pub fn client(&self, grpc_addr: &str) -> Result<RaftServiceClient<Channel>, tonic::transport::Error> {
         let channel = {
             let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
             match channels.get(grpc_addr) {
@@ -62,9 +57,7 @@ impl Peers {
                 }
             }
         };
-        Ok(RaftServiceClient::new(channel)
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX))
+        Ok(RaftServiceClient::new(channel).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX))
     }
 }
 
@@ -78,11 +71,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerNetwork {
-        PeerNetwork {
-            target,
-            addr: node.grpc_addr.clone(),
-            peers: self.peers.clone(),
-        }
+        PeerNetwork { target, addr: node.grpc_addr.clone(), peers: self.peers.clone() }
     }
 }
 
@@ -101,9 +90,7 @@ fn unreachable<E: std::error::Error>(status: &tonic::Status) -> RPCError<NodeId,
     RPCError::Unreachable(Unreachable::new(status))
 }
 
-fn network<E: std::error::Error, S: std::error::Error + 'static>(
-    source: &S,
-) -> RPCError<NodeId, NodeInfo, E> {
+fn network<E: std::error::Error, S: std::error::Error + 'static>(source: &S) -> RPCError<NodeId, NodeInfo, E> {
     RPCError::Network(NetworkError::new(source))
 }
 
@@ -132,8 +119,7 @@ impl PeerNetwork {
         match reply.result {
             Some(ReplyResult::Ok(bytes)) => serde_json::from_slice(&bytes).map_err(|e| network(&e)),
             Some(ReplyResult::Error(bytes)) => {
-                let error: RaftError<NodeId, E> =
-                    serde_json::from_slice(&bytes).map_err(|e| network(&e))?;
+                let error: RaftError<NodeId, E> = serde_json::from_slice(&bytes).map_err(|e| network(&e))?;
                 Err(RPCError::RemoteError(RemoteError::new(self.target, error)))
             }
             None => Err(network(&std::io::Error::other("empty reply"))),
@@ -154,8 +140,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
-        self.call(Method::AppendEntries, &rpc, option.hard_ttl())
-            .await
+        self.call(Method::AppendEntries, &rpc, option.hard_ttl()).await
     }
 
     async fn install_snapshot(
@@ -163,8 +148,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
-        self.call(Method::InstallSnapshot, &rpc, option.hard_ttl())
-            .await
+        self.call(Method::InstallSnapshot, &rpc, option.hard_ttl()).await
     }
 
     async fn vote(

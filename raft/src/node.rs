@@ -80,9 +80,7 @@ impl RaftNode {
         let state = StateMachine::new(db.clone());
         let sm_store = StateMachineStore::new(state.clone())?;
         let peers = Peers::default();
-        let network = NetworkFactory {
-            peers: peers.clone(),
-        };
+        let network = NetworkFactory { peers: peers.clone() };
         let raft = Raft::new(id, Arc::new(config), network, LogStore::new(db), sm_store).await?;
         let proposer = Proposer::spawn(ProposerContext {
             node_id: id,
@@ -90,16 +88,7 @@ impl RaftNode {
             peers: peers.clone(),
             write_timeout: Duration::from_millis(settings.write_timeout_ms),
         });
-        Ok(RaftNode {
-            inner: Arc::new(Inner {
-                id,
-                raft,
-                state,
-                proposer,
-                peers,
-                settings,
-            }),
-        })
+        Ok(RaftNode { inner: Arc::new(Inner { id, raft, state, proposer, peers, settings }) })
     }
 
     pub fn id(&self) -> NodeId {
@@ -127,9 +116,7 @@ impl RaftNode {
     /// Applies one command through the leader (batched with concurrent ones).
     pub async fn write(&self, command: Command) -> Result<Outcome, WriteError> {
         let mut outcomes = self.inner.proposer.submit(vec![command]).await?;
-        outcomes
-            .pop()
-            .ok_or_else(|| WriteError::Unknown("no outcome for the command".into()))
+        outcomes.pop().ok_or_else(|| WriteError::Unknown("no outcome for the command".into()))
     }
 
     /// Returns once this node has applied everything committed before the call: a read of
@@ -155,14 +142,10 @@ impl RaftNode {
                     .applied_index_at_least(Some(index), "read barrier")
                     .await
                     .map(|_| ())
-                    .map_err(|e| {
-                        WriteError::Unavailable(format!("catching up to read index {index}: {e}"))
-                    });
+                    .map_err(|e| WriteError::Unavailable(format!("catching up to read index {index}: {e}")));
             }
             if Instant::now() >= deadline {
-                return Err(WriteError::Unavailable(
-                    "no leader confirmed a read index".into(),
-                ));
+                return Err(WriteError::Unavailable("no leader confirmed a read index".into()));
             }
             let mut metrics = self.inner.raft.metrics();
             let _ = tokio::time::timeout(Duration::from_millis(50), metrics.changed()).await;

@@ -58,10 +58,7 @@ impl Proposer {
     /// per command.
     pub async fn submit(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, WriteError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Unit { commands, reply })
-            .await
-            .map_err(|_| WriteError::ShuttingDown)?;
+        self.tx.send(Unit { commands, reply }).await.map_err(|_| WriteError::ShuttingDown)?;
         rx.await.map_err(|_| WriteError::ShuttingDown)?
     }
 }
@@ -79,10 +76,7 @@ async fn run(ctx: ProposerContext, mut rx: mpsc::Receiver<Unit>) {
                 Err(_) => break,
             }
         }
-        let commands: Vec<Command> = units
-            .iter()
-            .flat_map(|u| u.commands.iter().cloned())
-            .collect();
+        let commands: Vec<Command> = units.iter().flat_map(|u| u.commands.iter().cloned()).collect();
         let result = commit(&ctx, commands).await;
         fan_out(units, result);
     }
@@ -106,10 +100,7 @@ fn fan_out(units: Vec<Unit>, result: Result<Vec<Outcome>, WriteError>) {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Proposes on the leader, or forwards to it; retries only where the write surely did not
@@ -119,15 +110,12 @@ async fn commit(ctx: &ProposerContext, commands: Vec<Command>) -> Result<Vec<Out
     loop {
         let (leader, addr) = wait_for_leader(&ctx.raft, deadline).await?;
         if leader == ctx.node_id {
-            let batch = Batch {
-                now_ms: now_ms(),
-                commands,
-            };
+            let batch = Batch { now_ms: now_ms(), commands };
             return match ctx.raft.client_write(batch).await {
                 Ok(response) => Ok(response.data),
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(
-                    WriteError::Unknown("leadership changed during the write".into()),
-                ),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                    Err(WriteError::Unknown("leadership changed during the write".into()))
+                }
                 Err(e) => Err(WriteError::Unknown(e.to_string())),
             };
         }
@@ -139,9 +127,7 @@ async fn commit(ctx: &ProposerContext, commands: Vec<Command>) -> Result<Vec<Out
                 let mut metrics = ctx.raft.metrics();
                 let _ = tokio::time::timeout(LEADER_RETRY_DELAY, metrics.changed()).await;
                 if Instant::now() >= deadline {
-                    return Err(WriteError::Unavailable(format!(
-                        "leader {leader} unreachable"
-                    )));
+                    return Err(WriteError::Unavailable(format!("leader {leader} unreachable")));
                 }
             }
         }
@@ -157,25 +143,18 @@ async fn forward(
     timeout: Duration,
 ) -> Result<Option<Vec<Outcome>>, WriteError> {
     let encoded = serde_json::to_vec(commands).map_err(|e| WriteError::Unknown(e.to_string()))?;
-    let mut client = peers
-        .client(addr)
-        .map_err(|e| WriteError::Unavailable(e.to_string()))?;
+    let mut client = peers.client(addr).map_err(|e| WriteError::Unavailable(e.to_string()))?;
     let mut request = tonic::Request::new(ForwardRequest { commands: encoded });
     request.set_timeout(timeout);
     let reply = match client.forward(request).await {
         Ok(reply) => reply.into_inner(),
         Err(status) if never_sent(&status) => return Ok(None),
-        Err(status) => {
-            return Err(WriteError::Unknown(format!(
-                "forward to leader: {}",
-                status.message()
-            )))
-        }
+        Err(status) => return Err(WriteError::Unknown(format!("forward to leader: {}", status.message()))),
     };
     match reply.result {
-        Some(ForwardResult::Outcomes(bytes)) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| WriteError::Unknown(e.to_string())),
+        Some(ForwardResult::Outcomes(bytes)) => {
+            serde_json::from_slice(&bytes).map(Some).map_err(|e| WriteError::Unknown(e.to_string()))
+        }
         Some(ForwardResult::NotLeader(_)) => Ok(None),
         Some(ForwardResult::Unknown(message)) => Err(WriteError::Unknown(message)),
         None => Err(WriteError::Unknown("empty forward reply".into())),
@@ -188,10 +167,7 @@ fn never_sent(status: &tonic::Status) -> bool {
 }
 
 /// Waits until the node knows a leader; returns its id and gRPC address.
-pub(crate) async fn wait_for_leader(
-    raft: &Raft,
-    deadline: Instant,
-) -> Result<(NodeId, String), WriteError> {
+pub(crate) async fn wait_for_leader(raft: &Raft, deadline: Instant) -> Result<(NodeId, String), WriteError> {
     let mut metrics = raft.metrics();
     loop {
         {
@@ -204,9 +180,7 @@ pub(crate) async fn wait_for_leader(
         }
         let wait = deadline.saturating_duration_since(Instant::now());
         if wait.is_zero() {
-            return Err(WriteError::Unavailable(
-                "no leader elected before the deadline".into(),
-            ));
+            return Err(WriteError::Unavailable("no leader elected before the deadline".into()));
         }
         match tokio::time::timeout(wait, metrics.changed()).await {
             Ok(Ok(())) | Err(_) => {}

@@ -11,8 +11,7 @@ use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_server::RaftService;
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{
-    ForwardReply, ForwardRequest, RaftMessage, RaftReply, ReadIndexReply, ReadIndexRequest,
-    StatusReply, StatusRequest,
+    ForwardReply, ForwardRequest, RaftMessage, RaftReply, ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
 };
 
 /// Serves the `RaftService` of one node.
@@ -28,8 +27,7 @@ impl RaftGrpc {
 }
 
 fn decode<T: serde::de::DeserializeOwned>(message: &RaftMessage) -> Result<T, Status> {
-    serde_json::from_slice(&message.json)
-        .map_err(|e| Status::invalid_argument(format!("decode request: {e}")))
+    serde_json::from_slice(&message.json).map_err(|e| Status::invalid_argument(format!("decode request: {e}")))
 }
 
 fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<RaftReply>, Status> {
@@ -38,17 +36,12 @@ fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<Ra
         Err(error) => serde_json::to_vec(&error).map(ReplyResult::Error),
     };
     let result = encoded.map_err(|e| Status::internal(format!("encode reply: {e}")))?;
-    Ok(Response::new(RaftReply {
-        result: Some(result),
-    }))
+    Ok(Response::new(RaftReply { result: Some(result) }))
 }
 
 #[tonic::async_trait]
 impl RaftService for RaftGrpc {
-    async fn append_entries(
-        &self,
-        request: Request<RaftMessage>,
-    ) -> Result<Response<RaftReply>, Status> {
+    async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
         let rpc = decode(request.get_ref())?;
         reply(self.node.raft().append_entries(rpc).await)
     }
@@ -58,18 +51,12 @@ impl RaftService for RaftGrpc {
         reply(self.node.raft().vote(rpc).await)
     }
 
-    async fn install_snapshot(
-        &self,
-        request: Request<RaftMessage>,
-    ) -> Result<Response<RaftReply>, Status> {
+    async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
         let rpc = decode(request.get_ref())?;
         reply(self.node.raft().install_snapshot(rpc).await)
     }
 
-    async fn forward(
-        &self,
-        request: Request<ForwardRequest>,
-    ) -> Result<Response<ForwardReply>, Status> {
+    async fn forward(&self, request: Request<ForwardRequest>) -> Result<Response<ForwardReply>, Status> {
         let commands: Vec<Command> = serde_json::from_slice(&request.get_ref().commands)
             .map_err(|e| Status::invalid_argument(format!("decode commands: {e}")))?;
         let leader = self.node.raft().current_leader().await;
@@ -78,50 +65,25 @@ impl RaftService for RaftGrpc {
         } else {
             match self.node.proposer().submit(commands).await {
                 Ok(outcomes) => ForwardResult::Outcomes(
-                    serde_json::to_vec(&outcomes)
-                        .map_err(|e| Status::internal(format!("encode outcomes: {e}")))?,
+                    serde_json::to_vec(&outcomes).map_err(|e| Status::internal(format!("encode outcomes: {e}")))?,
                 ),
-                Err(WriteError::ShuttingDown) => {
-                    return Err(Status::unavailable("leader is shutting down"))
-                }
+                Err(WriteError::ShuttingDown) => return Err(Status::unavailable("leader is shutting down")),
                 Err(e) => ForwardResult::Unknown(e.to_string()),
             }
         };
-        Ok(Response::new(ForwardReply {
-            result: Some(result),
-        }))
+        Ok(Response::new(ForwardReply { result: Some(result) }))
     }
 
-    async fn read_index(
-        &self,
-        _request: Request<ReadIndexRequest>,
-    ) -> Result<Response<ReadIndexReply>, Status> {
+    async fn read_index(&self, _request: Request<ReadIndexRequest>) -> Result<Response<ReadIndexReply>, Status> {
         let result = match self.node.raft().get_read_log_id().await {
-            Ok((read_log_id, _applied)) => {
-                ReadIndexResult::Index(read_log_id.map(|id| id.index).unwrap_or(0))
-            }
-            Err(_) => {
-                ReadIndexResult::NotLeader(self.node.raft().current_leader().await.unwrap_or(0))
-            }
+            Ok((read_log_id, _applied)) => ReadIndexResult::Index(read_log_id.map(|id| id.index).unwrap_or(0)),
+            Err(_) => ReadIndexResult::NotLeader(self.node.raft().current_leader().await.unwrap_or(0)),
         };
-        Ok(Response::new(ReadIndexReply {
-            result: Some(result),
-        }))
+        Ok(Response::new(ReadIndexReply { result: Some(result) }))
     }
 
-    async fn status(
-        &self,
-        _request: Request<StatusRequest>,
-    ) -> Result<Response<StatusReply>, Status> {
-        let initialized = self
-            .node
-            .raft()
-            .is_initialized()
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(Response::new(StatusReply {
-            initialized,
-            node_id: self.node.id(),
-        }))
+    async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
+        let initialized = self.node.raft().is_initialized().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(StatusReply { initialized, node_id: self.node.id() }))
     }
 }

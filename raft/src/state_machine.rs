@@ -12,9 +12,7 @@ use raftbox_storage::{keys, Outcome, StateMachine};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
 
-use crate::types::{
-    Entry, LogId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig,
-};
+use crate::types::{Entry, LogId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
 
 /// What the storage crate keeps, opaquely, as the applied marker.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -35,8 +33,7 @@ fn encode_snapshot(meta: &SnapshotMeta, image: &[u8]) -> Result<Vec<u8>, RaftSto
 }
 
 fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotMeta, Vec<u8>), RaftStorageError> {
-    let bad =
-        || StorageIOError::read_snapshot(None, &std::io::Error::other("truncated stored snapshot"));
+    let bad = || StorageIOError::read_snapshot(None, &std::io::Error::other("truncated stored snapshot"));
     let (len, rest) = bytes.split_first_chunk::<4>().ok_or_else(bad)?;
     let len = u32::from_be_bytes(*len) as usize;
     if rest.len() < len {
@@ -57,10 +54,7 @@ pub struct StateMachineStore {
 impl StateMachineStore {
     pub fn new(sm: StateMachine) -> Result<StateMachineStore, RaftStorageError> {
         let marker = load_marker(&sm)?;
-        Ok(StateMachineStore {
-            sm,
-            marker: Arc::new(Mutex::new(marker)),
-        })
+        Ok(StateMachineStore { sm, marker: Arc::new(Mutex::new(marker)) })
     }
 
     /// The storage-level state machine, for reads.
@@ -70,13 +64,10 @@ impl StateMachineStore {
 }
 
 fn load_marker(sm: &StateMachine) -> Result<AppliedMarker, RaftStorageError> {
-    let raw = sm
-        .applied_marker()
-        .map_err(|e| StorageIOError::read_state_machine(&e))?;
+    let raw = sm.applied_marker().map_err(|e| StorageIOError::read_state_machine(&e))?;
     match raw {
         None => Ok(AppliedMarker::default()),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| StorageIOError::read_state_machine(&e).into()),
+        Some(bytes) => serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read_state_machine(&e).into()),
     }
 }
 
@@ -84,26 +75,17 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, RaftStorageError> {
         let sm = self.sm.clone();
         let built = tokio::task::spawn_blocking(move || -> Result<_, RaftStorageError> {
-            let image = sm
-                .build_snapshot()
-                .map_err(|e| StorageIOError::read_state_machine(&e))?;
+            let image = sm.build_snapshot().map_err(|e| StorageIOError::read_state_machine(&e))?;
             let marker: AppliedMarker = match &image.marker {
-                Some(bytes) => serde_json::from_slice(bytes)
-                    .map_err(|e| StorageIOError::read_state_machine(&e))?,
+                Some(bytes) => serde_json::from_slice(bytes).map_err(|e| StorageIOError::read_state_machine(&e))?,
                 None => AppliedMarker::default(),
             };
             let snapshot_id = match marker.last_applied {
-                Some(id) => format!(
-                    "{}-{}-{}",
-                    id.leader_id.term, id.leader_id.node_id, id.index
-                ),
+                Some(id) => format!("{}-{}-{}", id.leader_id.term, id.leader_id.node_id, id.index),
                 None => "empty".to_string(),
             };
-            let meta = SnapshotMeta {
-                last_log_id: marker.last_applied,
-                last_membership: marker.membership,
-                snapshot_id,
-            };
+            let meta =
+                SnapshotMeta { last_log_id: marker.last_applied, last_membership: marker.membership, snapshot_id };
             let stored = encode_snapshot(&meta, &image.bytes)?;
             sm.db()
                 .meta_put(keys::meta::SNAPSHOT, &stored, true)
@@ -113,19 +95,14 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
         .await
         .map_err(|e| StorageIOError::read_state_machine(&e))??;
         tracing::info!(snapshot_id = %built.0.snapshot_id, bytes = built.1.len(), "built snapshot");
-        Ok(Snapshot {
-            meta: built.0,
-            snapshot: Box::new(Cursor::new(built.1)),
-        })
+        Ok(Snapshot { meta: built.0, snapshot: Box::new(Cursor::new(built.1)) })
     }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = StateMachineStore;
 
-    async fn applied_state(
-        &mut self,
-    ) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), RaftStorageError> {
         let marker = self.marker.lock().await;
         Ok((marker.last_applied, marker.membership.clone()))
     }
@@ -148,12 +125,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     None
                 }
             };
-            let encoded =
-                serde_json::to_vec(&next).map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
-            let outcomes = self
-                .sm
-                .apply(&encoded, batch)
-                .map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
+            let encoded = serde_json::to_vec(&next).map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
+            let outcomes = self.sm.apply(&encoded, batch).map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
             *marker = next;
             replies.push(outcomes);
         }
@@ -179,8 +152,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let stored = encode_snapshot(meta, &image)?;
         let signature = meta.signature();
         tokio::task::spawn_blocking(move || -> Result<(), RaftStorageError> {
-            sm.restore_snapshot(&image)
-                .map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
+            sm.restore_snapshot(&image).map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
             sm.db()
                 .meta_put(keys::meta::SNAPSHOT, &stored, true)
                 .map_err(|e| StorageIOError::write_snapshot(Some(signature), &e))?;
@@ -188,25 +160,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         })
         .await
         .map_err(|e| StorageIOError::write_snapshot(None, &e))??;
-        *marker = AppliedMarker {
-            last_applied: meta.last_log_id,
-            membership: meta.last_membership.clone(),
-        };
+        *marker = AppliedMarker { last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
         tracing::info!(snapshot_id = %meta.snapshot_id, "installed snapshot");
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, RaftStorageError> {
-        let raw = self
-            .sm
-            .db()
-            .meta_get(keys::meta::SNAPSHOT)
-            .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        let raw = self.sm.db().meta_get(keys::meta::SNAPSHOT).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         let Some(raw) = raw else { return Ok(None) };
         let (meta, image) = decode_snapshot(&raw)?;
-        Ok(Some(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(image)),
-        }))
+        Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(image)) }))
     }
 }

@@ -22,59 +22,26 @@ pub struct Batch {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Command {
     /// Creates a user and its personal namespace. User names are unique.
-    CreateUser {
-        user_id: String,
-        namespace_id: String,
-        name: String,
-    },
+    CreateUser { user_id: String, namespace_id: String, name: String },
     /// Creates a bearer token for a user. Only the blake3 hash of the secret is stored.
-    CreateToken {
-        token_id: String,
-        user_id: String,
-        name: String,
-        token_hash: [u8; 32],
-    },
+    CreateToken { token_id: String, user_id: String, name: String, token_hash: [u8; 32] },
     /// Makes sure an admin user holding this token exists (idempotent: every node that is
     /// configured with the admin token proposes it once at start).
-    EnsureAdmin {
-        user_id: String,
-        namespace_id: String,
-        token_id: String,
-        token_hash: [u8; 32],
-    },
+    EnsureAdmin { user_id: String, namespace_id: String, token_id: String, token_hash: [u8; 32] },
     /// Applies `command` at most once per idempotency `scope` (a hash of principal, route and
     /// key): the record and the effect are written in this same apply. `on_success` is the
     /// response to save when `command` succeeds (ids are generated before proposing, so it is
     /// known in advance); a rejection is saved as such.
-    Idempotent {
-        scope: [u8; 32],
-        fingerprint: [u8; 32],
-        ttl_ms: u64,
-        on_success: SavedResponse,
-        command: Box<Command>,
-    },
+    Idempotent { scope: [u8; 32], fingerprint: [u8; 32], ttl_ms: u64, on_success: SavedResponse, command: Box<Command> },
     /// Starts multi-step keyed work: inserts an `IN_PROGRESS` record with a lease.
-    IdempotencyBegin {
-        scope: [u8; 32],
-        fingerprint: [u8; 32],
-        ttl_ms: u64,
-        lease_ms: u64,
-    },
+    IdempotencyBegin { scope: [u8; 32], fingerprint: [u8; 32], ttl_ms: u64, lease_ms: u64 },
     /// Finishes multi-step keyed work: the record becomes `DONE` with the response.
-    IdempotencyComplete {
-        scope: [u8; 32],
-        response: SavedResponse,
-    },
+    IdempotencyComplete { scope: [u8; 32], response: SavedResponse },
     /// The keyed work did not happen (e.g. no quorum before it started): forget the record.
     IdempotencyRelease { scope: [u8; 32] },
     /// Applies `command` once per `(consumer, message_id)`: a processed-message record
     /// written with the effect; a duplicate is skipped.
-    Once {
-        consumer: String,
-        message_id: String,
-        ttl_ms: u64,
-        command: Box<Command>,
-    },
+    Once { consumer: String, message_id: String, ttl_ms: u64, command: Box<Command> },
     /// Checks and updates rate limits atomically: either every check admits the request and
     /// all states advance, or none does.
     RateCheck { checks: Vec<RateCheck> },

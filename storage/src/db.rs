@@ -7,10 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rocksdb::{
-    ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
-    WriteOptions, DB,
-};
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
 
 use crate::{cf, keys, StorageError};
 
@@ -22,9 +19,7 @@ pub struct Db {
 
 impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Db")
-            .field("path", &self.inner.path())
-            .finish()
+        f.debug_struct("Db").field("path", &self.inner.path()).finish()
     }
 }
 
@@ -42,13 +37,9 @@ impl Db {
         options.create_if_missing(true);
         options.create_missing_column_families(true);
         options.set_keep_log_file_num(4);
-        let descriptors = cf::ALL
-            .iter()
-            .map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
+        let descriptors = cf::ALL.iter().map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
         let inner = DB::open_cf_descriptors(&options, path, descriptors)?;
-        Ok(Db {
-            inner: Arc::new(inner),
-        })
+        Ok(Db { inner: Arc::new(inner) })
     }
 
     pub(crate) fn rocks(&self) -> &DB {
@@ -57,9 +48,7 @@ impl Db {
 
     pub(crate) fn cf(&self, name: &'static str) -> &ColumnFamily {
         // The database was opened with every name of cf::ALL; a miss is a programming error.
-        self.inner
-            .cf_handle(name)
-            .unwrap_or_else(|| panic!("column family {name} missing"))
+        self.inner.cf_handle(name).unwrap_or_else(|| panic!("column family {name} missing"))
     }
 
     /// Appends encoded log entries and syncs the WAL before returning.
@@ -83,14 +72,10 @@ impl Db {
             return Ok(out);
         }
         let from = keys::log(start);
-        let iter = self.inner.iterator_cf(
-            self.cf(cf::LOG),
-            IteratorMode::From(&from, Direction::Forward),
-        );
+        let iter = self.inner.iterator_cf(self.cf(cf::LOG), IteratorMode::From(&from, Direction::Forward));
         for item in iter {
             let (key, value) = item?;
-            let index =
-                keys::log_index(&key).ok_or_else(|| StorageError::Corrupt("log key".into()))?;
+            let index = keys::log_index(&key).ok_or_else(|| StorageError::Corrupt("log key".into()))?;
             if index >= end {
                 break;
             }
@@ -106,8 +91,7 @@ impl Db {
             None => Ok(None),
             Some(item) => {
                 let (key, value) = item?;
-                let index =
-                    keys::log_index(&key).ok_or_else(|| StorageError::Corrupt("log key".into()))?;
+                let index = keys::log_index(&key).ok_or_else(|| StorageError::Corrupt("log key".into()))?;
                 Ok(Some((index, value.into_vec())))
             }
         }
@@ -127,19 +111,14 @@ impl Db {
     pub fn log_purge(&self, upto: u64, purged_value: Vec<u8>) -> Result<(), StorageError> {
         let mut batch = WriteBatch::default();
         batch.put_cf(self.cf(cf::RAFT_META), keys::meta::PURGED, purged_value);
-        batch.delete_range_cf(
-            self.cf(cf::LOG),
-            keys::log(0),
-            keys::log(upto.saturating_add(1)),
-        );
+        batch.delete_range_cf(self.cf(cf::LOG), keys::log(0), keys::log(upto.saturating_add(1)));
         self.inner.write_opt(batch, &write_options(true))?;
         Ok(())
     }
 
     /// Writes one Raft metadata value; `sync` for values openraft must find after a crash.
     pub fn meta_put(&self, key: &[u8], value: &[u8], sync: bool) -> Result<(), StorageError> {
-        self.inner
-            .put_cf_opt(self.cf(cf::RAFT_META), key, value, &write_options(sync))?;
+        self.inner.put_cf_opt(self.cf(cf::RAFT_META), key, value, &write_options(sync))?;
         Ok(())
     }
 
@@ -167,28 +146,14 @@ mod tests {
     #[test]
     fn log_append_range_truncate_purge() {
         let (_dir, db) = open();
-        db.log_append((1..=10).map(|i| (i, vec![i as u8])))
-            .expect("append");
-        assert_eq!(
-            db.log_range(3, 6)
-                .expect("range")
-                .iter()
-                .map(|e| e.0)
-                .collect::<Vec<_>>(),
-            vec![3, 4, 5]
-        );
+        db.log_append((1..=10).map(|i| (i, vec![i as u8]))).expect("append");
+        assert_eq!(db.log_range(3, 6).expect("range").iter().map(|e| e.0).collect::<Vec<_>>(), vec![3, 4, 5]);
         assert_eq!(db.log_last().expect("last").map(|e| e.0), Some(10));
         db.log_truncate(8).expect("truncate");
         assert_eq!(db.log_last().expect("last").map(|e| e.0), Some(7));
         db.log_purge(4, b"p".to_vec()).expect("purge");
-        assert_eq!(
-            db.log_range(0, 100).expect("range").first().map(|e| e.0),
-            Some(5)
-        );
-        assert_eq!(
-            db.meta_get(keys::meta::PURGED).expect("meta"),
-            Some(b"p".to_vec())
-        );
+        assert_eq!(db.log_range(0, 100).expect("range").first().map(|e| e.0), Some(5));
+        assert_eq!(db.meta_get(keys::meta::PURGED).expect("meta"), Some(b"p".to_vec()));
     }
 
     #[test]
@@ -201,9 +166,6 @@ mod tests {
         }
         let db = Db::open(dir.path()).expect("reopen");
         assert_eq!(db.log_range(1, 2).expect("range"), vec![(1, b"a".to_vec())]);
-        assert_eq!(
-            db.meta_get(keys::meta::VOTE).expect("vote"),
-            Some(b"v".to_vec())
-        );
+        assert_eq!(db.meta_get(keys::meta::VOTE).expect("vote"), Some(b"v".to_vec()));
     }
 }

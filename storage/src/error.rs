@@ -6,10 +6,7 @@ pub enum StorageError {
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
     #[error("decode {what}: {source}")]
-    Decode {
-        what: &'static str,
-        source: serde_json::Error,
-    },
+    Decode { what: &'static str, source: serde_json::Error },
     #[error("corrupt data: {0}")]
     Corrupt(String),
     #[error("io: {0}")]

@@ -6,9 +6,7 @@
 
 use crate::command::{Command, IdempotencyOutcome, Outcome, RateCheck};
 use crate::keys::Expiring;
-use crate::records::{
-    IdempotencyRecord, IdempotencyResult, IdempotencyStatus, RateRecord, SavedResponse,
-};
+use crate::records::{IdempotencyRecord, IdempotencyResult, IdempotencyStatus, RateRecord, SavedResponse};
 use crate::state::{apply_command, Txn};
 use crate::StorageError;
 
@@ -35,30 +33,21 @@ fn existing(
     Ok(match record.status {
         IdempotencyStatus::Done { result } => Some(IdempotencyOutcome::Replay { result }),
         IdempotencyStatus::InProgress { lease_until_ms } if lease_until_ms > txn.now_ms => {
-            Some(IdempotencyOutcome::InProgress {
-                retry_after_ms: lease_until_ms - txn.now_ms,
-            })
+            Some(IdempotencyOutcome::InProgress { retry_after_ms: lease_until_ms - txn.now_ms })
         }
         IdempotencyStatus::InProgress { .. } => None,
     })
 }
 
 /// Writes `record` under `scope`, keeping the expiry index in step.
-fn put_record(
-    txn: &mut Txn<'_>,
-    scope: &[u8; 32],
-    record: &IdempotencyRecord,
-) -> Result<(), StorageError> {
+fn put_record(txn: &mut Txn<'_>, scope: &[u8; 32], record: &IdempotencyRecord) -> Result<(), StorageError> {
     if let Some(old) = get_record(txn, scope)? {
         if old.expires_ms != record.expires_ms {
             txn.delete(Expiring::Idempotency.index(old.expires_ms, scope));
         }
     }
     txn.put(Expiring::Idempotency.record(scope), record);
-    txn.put_raw(
-        Expiring::Idempotency.index(record.expires_ms, scope),
-        Vec::new(),
-    );
+    txn.put_raw(Expiring::Idempotency.index(record.expires_ms, scope), Vec::new());
     Ok(())
 }
 
@@ -85,9 +74,7 @@ pub(crate) fn idempotent(
         expires_ms: txn.now_ms.saturating_add(ttl_ms),
     };
     put_record(txn, scope, &record)?;
-    Ok(Outcome::Idempotency(IdempotencyOutcome::Applied {
-        outcome: Box::new(outcome),
-    }))
+    Ok(Outcome::Idempotency(IdempotencyOutcome::Applied { outcome: Box::new(outcome) }))
 }
 
 pub(crate) fn begin(
@@ -102,9 +89,7 @@ pub(crate) fn begin(
     }
     let record = IdempotencyRecord {
         fingerprint: *fingerprint,
-        status: IdempotencyStatus::InProgress {
-            lease_until_ms: txn.now_ms.saturating_add(lease_ms),
-        },
+        status: IdempotencyStatus::InProgress { lease_until_ms: txn.now_ms.saturating_add(lease_ms) },
         created_ms: txn.now_ms,
         expires_ms: txn.now_ms.saturating_add(ttl_ms),
     };
@@ -112,16 +97,10 @@ pub(crate) fn begin(
     Ok(Outcome::Idempotency(IdempotencyOutcome::Begun))
 }
 
-pub(crate) fn complete(
-    txn: &mut Txn<'_>,
-    scope: &[u8; 32],
-    response: &SavedResponse,
-) -> Result<Outcome, StorageError> {
+pub(crate) fn complete(txn: &mut Txn<'_>, scope: &[u8; 32], response: &SavedResponse) -> Result<Outcome, StorageError> {
     if let Some(mut record) = get_record(txn, scope)? {
         if matches!(record.status, IdempotencyStatus::InProgress { .. }) {
-            record.status = IdempotencyStatus::Done {
-                result: IdempotencyResult::Response(response.clone()),
-            };
+            record.status = IdempotencyStatus::Done { result: IdempotencyResult::Response(response.clone()) };
             put_record(txn, scope, &record)?;
         }
     }
@@ -173,14 +152,9 @@ pub(crate) fn rate_check(txn: &mut Txn<'_>, checks: &[RateCheck]) -> Result<Outc
     for check in checks {
         let key = Expiring::Rate.record(check.key.as_bytes());
         let previous: Option<RateRecord> = txn.get("rate state", &key)?;
-        let (decision, state) = check
-            .algorithm
-            .check(previous.as_ref().map(|r| &r.state), txn.now_ms);
+        let (decision, state) = check.algorithm.check(previous.as_ref().map(|r| &r.state), txn.now_ms);
         decisions.push(decision);
-        let record = RateRecord {
-            state,
-            idle_at_ms: txn.now_ms.saturating_add(check.algorithm.idle_after_ms()),
-        };
+        let record = RateRecord { state, idle_at_ms: txn.now_ms.saturating_add(check.algorithm.idle_after_ms()) };
         updates.push((check.key.as_bytes(), previous.map(|p| p.idle_at_ms), record));
     }
     let allowed = decisions.iter().all(|d| d.allowed);
@@ -196,10 +170,7 @@ pub(crate) fn rate_check(txn: &mut Txn<'_>, checks: &[RateCheck]) -> Result<Outc
     Ok(Outcome::Rate { allowed, decisions })
 }
 
-pub(crate) fn purge_expired(
-    txn: &mut Txn<'_>,
-    max_records: usize,
-) -> Result<Outcome, StorageError> {
+pub(crate) fn purge_expired(txn: &mut Txn<'_>, max_records: usize) -> Result<Outcome, StorageError> {
     let mut purged = 0;
     for kind in [Expiring::Idempotency, Expiring::Processed, Expiring::Rate] {
         let (start, end) = kind.index_range();
@@ -224,13 +195,9 @@ pub(crate) fn purge_expired(
 /// The expiry a record currently has (it may have been renewed since an index entry).
 fn record_expiry(txn: &Txn<'_>, kind: Expiring, key: &[u8]) -> Result<Option<u64>, StorageError> {
     Ok(match kind {
-        Expiring::Idempotency => txn
-            .get::<IdempotencyRecord>("idempotency record", key)?
-            .map(|r| r.expires_ms),
+        Expiring::Idempotency => txn.get::<IdempotencyRecord>("idempotency record", key)?.map(|r| r.expires_ms),
         Expiring::Processed => txn.get::<u64>("processed message", key)?,
-        Expiring::Rate => txn
-            .get::<RateRecord>("rate state", key)?
-            .map(|r| r.idle_at_ms),
+        Expiring::Rate => txn.get::<RateRecord>("rate state", key)?.map(|r| r.idle_at_ms),
     })
 }
 

@@ -12,32 +12,16 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn apply(sm: &StateMachine, now_ms: u64, command: Command) -> Outcome {
-    let mut outcomes = sm
-        .apply(
-            b"m",
-            Some(&Batch {
-                now_ms,
-                commands: vec![command],
-            }),
-        )
-        .expect("apply");
+    let mut outcomes = sm.apply(b"m", Some(&Batch { now_ms, commands: vec![command] })).expect("apply");
     outcomes.pop().expect("one outcome")
 }
 
 fn response(body: &str) -> SavedResponse {
-    SavedResponse {
-        status: 201,
-        headers: vec![("content-type".into(), "application/json".into())],
-        body: body.into(),
-    }
+    SavedResponse { status: 201, headers: vec![("content-type".into(), "application/json".into())], body: body.into() }
 }
 
 fn create_user(id: &str, name: &str) -> Command {
-    Command::CreateUser {
-        user_id: id.into(),
-        namespace_id: format!("ns-{id}"),
-        name: name.into(),
-    }
+    Command::CreateUser { user_id: id.into(), namespace_id: format!("ns-{id}"), name: name.into() }
 }
 
 fn keyed(scope: u8, body: u8, inner: Command) -> Command {
@@ -54,23 +38,12 @@ fn keyed(scope: u8, body: u8, inner: Command) -> Command {
 fn first_request_applies_and_saves_then_replays() {
     let (_dir, sm) = open();
     let first = apply(&sm, 10, keyed(1, 1, create_user("u1", "alice")));
-    let created = Outcome::UserCreated {
-        user_id: "u1".into(),
-        namespace_id: "ns-u1".into(),
-    };
-    assert_eq!(
-        first,
-        Outcome::Idempotency(IdempotencyOutcome::Applied {
-            outcome: Box::new(created)
-        })
-    );
+    let created = Outcome::UserCreated { user_id: "u1".into(), namespace_id: "ns-u1".into() };
+    assert_eq!(first, Outcome::Idempotency(IdempotencyOutcome::Applied { outcome: Box::new(created) }));
     // The retry carries new ids (generated per request) but must not create a second user.
     let retry = apply(&sm, 20, keyed(1, 1, create_user("u2", "alice-again")));
     let replay = IdempotencyResult::Response(response("created 1"));
-    assert_eq!(
-        retry,
-        Outcome::Idempotency(IdempotencyOutcome::Replay { result: replay })
-    );
+    assert_eq!(retry, Outcome::Idempotency(IdempotencyOutcome::Replay { result: replay }));
     assert!(sm.user("u2").expect("read").is_none());
 }
 
@@ -79,10 +52,7 @@ fn rejections_are_saved_too() {
     let (_dir, sm) = open();
     apply(&sm, 1, create_user("u1", "taken"));
     let first = apply(&sm, 2, keyed(2, 1, create_user("u2", "taken")));
-    assert!(matches!(
-        first,
-        Outcome::Idempotency(IdempotencyOutcome::Applied { .. })
-    ));
+    assert!(matches!(first, Outcome::Idempotency(IdempotencyOutcome::Applied { .. })));
     let retry = apply(&sm, 3, keyed(2, 1, create_user("u3", "taken")));
     let Outcome::Idempotency(IdempotencyOutcome::Replay {
         result: IdempotencyResult::Rejected(Rejection::Conflict(_)),
@@ -113,34 +83,14 @@ fn in_progress_then_done_then_replay() {
         apply(
             &sm,
             now,
-            Command::IdempotencyBegin {
-                scope: [4; 32],
-                fingerprint: [1; 32],
-                ttl_ms: 10_000,
-                lease_ms: 500,
-            },
+            Command::IdempotencyBegin { scope: [4; 32], fingerprint: [1; 32], ttl_ms: 10_000, lease_ms: 500 },
         )
     };
     assert_eq!(begin(100), Outcome::Idempotency(IdempotencyOutcome::Begun));
-    assert_eq!(
-        begin(150),
-        Outcome::Idempotency(IdempotencyOutcome::InProgress {
-            retry_after_ms: 450
-        })
-    );
-    apply(
-        &sm,
-        200,
-        Command::IdempotencyComplete {
-            scope: [4; 32],
-            response: response("done"),
-        },
-    );
+    assert_eq!(begin(150), Outcome::Idempotency(IdempotencyOutcome::InProgress { retry_after_ms: 450 }));
+    apply(&sm, 200, Command::IdempotencyComplete { scope: [4; 32], response: response("done") });
     let replay = IdempotencyResult::Response(response("done"));
-    assert_eq!(
-        begin(300),
-        Outcome::Idempotency(IdempotencyOutcome::Replay { result: replay })
-    );
+    assert_eq!(begin(300), Outcome::Idempotency(IdempotencyOutcome::Replay { result: replay }));
 }
 
 #[test]
@@ -150,45 +100,23 @@ fn abandoned_lease_is_taken_over_and_release_forgets() {
         apply(
             &sm,
             now,
-            Command::IdempotencyBegin {
-                scope: [5; 32],
-                fingerprint: [1; 32],
-                ttl_ms: 10_000,
-                lease_ms: 500,
-            },
+            Command::IdempotencyBegin { scope: [5; 32], fingerprint: [1; 32], ttl_ms: 10_000, lease_ms: 500 },
         )
     };
     assert_eq!(begin(0), Outcome::Idempotency(IdempotencyOutcome::Begun));
-    assert_eq!(
-        begin(600),
-        Outcome::Idempotency(IdempotencyOutcome::Begun),
-        "lease expired: retry runs the work"
-    );
+    assert_eq!(begin(600), Outcome::Idempotency(IdempotencyOutcome::Begun), "lease expired: retry runs the work");
     apply(&sm, 700, Command::IdempotencyRelease { scope: [5; 32] });
-    assert_eq!(
-        begin(701),
-        Outcome::Idempotency(IdempotencyOutcome::Begun),
-        "released: the key is free"
-    );
+    assert_eq!(begin(701), Outcome::Idempotency(IdempotencyOutcome::Begun), "released: the key is free");
 }
 
 #[test]
 fn expired_records_are_purged_and_the_key_runs_again() {
     let (_dir, sm) = open();
     apply(&sm, 0, keyed(6, 1, create_user("u1", "a")));
-    assert_eq!(
-        apply(&sm, 999, Command::PurgeExpired { max_records: 100 }),
-        Outcome::Purged { records: 0 }
-    );
-    assert_eq!(
-        apply(&sm, 1_000, Command::PurgeExpired { max_records: 100 }),
-        Outcome::Purged { records: 1 }
-    );
+    assert_eq!(apply(&sm, 999, Command::PurgeExpired { max_records: 100 }), Outcome::Purged { records: 0 });
+    assert_eq!(apply(&sm, 1_000, Command::PurgeExpired { max_records: 100 }), Outcome::Purged { records: 1 });
     let again = apply(&sm, 1_001, keyed(6, 1, create_user("u2", "b")));
-    assert!(matches!(
-        again,
-        Outcome::Idempotency(IdempotencyOutcome::Applied { .. })
-    ));
+    assert!(matches!(again, Outcome::Idempotency(IdempotencyOutcome::Applied { .. })));
 }
 
 #[test]
@@ -200,68 +128,24 @@ fn processed_messages_skip_duplicates_until_expiry() {
         ttl_ms: 100,
         command: Box::new(create_user(id, name)),
     };
-    assert!(matches!(
-        apply(&sm, 0, once("u1", "a")),
-        Outcome::UserCreated { .. }
-    ));
+    assert!(matches!(apply(&sm, 0, once("u1", "a")), Outcome::UserCreated { .. }));
     assert_eq!(apply(&sm, 50, once("u2", "b")), Outcome::Duplicate);
     assert!(sm.user("u2").expect("read").is_none());
-    assert_eq!(
-        apply(&sm, 100, Command::PurgeExpired { max_records: 10 }),
-        Outcome::Purged { records: 1 }
-    );
-    assert!(matches!(
-        apply(&sm, 101, once("u3", "c")),
-        Outcome::UserCreated { .. }
-    ));
+    assert_eq!(apply(&sm, 100, Command::PurgeExpired { max_records: 10 }), Outcome::Purged { records: 1 });
+    assert!(matches!(apply(&sm, 101, once("u3", "c")), Outcome::UserCreated { .. }));
 }
 
 #[test]
 fn rate_checks_are_all_or_nothing() {
     let (_dir, sm) = open();
-    let roomy = RateCheck {
-        key: "roomy".into(),
-        algorithm: Algorithm::FixedWindow {
-            limit: 10,
-            window_ms: 1_000,
-        },
-    };
-    let tight = RateCheck {
-        key: "tight".into(),
-        algorithm: Algorithm::FixedWindow {
-            limit: 1,
-            window_ms: 1_000,
-        },
-    };
-    let both = Command::RateCheck {
-        checks: vec![roomy.clone(), tight],
-    };
-    let Outcome::Rate {
-        allowed: true,
-        decisions,
-    } = apply(&sm, 0, both.clone())
-    else {
-        panic!("first admitted")
-    };
-    assert_eq!(
-        decisions.iter().map(|d| d.remaining).collect::<Vec<_>>(),
-        vec![9, 0]
-    );
-    let Outcome::Rate { allowed: false, .. } = apply(&sm, 1, both) else {
-        panic!("second rejected")
-    };
+    let roomy = RateCheck { key: "roomy".into(), algorithm: Algorithm::FixedWindow { limit: 10, window_ms: 1_000 } };
+    let tight = RateCheck { key: "tight".into(), algorithm: Algorithm::FixedWindow { limit: 1, window_ms: 1_000 } };
+    let both = Command::RateCheck { checks: vec![roomy.clone(), tight] };
+    let Outcome::Rate { allowed: true, decisions } = apply(&sm, 0, both.clone()) else { panic!("first admitted") };
+    assert_eq!(decisions.iter().map(|d| d.remaining).collect::<Vec<_>>(), vec![9, 0]);
+    let Outcome::Rate { allowed: false, .. } = apply(&sm, 1, both) else { panic!("second rejected") };
     // The rejected request did not consume from the roomy limit.
-    let Outcome::Rate {
-        allowed: true,
-        decisions,
-    } = apply(
-        &sm,
-        2,
-        Command::RateCheck {
-            checks: vec![roomy],
-        },
-    )
-    else {
+    let Outcome::Rate { allowed: true, decisions } = apply(&sm, 2, Command::RateCheck { checks: vec![roomy] }) else {
         panic!("roomy alone admitted")
     };
     assert_eq!(decisions[0].remaining, 8);
@@ -270,34 +154,10 @@ fn rate_checks_are_all_or_nothing() {
 #[test]
 fn idle_rate_state_is_purged() {
     let (_dir, sm) = open();
-    let check = RateCheck {
-        key: "k".into(),
-        algorithm: Algorithm::TokenBucket {
-            capacity: 2,
-            refill_per_s: 1,
-        },
-    };
-    apply(
-        &sm,
-        0,
-        Command::RateCheck {
-            checks: vec![check.clone()],
-        },
-    );
-    apply(
-        &sm,
-        500,
-        Command::RateCheck {
-            checks: vec![check],
-        },
-    );
+    let check = RateCheck { key: "k".into(), algorithm: Algorithm::TokenBucket { capacity: 2, refill_per_s: 1 } };
+    apply(&sm, 0, Command::RateCheck { checks: vec![check.clone()] });
+    apply(&sm, 500, Command::RateCheck { checks: vec![check] });
     // Idle (bucket full again) 2 s after the last check, at 2500.
-    assert_eq!(
-        apply(&sm, 2_499, Command::PurgeExpired { max_records: 10 }),
-        Outcome::Purged { records: 0 }
-    );
-    assert_eq!(
-        apply(&sm, 2_500, Command::PurgeExpired { max_records: 10 }),
-        Outcome::Purged { records: 1 }
-    );
+    assert_eq!(apply(&sm, 2_499, Command::PurgeExpired { max_records: 10 }), Outcome::Purged { records: 0 });
+    assert_eq!(apply(&sm, 2_500, Command::PurgeExpired { max_records: 10 }), Outcome::Purged { records: 1 });
 }

@@ -36,11 +36,7 @@ pub enum LimitState {
     /// Sliding log: time of each admitted request still in view, oldest first.
     Log { times_ms: Vec<u64> },
     /// Sliding window counter: counts of the current and previous aligned windows.
-    Counter {
-        window_start_ms: u64,
-        current: u64,
-        previous: u64,
-    },
+    Counter { window_start_ms: u64, current: u64, previous: u64 },
     /// Leaky bucket: milli-requests queued at `at_ms`.
     Queue { milli_level: u64, at_ms: u64 },
 }
@@ -72,9 +68,7 @@ impl Algorithm {
     /// The limit as a client sees it (for headers).
     pub fn limit(&self) -> u64 {
         match *self {
-            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
-                capacity
-            }
+            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => capacity,
             Algorithm::FixedWindow { limit, .. }
             | Algorithm::SlidingLog { limit, .. }
             | Algorithm::SlidingWindow { limit, .. } => limit,
@@ -84,14 +78,8 @@ impl Algorithm {
     /// The policy window in seconds (for the `RateLimit-Policy` header).
     pub fn window_s(&self) -> u64 {
         match *self {
-            Algorithm::TokenBucket {
-                capacity,
-                refill_per_s,
-            } => ceil_div(capacity, refill_per_s).max(1),
-            Algorithm::LeakyBucket {
-                capacity,
-                drain_per_s,
-            } => ceil_div(capacity, drain_per_s).max(1),
+            Algorithm::TokenBucket { capacity, refill_per_s } => ceil_div(capacity, refill_per_s).max(1),
+            Algorithm::LeakyBucket { capacity, drain_per_s } => ceil_div(capacity, drain_per_s).max(1),
             Algorithm::FixedWindow { window_ms, .. }
             | Algorithm::SlidingLog { window_ms, .. }
             | Algorithm::SlidingWindow { window_ms, .. } => ceil_div(window_ms, 1_000).max(1),
@@ -103,57 +91,29 @@ impl Algorithm {
     /// without it.
     pub fn check(&self, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
         match *self {
-            Algorithm::TokenBucket {
-                capacity,
-                refill_per_s,
-            } => token_bucket(capacity, refill_per_s, state, now_ms),
-            Algorithm::FixedWindow { limit, window_ms } => {
-                fixed_window(limit, window_ms.max(1), state, now_ms)
-            }
-            Algorithm::SlidingLog { limit, window_ms } => {
-                sliding_log(limit, window_ms.max(1), state, now_ms)
-            }
-            Algorithm::SlidingWindow { limit, window_ms } => {
-                sliding_window(limit, window_ms.max(1), state, now_ms)
-            }
-            Algorithm::LeakyBucket {
-                capacity,
-                drain_per_s,
-            } => leaky_bucket(capacity, drain_per_s, state, now_ms),
+            Algorithm::TokenBucket { capacity, refill_per_s } => token_bucket(capacity, refill_per_s, state, now_ms),
+            Algorithm::FixedWindow { limit, window_ms } => fixed_window(limit, window_ms.max(1), state, now_ms),
+            Algorithm::SlidingLog { limit, window_ms } => sliding_log(limit, window_ms.max(1), state, now_ms),
+            Algorithm::SlidingWindow { limit, window_ms } => sliding_window(limit, window_ms.max(1), state, now_ms),
+            Algorithm::LeakyBucket { capacity, drain_per_s } => leaky_bucket(capacity, drain_per_s, state, now_ms),
         }
     }
 
     /// The state the key returns to when idle long enough: used to drop idle keys.
     pub fn idle_after_ms(&self) -> u64 {
         match *self {
-            Algorithm::TokenBucket {
-                capacity,
-                refill_per_s,
-            } => ceil_div(capacity * MILLI, refill_per_s),
-            Algorithm::LeakyBucket {
-                capacity,
-                drain_per_s,
-            } => ceil_div(capacity * MILLI, drain_per_s),
-            Algorithm::FixedWindow { window_ms, .. } | Algorithm::SlidingLog { window_ms, .. } => {
-                window_ms
-            }
+            Algorithm::TokenBucket { capacity, refill_per_s } => ceil_div(capacity * MILLI, refill_per_s),
+            Algorithm::LeakyBucket { capacity, drain_per_s } => ceil_div(capacity * MILLI, drain_per_s),
+            Algorithm::FixedWindow { window_ms, .. } | Algorithm::SlidingLog { window_ms, .. } => window_ms,
             Algorithm::SlidingWindow { window_ms, .. } => window_ms.saturating_mul(2),
         }
     }
 }
 
-fn token_bucket(
-    capacity: u64,
-    refill_per_s: u64,
-    state: Option<&LimitState>,
-    now_ms: u64,
-) -> (Decision, LimitState) {
+fn token_bucket(capacity: u64, refill_per_s: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
     let full = capacity * MILLI;
     let (tokens, at_ms) = match state {
-        Some(LimitState::Bucket {
-            milli_tokens,
-            at_ms,
-        }) => (*milli_tokens, *at_ms),
+        Some(LimitState::Bucket { milli_tokens, at_ms }) => (*milli_tokens, *at_ms),
         _ => (full, now_ms),
     };
     // tokens = min(B, tokens + elapsed × r); elapsed ms × r tokens/s = milli-tokens.
@@ -166,33 +126,15 @@ fn token_bucket(
         limit: capacity,
         remaining: after / MILLI,
         reset_ms: ceil_div(full - after, refill_per_s),
-        retry_after_ms: if allowed {
-            0
-        } else {
-            ceil_div(MILLI - tokens, refill_per_s)
-        },
+        retry_after_ms: if allowed { 0 } else { ceil_div(MILLI - tokens, refill_per_s) },
     };
-    (
-        decision,
-        LimitState::Bucket {
-            milli_tokens: after,
-            at_ms: now_ms.max(at_ms),
-        },
-    )
+    (decision, LimitState::Bucket { milli_tokens: after, at_ms: now_ms.max(at_ms) })
 }
 
-fn fixed_window(
-    limit: u64,
-    window_ms: u64,
-    state: Option<&LimitState>,
-    now_ms: u64,
-) -> (Decision, LimitState) {
+fn fixed_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
     let start = now_ms - now_ms % window_ms;
     let count = match state {
-        Some(LimitState::Window {
-            window_start_ms,
-            count,
-        }) if *window_start_ms == start => *count,
+        Some(LimitState::Window { window_start_ms, count }) if *window_start_ms == start => *count,
         _ => 0,
     };
     let reset_ms = start + window_ms - now_ms;
@@ -205,27 +147,12 @@ fn fixed_window(
         reset_ms,
         retry_after_ms: if allowed { 0 } else { reset_ms },
     };
-    (
-        decision,
-        LimitState::Window {
-            window_start_ms: start,
-            count,
-        },
-    )
+    (decision, LimitState::Window { window_start_ms: start, count })
 }
 
-fn sliding_log(
-    limit: u64,
-    window_ms: u64,
-    state: Option<&LimitState>,
-    now_ms: u64,
-) -> (Decision, LimitState) {
+fn sliding_log(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
     let mut times: Vec<u64> = match state {
-        Some(LimitState::Log { times_ms }) => times_ms
-            .iter()
-            .copied()
-            .filter(|t| t + window_ms > now_ms)
-            .collect(),
+        Some(LimitState::Log { times_ms }) => times_ms.iter().copied().filter(|t| t + window_ms > now_ms).collect(),
         _ => Vec::new(),
     };
     let allowed = (times.len() as u64) < limit;
@@ -239,28 +166,15 @@ fn sliding_log(
         limit,
         remaining: limit.saturating_sub(times.len() as u64),
         reset_ms: (newest + window_ms).saturating_sub(now_ms),
-        retry_after_ms: if allowed {
-            0
-        } else {
-            (oldest + window_ms).saturating_sub(now_ms)
-        },
+        retry_after_ms: if allowed { 0 } else { (oldest + window_ms).saturating_sub(now_ms) },
     };
     (decision, LimitState::Log { times_ms: times })
 }
 
-fn sliding_window(
-    limit: u64,
-    window_ms: u64,
-    state: Option<&LimitState>,
-    now_ms: u64,
-) -> (Decision, LimitState) {
+fn sliding_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
     let start = now_ms - now_ms % window_ms;
     let (current, previous) = match state {
-        Some(LimitState::Counter {
-            window_start_ms,
-            current,
-            previous,
-        }) => {
+        Some(LimitState::Counter { window_start_ms, current, previous }) => {
             if *window_start_ms == start {
                 (*current, *previous)
             } else if *window_start_ms + window_ms == start {
@@ -274,8 +188,7 @@ fn sliding_window(
     // count ≈ current + previous × (part of the previous window still in view), in
     // milli-requests: previous × (window − elapsed) / window.
     let elapsed = now_ms - start;
-    let weighted_milli =
-        |current: u64| current * MILLI + previous * MILLI * (window_ms - elapsed) / window_ms;
+    let weighted_milli = |current: u64| current * MILLI + previous * MILLI * (window_ms - elapsed) / window_ms;
     let allowed = weighted_milli(current) + MILLI <= limit * MILLI;
     let current = if allowed { current + 1 } else { current };
     let used_milli = weighted_milli(current);
@@ -284,20 +197,9 @@ fn sliding_window(
         limit,
         remaining: (limit * MILLI).saturating_sub(used_milli) / MILLI,
         reset_ms: start + 2 * window_ms - now_ms,
-        retry_after_ms: if allowed {
-            0
-        } else {
-            retry_sliding(limit, window_ms, current, previous, elapsed)
-        },
+        retry_after_ms: if allowed { 0 } else { retry_sliding(limit, window_ms, current, previous, elapsed) },
     };
-    (
-        decision,
-        LimitState::Counter {
-            window_start_ms: start,
-            current,
-            previous,
-        },
-    )
+    (decision, LimitState::Counter { window_start_ms: start, current, previous })
 }
 
 /// Milliseconds until the weighted count leaves room for one more request.
@@ -316,12 +218,7 @@ fn retry_sliding(limit: u64, window_ms: u64, current: u64, previous: u64, elapse
     window_ms - elapsed
 }
 
-fn leaky_bucket(
-    capacity: u64,
-    drain_per_s: u64,
-    state: Option<&LimitState>,
-    now_ms: u64,
-) -> (Decision, LimitState) {
+fn leaky_bucket(capacity: u64, drain_per_s: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
     let (level, at_ms) = match state {
         Some(LimitState::Queue { milli_level, at_ms }) => (*milli_level, *at_ms),
         _ => (0, now_ms),
@@ -335,19 +232,9 @@ fn leaky_bucket(
         limit: capacity,
         remaining: (capacity * MILLI - level) / MILLI,
         reset_ms: ceil_div(level, drain_per_s),
-        retry_after_ms: if allowed {
-            0
-        } else {
-            ceil_div(level + MILLI - capacity * MILLI, drain_per_s)
-        },
+        retry_after_ms: if allowed { 0 } else { ceil_div(level + MILLI - capacity * MILLI, drain_per_s) },
     };
-    (
-        decision,
-        LimitState::Queue {
-            milli_level: level,
-            at_ms: now_ms.max(at_ms),
-        },
-    )
+    (decision, LimitState::Queue { milli_level: level, at_ms: now_ms.max(at_ms) })
 }
 
 #[cfg(test)]

@@ -16,32 +16,17 @@ fn run(algorithm: Algorithm, times: &[u64]) -> Vec<(bool, u64)> {
 }
 
 fn check(algorithm: Algorithm, times: &[u64], expected: &[(bool, u64)]) {
-    assert_eq!(
-        run(algorithm, times),
-        expected,
-        "{algorithm:?} at {times:?}"
-    );
+    assert_eq!(run(algorithm, times), expected, "{algorithm:?} at {times:?}");
 }
 
 #[test]
 fn token_bucket_burst_then_refill() {
     // B = 3, r = 2/s: three at once, the fourth rejected; 500 ms later one token is back.
-    let bucket = Algorithm::TokenBucket {
-        capacity: 3,
-        refill_per_s: 2,
-    };
+    let bucket = Algorithm::TokenBucket { capacity: 3, refill_per_s: 2 };
     check(
         bucket,
         &[0, 0, 0, 0, 499, 500, 500],
-        &[
-            (true, 2),
-            (true, 1),
-            (true, 0),
-            (false, 0),
-            (false, 0),
-            (true, 0),
-            (false, 0),
-        ],
+        &[(true, 2), (true, 1), (true, 0), (false, 0), (false, 0), (true, 0), (false, 0)],
     );
     // Refill never exceeds B: idle for an hour, still only 3.
     check(
@@ -53,10 +38,7 @@ fn token_bucket_burst_then_refill() {
 
 #[test]
 fn token_bucket_retry_after_and_reset() {
-    let bucket = Algorithm::TokenBucket {
-        capacity: 2,
-        refill_per_s: 4,
-    };
+    let bucket = Algorithm::TokenBucket { capacity: 2, refill_per_s: 4 };
     let (first, s) = bucket.check(None, 1_000);
     let (_, s) = bucket.check(Some(&s), 1_000);
     let (rejected, _) = bucket.check(Some(&s), 1_100);
@@ -69,62 +51,27 @@ fn token_bucket_retry_after_and_reset() {
 #[test]
 fn fixed_window_allows_double_burst_at_the_boundary() {
     // limit 3 per 1000 ms: 3 at 900..999 and 3 more at 1000..1099 — 6 within 200 ms.
-    let window = Algorithm::FixedWindow {
-        limit: 3,
-        window_ms: 1_000,
-    };
+    let window = Algorithm::FixedWindow { limit: 3, window_ms: 1_000 };
     check(
         window,
         &[900, 950, 999, 999, 1_000, 1_050, 1_099, 1_100],
-        &[
-            (true, 2),
-            (true, 1),
-            (true, 0),
-            (false, 0),
-            (true, 2),
-            (true, 1),
-            (true, 0),
-            (false, 0),
-        ],
+        &[(true, 2), (true, 1), (true, 0), (false, 0), (true, 2), (true, 1), (true, 0), (false, 0)],
     );
-    let (rejected, _) = window.check(
-        Some(&LimitState::Window {
-            window_start_ms: 1_000,
-            count: 3,
-        }),
-        1_100,
-    );
+    let (rejected, _) = window.check(Some(&LimitState::Window { window_start_ms: 1_000, count: 3 }), 1_100);
     assert_eq!((rejected.reset_ms, rejected.retry_after_ms), (900, 900));
 }
 
 #[test]
 fn sliding_log_is_exact() {
     // limit 3 per 1000 ms: the boundary burst of the fixed window is refused.
-    let log = Algorithm::SlidingLog {
-        limit: 3,
-        window_ms: 1_000,
-    };
+    let log = Algorithm::SlidingLog { limit: 3, window_ms: 1_000 };
     check(
         log,
         &[900, 950, 999, 1_000, 1_050, 1_899, 1_900, 1_950],
         // 1900: 900 left the view (900 + 1000 <= 1900); 1950: 950 left too.
-        &[
-            (true, 2),
-            (true, 1),
-            (true, 0),
-            (false, 0),
-            (false, 0),
-            (false, 0),
-            (true, 0),
-            (true, 0),
-        ],
+        &[(true, 2), (true, 1), (true, 0), (false, 0), (false, 0), (false, 0), (true, 0), (true, 0)],
     );
-    let (rejected, _) = log.check(
-        Some(&LimitState::Log {
-            times_ms: vec![900, 950, 999],
-        }),
-        1_000,
-    );
+    let (rejected, _) = log.check(Some(&LimitState::Log { times_ms: vec![900, 950, 999] }), 1_000);
     assert_eq!(rejected.retry_after_ms, 900); // until 900 leaves the view at 1900
 }
 
@@ -133,10 +80,7 @@ fn sliding_window_counter_approximates() {
     // limit 10 per 1000 ms; 10 requests in window [0, 1000), then at 1250 the previous
     // window still counts 10 × 750/1000 = 7.5, so 2 more fit (7.5 + 2 = 9.5 ≤ 10), a third
     // does not (10.5).
-    let counter = Algorithm::SlidingWindow {
-        limit: 10,
-        window_ms: 1_000,
-    };
+    let counter = Algorithm::SlidingWindow { limit: 10, window_ms: 1_000 };
     let mut times = vec![500; 10];
     times.extend([1_250, 1_250, 1_250]);
     let result = run(counter, &times);
@@ -145,11 +89,7 @@ fn sliding_window_counter_approximates() {
     // Remaining after each: floor(10 − 8.5) = 1, floor(10 − 9.5) = 0.
     assert_eq!(&result[10..], &[(true, 1), (true, 0), (false, 0)]);
     // At 1500 the weight is 5: 5 + 2 = 7, so 3 more fit: 8, 9, 10.
-    let state = LimitState::Counter {
-        window_start_ms: 1_000,
-        current: 2,
-        previous: 10,
-    };
+    let state = LimitState::Counter { window_start_ms: 1_000, current: 2, previous: 10 };
     let mut s = Some(state);
     let mut allowed = 0;
     for _ in 0..5 {
@@ -165,17 +105,10 @@ fn sliding_window_counter_approximates() {
 
 #[test]
 fn sliding_window_retry_after_points_at_room() {
-    let counter = Algorithm::SlidingWindow {
-        limit: 10,
-        window_ms: 1_000,
-    };
+    let counter = Algorithm::SlidingWindow { limit: 10, window_ms: 1_000 };
     // current 2, previous 10 at 1250: 2 + 7.5 = 9.5 → one more needs ≤ 9: previous part ≤ 7
     // → 10 × (1000 − e)/1000 ≤ 7 → e ≥ 300 → 50 ms from 1250.
-    let state = LimitState::Counter {
-        window_start_ms: 1_000,
-        current: 2,
-        previous: 10,
-    };
+    let state = LimitState::Counter { window_start_ms: 1_000, current: 2, previous: 10 };
     let (d, _) = counter.check(Some(&state), 1_250);
     assert!(!d.allowed);
     assert_eq!(d.retry_after_ms, 50);
@@ -184,58 +117,20 @@ fn sliding_window_retry_after_points_at_room() {
 #[test]
 fn leaky_bucket_queues_then_drops_without_burst_refill() {
     // capacity 2, drain 1/s: two fit, the third is dropped; after 1 s one slot is free.
-    let leaky = Algorithm::LeakyBucket {
-        capacity: 2,
-        drain_per_s: 1,
-    };
-    check(
-        leaky,
-        &[0, 0, 0, 999, 1_000, 1_000],
-        &[
-            (true, 1),
-            (true, 0),
-            (false, 0),
-            (false, 0),
-            (true, 0),
-            (false, 0),
-        ],
-    );
-    let (d, _) = leaky.check(
-        Some(&LimitState::Queue {
-            milli_level: 2_000,
-            at_ms: 0,
-        }),
-        250,
-    );
-    assert_eq!(
-        (d.allowed, d.retry_after_ms, d.reset_ms),
-        (false, 750, 1_750)
-    );
+    let leaky = Algorithm::LeakyBucket { capacity: 2, drain_per_s: 1 };
+    check(leaky, &[0, 0, 0, 999, 1_000, 1_000], &[(true, 1), (true, 0), (false, 0), (false, 0), (true, 0), (false, 0)]);
+    let (d, _) = leaky.check(Some(&LimitState::Queue { milli_level: 2_000, at_ms: 0 }), 250);
+    assert_eq!((d.allowed, d.retry_after_ms, d.reset_ms), (false, 750, 1_750));
 }
 
 #[test]
 fn rejected_requests_do_not_consume() {
     for algorithm in [
-        Algorithm::TokenBucket {
-            capacity: 1,
-            refill_per_s: 1,
-        },
-        Algorithm::FixedWindow {
-            limit: 1,
-            window_ms: 1_000,
-        },
-        Algorithm::SlidingLog {
-            limit: 1,
-            window_ms: 1_000,
-        },
-        Algorithm::SlidingWindow {
-            limit: 1,
-            window_ms: 1_000,
-        },
-        Algorithm::LeakyBucket {
-            capacity: 1,
-            drain_per_s: 1,
-        },
+        Algorithm::TokenBucket { capacity: 1, refill_per_s: 1 },
+        Algorithm::FixedWindow { limit: 1, window_ms: 1_000 },
+        Algorithm::SlidingLog { limit: 1, window_ms: 1_000 },
+        Algorithm::SlidingWindow { limit: 1, window_ms: 1_000 },
+        Algorithm::LeakyBucket { capacity: 1, drain_per_s: 1 },
     ] {
         let (_, s1) = algorithm.check(None, 10);
         let (d, s2) = algorithm.check(Some(&s1), 10);

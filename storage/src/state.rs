@@ -63,14 +63,8 @@ impl Txn<'_> {
         Ok(self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?)
     }
 
-    pub(crate) fn get<T: DeserializeOwned>(
-        &self,
-        what: &'static str,
-        key: &[u8],
-    ) -> Result<Option<T>, StorageError> {
-        self.get_raw(key)?
-            .map(|bytes| decode(what, &bytes))
-            .transpose()
+    pub(crate) fn get<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
+        self.get_raw(key)?.map(|bytes| decode(what, &bytes)).transpose()
     }
 
     pub(crate) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
@@ -89,12 +83,7 @@ impl Txn<'_> {
 
     /// Keys of `[start, end)` as of the previous entry (this entry's writes not included),
     /// at most `max`.
-    pub(crate) fn committed_keys(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        max: usize,
-    ) -> Result<Vec<Vec<u8>>, StorageError> {
+    pub(crate) fn committed_keys(&self, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
         let mut keys = Vec::new();
         let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
         for item in self.db.rocks().iterator_cf(self.db.cf(cf::STATE), mode) {
@@ -119,40 +108,23 @@ impl StateMachine {
 
     /// The applied marker of the last applied entry, if any entry was applied.
     pub fn applied_marker(&self) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self
-            .db
-            .rocks()
-            .get_cf(self.db.cf(cf::STATE), keys::applied_marker())?)
+        Ok(self.db.rocks().get_cf(self.db.cf(cf::STATE), keys::applied_marker())?)
     }
 
     /// The state machine's clock: the largest leader time applied so far (0 before any).
     pub fn clock_ms(&self) -> Result<u64, StorageError> {
-        let raw = self
-            .db
-            .rocks()
-            .get_cf(self.db.cf(cf::STATE), keys::clock())?;
-        raw.map(|bytes| decode("clock", &bytes))
-            .transpose()
-            .map(|c| c.unwrap_or(0))
+        let raw = self.db.rocks().get_cf(self.db.cf(cf::STATE), keys::clock())?;
+        raw.map(|bytes| decode("clock", &bytes)).transpose().map(|c| c.unwrap_or(0))
     }
 
     /// Applies one log entry: its batch (none for blank and membership entries) and the new
     /// applied marker, as one write batch. Returns one outcome per command, in order.
-    pub fn apply(
-        &self,
-        marker: &[u8],
-        batch: Option<&Batch>,
-    ) -> Result<Vec<Outcome>, StorageError> {
+    pub fn apply(&self, marker: &[u8], batch: Option<&Batch>) -> Result<Vec<Outcome>, StorageError> {
         let now_ms = match batch {
             Some(batch) => self.clock_ms()?.max(batch.now_ms),
             None => self.clock_ms()?,
         };
-        let mut txn = Txn {
-            db: &self.db,
-            batch: WriteBatch::default(),
-            overlay: HashMap::new(),
-            now_ms,
-        };
+        let mut txn = Txn { db: &self.db, batch: WriteBatch::default(), overlay: HashMap::new(), now_ms };
         let mut outcomes = Vec::new();
         if let Some(batch) = batch {
             outcomes.reserve(batch.commands.len());
@@ -164,9 +136,7 @@ impl StateMachine {
         txn.put_raw(keys::applied_marker(), marker.to_vec());
         // Not synced: the log entry being applied is already durable in the same WAL, and the
         // next synced write (or `build_snapshot`) makes this one durable too.
-        self.db
-            .rocks()
-            .write_opt(txn.batch, &write_options(false))?;
+        self.db.rocks().write_opt(txn.batch, &write_options(false))?;
         Ok(outcomes)
     }
 
@@ -179,9 +149,9 @@ impl StateMachine {
         let Some(token) = self.get::<Token>("token", &keys::token(token_hash))? else {
             return Ok(None);
         };
-        let user = self.user(&token.user_id)?.ok_or_else(|| {
-            StorageError::Corrupt(format!("token {} names a missing user", token.id))
-        })?;
+        let user = self
+            .user(&token.user_id)?
+            .ok_or_else(|| StorageError::Corrupt(format!("token {} names a missing user", token.id)))?;
         Ok(Some((token, user)))
     }
 
@@ -193,10 +163,8 @@ impl StateMachine {
     pub fn user_count(&self) -> Result<u64, StorageError> {
         let (start, end) = keys::user_range();
         let mut count = 0;
-        let iter = self.db.rocks().iterator_cf(
-            self.db.cf(cf::STATE),
-            IteratorMode::From(&start, rocksdb::Direction::Forward),
-        );
+        let iter =
+            self.db.rocks().iterator_cf(self.db.cf(cf::STATE), IteratorMode::From(&start, rocksdb::Direction::Forward));
         for item in iter {
             let (key, _) = item?;
             if *key >= *end {
@@ -207,11 +175,7 @@ impl StateMachine {
         Ok(count)
     }
 
-    fn get<T: DeserializeOwned>(
-        &self,
-        what: &'static str,
-        key: &[u8],
-    ) -> Result<Option<T>, StorageError> {
+    fn get<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
         let raw = self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?;
         raw.map(|bytes| decode(what, &bytes)).transpose()
     }
@@ -259,9 +223,7 @@ fn push_framed(out: &mut Vec<u8>, bytes: &[u8]) {
 
 /// Checks magic and checksum and splits an image into key/value pairs.
 fn parse_image(image: &[u8]) -> Result<Vec<(&[u8], &[u8])>, StorageError> {
-    if image.len() < SNAPSHOT_MAGIC.len() + SNAPSHOT_CHECKSUM_BYTES
-        || !image.starts_with(SNAPSHOT_MAGIC)
-    {
+    if image.len() < SNAPSHOT_MAGIC.len() + SNAPSHOT_CHECKSUM_BYTES || !image.starts_with(SNAPSHOT_MAGIC) {
         return Err(corrupt_image("bad header"));
     }
     let (body, checksum) = image.split_at(image.len() - SNAPSHOT_CHECKSUM_BYTES);
@@ -283,9 +245,7 @@ fn corrupt_image(what: &str) -> StorageError {
 }
 
 fn take_framed<'a>(rest: &mut &'a [u8]) -> Result<&'a [u8], StorageError> {
-    let (len, tail) = rest
-        .split_first_chunk::<4>()
-        .ok_or_else(|| corrupt_image("truncated length"))?;
+    let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(|| corrupt_image("truncated length"))?;
     let len = u32::from_be_bytes(*len) as usize;
     if tail.len() < len {
         return Err(corrupt_image("truncated value"));
@@ -297,66 +257,37 @@ fn take_framed<'a>(rest: &mut &'a [u8]) -> Result<&'a [u8], StorageError> {
 
 pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outcome, StorageError> {
     match command {
-        Command::Idempotent {
-            scope,
-            fingerprint,
-            ttl_ms,
-            on_success,
-            command,
-        } => guards::idempotent(txn, scope, fingerprint, *ttl_ms, on_success, command),
-        Command::IdempotencyBegin {
-            scope,
-            fingerprint,
-            ttl_ms,
-            lease_ms,
-        } => guards::begin(txn, scope, fingerprint, *ttl_ms, *lease_ms),
+        Command::Idempotent { scope, fingerprint, ttl_ms, on_success, command } => {
+            guards::idempotent(txn, scope, fingerprint, *ttl_ms, on_success, command)
+        }
+        Command::IdempotencyBegin { scope, fingerprint, ttl_ms, lease_ms } => {
+            guards::begin(txn, scope, fingerprint, *ttl_ms, *lease_ms)
+        }
         Command::IdempotencyComplete { scope, response } => guards::complete(txn, scope, response),
         Command::IdempotencyRelease { scope } => guards::release(txn, scope),
-        Command::Once {
-            consumer,
-            message_id,
-            ttl_ms,
-            command,
-        } => guards::once(txn, consumer, message_id, *ttl_ms, command),
+        Command::Once { consumer, message_id, ttl_ms, command } => {
+            guards::once(txn, consumer, message_id, *ttl_ms, command)
+        }
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
         Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
-        Command::CreateUser {
-            user_id,
-            namespace_id,
-            name,
-        } => create_user(txn, user_id, namespace_id, name, false),
-        Command::CreateToken {
-            token_id,
-            user_id,
-            name,
-            token_hash,
-        } => {
+        Command::CreateUser { user_id, namespace_id, name } => create_user(txn, user_id, namespace_id, name, false),
+        Command::CreateToken { token_id, user_id, name, token_hash } => {
             if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
-                return Ok(Outcome::Rejected(Rejection::NotFound(format!(
-                    "user {user_id}"
-                ))));
+                return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
             }
             create_token(txn, token_id, user_id, name, token_hash)
         }
-        Command::EnsureAdmin {
-            user_id,
-            namespace_id,
-            token_id,
-            token_hash,
-        } => {
+        Command::EnsureAdmin { user_id, namespace_id, token_id, token_hash } => {
             if let Some(token) = txn.get::<Token>("token", &keys::token(token_hash))? {
-                return Ok(Outcome::AdminReady {
-                    user_id: token.user_id,
-                });
+                return Ok(Outcome::AdminReady { user_id: token.user_id });
             }
-            let admin_id =
-                match txn.get::<String>("user name", &keys::user_name(ADMIN_USER_NAME))? {
-                    Some(existing) => existing,
-                    None => match create_user(txn, user_id, namespace_id, ADMIN_USER_NAME, true)? {
-                        Outcome::UserCreated { user_id, .. } => user_id,
-                        other => return Ok(other),
-                    },
-                };
+            let admin_id = match txn.get::<String>("user name", &keys::user_name(ADMIN_USER_NAME))? {
+                Some(existing) => existing,
+                None => match create_user(txn, user_id, namespace_id, ADMIN_USER_NAME, true)? {
+                    Outcome::UserCreated { user_id, .. } => user_id,
+                    other => return Ok(other),
+                },
+            };
             create_token(txn, token_id, &admin_id, "admin", token_hash)?;
             Ok(Outcome::AdminReady { user_id: admin_id })
         }
@@ -371,38 +302,19 @@ fn create_user(
     admin: bool,
 ) -> Result<Outcome, StorageError> {
     if txn.get_raw(&keys::user_name(name))?.is_some() {
-        return Ok(Outcome::Rejected(Rejection::Conflict(format!(
-            "a user named {name:?} exists"
-        ))));
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("a user named {name:?} exists"))));
     }
-    if txn.get_raw(&keys::user(user_id))?.is_some()
-        || txn.get_raw(&keys::namespace(namespace_id))?.is_some()
-    {
-        return Ok(Outcome::Rejected(Rejection::Conflict(format!(
-            "id {user_id} or {namespace_id} is taken"
-        ))));
+    if txn.get_raw(&keys::user(user_id))?.is_some() || txn.get_raw(&keys::namespace(namespace_id))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("id {user_id} or {namespace_id} is taken"))));
     }
     let created_ms = txn.now_ms;
-    let user = User {
-        id: user_id.into(),
-        name: name.into(),
-        namespace_id: namespace_id.into(),
-        admin,
-        created_ms,
-    };
-    let namespace = Namespace {
-        id: namespace_id.into(),
-        kind: NamespaceKind::Personal,
-        owner_user_id: user_id.into(),
-        created_ms,
-    };
+    let user = User { id: user_id.into(), name: name.into(), namespace_id: namespace_id.into(), admin, created_ms };
+    let namespace =
+        Namespace { id: namespace_id.into(), kind: NamespaceKind::Personal, owner_user_id: user_id.into(), created_ms };
     txn.put(keys::user(user_id), &user);
     txn.put(keys::user_name(name), &user_id.to_string());
     txn.put(keys::namespace(namespace_id), &namespace);
-    Ok(Outcome::UserCreated {
-        user_id: user_id.into(),
-        namespace_id: namespace_id.into(),
-    })
+    Ok(Outcome::UserCreated { user_id: user_id.into(), namespace_id: namespace_id.into() })
 }
 
 fn create_token(
@@ -413,20 +325,11 @@ fn create_token(
     token_hash: &[u8; 32],
 ) -> Result<Outcome, StorageError> {
     if txn.get_raw(&keys::token(token_hash))?.is_some() {
-        return Ok(Outcome::Rejected(Rejection::Conflict(
-            "token already registered".into(),
-        )));
+        return Ok(Outcome::Rejected(Rejection::Conflict("token already registered".into())));
     }
-    let token = Token {
-        id: token_id.into(),
-        user_id: user_id.into(),
-        name: name.into(),
-        created_ms: txn.now_ms,
-    };
+    let token = Token { id: token_id.into(), user_id: user_id.into(), name: name.into(), created_ms: txn.now_ms };
     txn.put(keys::token(token_hash), &token);
-    Ok(Outcome::TokenCreated {
-        token_id: token_id.into(),
-    })
+    Ok(Outcome::TokenCreated { token_id: token_id.into() })
 }
 
 #[cfg(test)]

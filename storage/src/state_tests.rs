@@ -9,11 +9,7 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn create_user(id: &str, name: &str) -> Command {
-    Command::CreateUser {
-        user_id: id.into(),
-        namespace_id: format!("ns-{id}"),
-        name: name.into(),
-    }
+    Command::CreateUser { user_id: id.into(), namespace_id: format!("ns-{id}"), name: name.into() }
 }
 
 fn batch(now_ms: u64, commands: Vec<Command>) -> Batch {
@@ -44,35 +40,20 @@ fn create_user_then_token_in_one_batch() {
     assert_eq!(
         outcomes,
         vec![
-            Outcome::UserCreated {
-                user_id: "u1".into(),
-                namespace_id: "ns-u1".into()
-            },
-            Outcome::TokenCreated {
-                token_id: "t1".into()
-            },
+            Outcome::UserCreated { user_id: "u1".into(), namespace_id: "ns-u1".into() },
+            Outcome::TokenCreated { token_id: "t1".into() },
         ]
     );
     let (token, user) = sm.token(&hash).expect("read").expect("token exists");
-    assert_eq!(
-        (token.id.as_str(), user.name.as_str(), user.created_ms),
-        ("t1", "alice", 1_000)
-    );
-    assert_eq!(
-        sm.namespace("ns-u1")
-            .expect("read")
-            .expect("namespace")
-            .owner_user_id,
-        "u1"
-    );
+    assert_eq!((token.id.as_str(), user.name.as_str(), user.created_ms), ("t1", "alice", 1_000));
+    assert_eq!(sm.namespace("ns-u1").expect("read").expect("namespace").owner_user_id, "u1");
     assert_eq!(sm.applied_marker().expect("marker"), Some(b"m1".to_vec()));
 }
 
 #[test]
 fn duplicate_name_and_unknown_user_are_rejected_without_effect() {
     let (_dir, sm) = open();
-    sm.apply(b"m1", Some(&batch(1, vec![create_user("u1", "alice")])))
-        .expect("apply");
+    sm.apply(b"m1", Some(&batch(1, vec![create_user("u1", "alice")]))).expect("apply");
     let outcomes = sm
         .apply(
             b"m2",
@@ -90,14 +71,8 @@ fn duplicate_name_and_unknown_user_are_rejected_without_effect() {
             )),
         )
         .expect("apply");
-    assert!(matches!(
-        outcomes[0],
-        Outcome::Rejected(Rejection::Conflict(_))
-    ));
-    assert!(matches!(
-        outcomes[1],
-        Outcome::Rejected(Rejection::NotFound(_))
-    ));
+    assert!(matches!(outcomes[0], Outcome::Rejected(Rejection::Conflict(_))));
+    assert!(matches!(outcomes[1], Outcome::Rejected(Rejection::NotFound(_))));
     assert!(sm.user("u2").expect("read").is_none());
     assert!(sm.token(&[7; 32]).expect("read").is_none());
     assert_eq!(sm.user_count().expect("count"), 1);
@@ -108,13 +83,9 @@ fn duplicate_name_and_unknown_user_are_rejected_without_effect() {
 fn clock_never_runs_backwards() {
     let (_dir, sm) = open();
     sm.apply(b"m1", Some(&batch(5_000, vec![]))).expect("apply");
-    sm.apply(b"m2", Some(&batch(3_000, vec![create_user("u1", "bob")])))
-        .expect("apply");
+    sm.apply(b"m2", Some(&batch(3_000, vec![create_user("u1", "bob")]))).expect("apply");
     assert_eq!(sm.clock_ms().expect("clock"), 5_000);
-    assert_eq!(
-        sm.user("u1").expect("read").expect("user").created_ms,
-        5_000
-    );
+    assert_eq!(sm.user("u1").expect("read").expect("user").created_ms, 5_000);
 }
 
 #[test]
@@ -126,18 +97,9 @@ fn ensure_admin_is_idempotent() {
         token_id: token_id.into(),
         token_hash: [1; 32],
     };
-    let first = sm
-        .apply(
-            b"m1",
-            Some(&batch(1, vec![ensure("a1", "t1"), ensure("a2", "t2")])),
-        )
-        .expect("apply");
-    let second = sm
-        .apply(b"m2", Some(&batch(2, vec![ensure("a3", "t3")])))
-        .expect("apply");
-    let ready = Outcome::AdminReady {
-        user_id: "a1".into(),
-    };
+    let first = sm.apply(b"m1", Some(&batch(1, vec![ensure("a1", "t1"), ensure("a2", "t2")]))).expect("apply");
+    let second = sm.apply(b"m2", Some(&batch(2, vec![ensure("a3", "t3")]))).expect("apply");
+    let ready = Outcome::AdminReady { user_id: "a1".into() };
     assert_eq!(first, vec![ready.clone(), ready.clone()]);
     assert_eq!(second, vec![ready]);
     assert_eq!(sm.user_count().expect("count"), 1);
@@ -148,52 +110,30 @@ fn ensure_admin_is_idempotent() {
 #[test]
 fn snapshot_round_trip_replaces_state() {
     let (_dir, source) = open();
-    source
-        .apply(
-            b"m1",
-            Some(&batch(
-                1,
-                vec![create_user("u1", "alice"), create_user("u2", "bob")],
-            )),
-        )
-        .expect("apply");
+    source.apply(b"m1", Some(&batch(1, vec![create_user("u1", "alice"), create_user("u2", "bob")]))).expect("apply");
     let image = source.build_snapshot().expect("build");
     assert_eq!(image.marker, Some(b"m1".to_vec()));
     // Writes after the view are not in the image.
-    source
-        .apply(b"m2", Some(&batch(2, vec![create_user("u3", "carol")])))
-        .expect("apply");
+    source.apply(b"m2", Some(&batch(2, vec![create_user("u3", "carol")]))).expect("apply");
 
     let (_dir2, target) = open();
-    target
-        .apply(b"old", Some(&batch(9, vec![create_user("x", "stale")])))
-        .expect("apply");
+    target.apply(b"old", Some(&batch(9, vec![create_user("x", "stale")]))).expect("apply");
     let marker = target.restore_snapshot(&image.bytes).expect("restore");
     assert_eq!(marker, Some(b"m1".to_vec()));
     assert_eq!(target.user_count().expect("count"), 2);
     assert!(target.user("x").expect("read").is_none());
     assert!(target.user("u3").expect("read").is_none());
-    assert_eq!(
-        target.applied_marker().expect("marker"),
-        Some(b"m1".to_vec())
-    );
+    assert_eq!(target.applied_marker().expect("marker"), Some(b"m1".to_vec()));
 }
 
 #[test]
 fn corrupt_snapshot_is_refused_and_changes_nothing() {
     let (_dir, sm) = open();
-    sm.apply(b"m1", Some(&batch(1, vec![create_user("u1", "alice")])))
-        .expect("apply");
+    sm.apply(b"m1", Some(&batch(1, vec![create_user("u1", "alice")]))).expect("apply");
     let mut image = sm.build_snapshot().expect("build").bytes;
     let middle = image.len() / 2;
     image[middle] ^= 0xff;
-    assert!(matches!(
-        sm.restore_snapshot(&image),
-        Err(StorageError::Corrupt(_))
-    ));
-    assert!(matches!(
-        sm.restore_snapshot(b"short"),
-        Err(StorageError::Corrupt(_))
-    ));
+    assert!(matches!(sm.restore_snapshot(&image), Err(StorageError::Corrupt(_))));
+    assert!(matches!(sm.restore_snapshot(b"short"), Err(StorageError::Corrupt(_))));
     assert_eq!(sm.user_count().expect("count"), 1);
 }

@@ -3,15 +3,15 @@
 //! `POST /v1/admin/users`, `GET /v1/admin/users/{userId}`,
 //! `POST /v1/admin/users/{userId}/tokens`, `GET /v1/me`.
 
-use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::response::Response;
 use axum::Json;
 use raftbox_storage::records::User;
-use raftbox_storage::{Command, Outcome};
+use raftbox_storage::Command;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{generate_token, hash_token, Principal};
+use crate::idempotency::{Keyed, Success};
 use crate::{json, ApiError, AppState};
 
 #[derive(Deserialize)]
@@ -37,11 +37,7 @@ pub struct UserView {
 
 impl From<User> for UserView {
     fn from(user: User) -> UserView {
-        UserView {
-            user_id: user.id,
-            name: user.name,
-            namespace_id: user.namespace_id,
-        }
+        UserView { user_id: user.id, name: user.name, namespace_id: user.namespace_id }
     }
 }
 
@@ -56,37 +52,19 @@ fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-fn unexpected(outcome: Outcome) -> ApiError {
-    ApiError::Internal(format!("unexpected outcome {outcome:?}"))
-}
-
+/// `POST /v1/admin/users` (idempotency-keyed).
 pub async fn create_user(
     State(state): State<AppState>,
     principal: Principal,
-    body: Bytes,
-) -> Result<(StatusCode, Json<UserCreated>), ApiError> {
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
     principal.require_admin()?;
-    let request: NameRequest = json::parse(&body)?;
+    let request: NameRequest = json::parse(&keyed.body)?;
     let name = json::name("name", &request.name)?;
-    let command = Command::CreateUser {
-        user_id: new_id(),
-        namespace_id: new_id(),
-        name,
-    };
-    match state.node.write(command).await? {
-        Outcome::UserCreated {
-            user_id,
-            namespace_id,
-        } => Ok((
-            StatusCode::CREATED,
-            Json(UserCreated {
-                user_id,
-                namespace_id,
-            }),
-        )),
-        Outcome::Rejected(rejection) => Err(rejection.into()),
-        other => Err(unexpected(other)),
-    }
+    let (user_id, namespace_id) = (new_id(), new_id());
+    let created = UserCreated { user_id: user_id.clone(), namespace_id: namespace_id.clone() };
+    let command = Command::CreateUser { user_id, namespace_id, name };
+    keyed.write(&state, &principal, command, Success::created(created)).await
 }
 
 pub async fn get_user(
@@ -96,37 +74,24 @@ pub async fn get_user(
 ) -> Result<Json<UserView>, ApiError> {
     principal.require_admin()?;
     state.node.read_barrier().await?;
-    let user = state
-        .node
-        .state()
-        .user(&user_id)?
-        .ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
+    let user = state.node.state().user(&user_id)?.ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
     Ok(Json(user.into()))
 }
 
+/// `POST /v1/admin/users/{userId}/tokens` (idempotency-keyed: a replay returns the same
+/// token).
 pub async fn create_token(
     State(state): State<AppState>,
     principal: Principal,
     Path(user_id): Path<String>,
-    body: Bytes,
-) -> Result<(StatusCode, Json<TokenCreated>), ApiError> {
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
     principal.require_admin()?;
-    let request: NameRequest = json::parse(&body)?;
+    let request: NameRequest = json::parse(&keyed.body)?;
     let name = json::name("name", &request.name)?;
-    let token = generate_token();
-    let command = Command::CreateToken {
-        token_id: new_id(),
-        user_id,
-        name,
-        token_hash: hash_token(&token),
-    };
-    match state.node.write(command).await? {
-        Outcome::TokenCreated { token_id } => {
-            Ok((StatusCode::CREATED, Json(TokenCreated { token, token_id })))
-        }
-        Outcome::Rejected(rejection) => Err(rejection.into()),
-        other => Err(unexpected(other)),
-    }
+    let (token, token_id) = (generate_token(), new_id());
+    let command = Command::CreateToken { token_id: token_id.clone(), user_id, name, token_hash: hash_token(&token) };
+    keyed.write(&state, &principal, command, Success::created(TokenCreated { token, token_id })).await
 }
 
 /// The caller. Authentication already read the user after a read barrier where needed.

@@ -17,10 +17,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/cluster", get(probes::cluster))
         .route("/v1/admin/users", post(accounts::create_user))
         .route("/v1/admin/users/{user_id}", get(accounts::get_user))
-        .route(
-            "/v1/admin/users/{user_id}/tokens",
-            post(accounts::create_token),
-        )
+        .route("/v1/admin/users/{user_id}/tokens", post(accounts::create_token))
         .route("/v1/me", get(accounts::me))
         .fallback(|| async { crate::ApiError::NotFound("no such route".into()) })
 }

@@ -19,16 +19,10 @@ pub async fn healthz() -> Json<Value> {
 /// Member of a cluster that has a leader.
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let metrics = state.node.metrics();
-    let member = metrics
-        .membership_config
-        .membership()
-        .get_node(&state.node.id())
-        .is_some();
+    let member = metrics.membership_config.membership().get_node(&state.node.id()).is_some();
     match metrics.current_leader {
         Some(leader) if member => Ok(Json(json!({ "ready": true, "leaderId": leader }))),
-        _ => Err(ApiError::Unavailable(
-            "not a member of a cluster with a leader".into(),
-        )),
+        _ => Err(ApiError::Unavailable("not a member of a cluster with a leader".into())),
     }
 }
 
@@ -60,11 +54,7 @@ pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
         .membership_config
         .membership()
         .nodes()
-        .map(|(id, info)| Member {
-            id: *id,
-            http_addr: info.http_addr.clone(),
-            grpc_addr: info.grpc_addr.clone(),
-        })
+        .map(|(id, info)| Member { id: *id, http_addr: info.http_addr.clone(), grpc_addr: info.grpc_addr.clone() })
         .collect();
     Json(ClusterInfo {
         node_id: m.id,
@@ -83,34 +73,14 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = state.node.metrics();
     let gauges = [
         ("raftbox_raft_term", "Current Raft term.", m.current_term),
-        (
-            "raftbox_raft_is_leader",
-            "1 if this node leads.",
-            u64::from(m.current_leader == Some(m.id)),
-        ),
-        (
-            "raftbox_raft_last_log_index",
-            "Index of the last log entry.",
-            m.last_log_index.unwrap_or(0),
-        ),
-        (
-            "raftbox_raft_last_applied_index",
-            "Index of the last applied entry.",
-            m.last_applied.map_or(0, |i| i.index),
-        ),
-        (
-            "raftbox_raft_snapshot_index",
-            "Last index in the current snapshot.",
-            m.snapshot.map_or(0, |i| i.index),
-        ),
+        ("raftbox_raft_is_leader", "1 if this node leads.", u64::from(m.current_leader == Some(m.id))),
+        ("raftbox_raft_last_log_index", "Index of the last log entry.", m.last_log_index.unwrap_or(0)),
+        ("raftbox_raft_last_applied_index", "Index of the last applied entry.", m.last_applied.map_or(0, |i| i.index)),
+        ("raftbox_raft_snapshot_index", "Last index in the current snapshot.", m.snapshot.map_or(0, |i| i.index)),
     ];
     let mut body = String::new();
     for (name, help, value) in gauges {
-        let _ = writeln!(
-            body,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{node=\"{}\"}} {value}",
-            m.id
-        );
+        let _ = writeln!(body, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{node=\"{}\"}} {value}", m.id);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }

@@ -2,17 +2,21 @@
 
 use std::collections::BTreeMap;
 
+mod guards;
+
+use std::sync::Arc;
+
 use raftbox_api::auth::hash_token;
-use raftbox_api::AppState;
+use raftbox_api::{ApiConfig, AppState};
 use raftbox_raft::{NodeInfo, RaftNode, RaftSettings};
 use raftbox_storage::{Command, Db, Outcome};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
-const ADMIN_TOKEN: &str = "rbx_api_test_admin";
+pub const ADMIN_TOKEN: &str = "rbx_api_test_admin";
 
-struct TestNode {
+pub struct TestNode {
     url: String,
     client: reqwest::Client,
     _dir: tempfile::TempDir,
@@ -21,59 +25,92 @@ struct TestNode {
 
 impl TestNode {
     async fn start() -> TestNode {
+        TestNode::start_with(ApiConfig::default(), axum::Router::new()).await
+    }
+
+    /// A node with this API configuration and extra routes (for mechanisms no real route
+    /// exercises yet).
+    pub async fn start_with(config: ApiConfig, extra: axum::Router<AppState>) -> TestNode {
+        TestNode::start_inner(config, extra, true).await
+    }
+
+    /// A node of a three-member cluster whose two peers never answer: it never has a
+    /// quorum, so no write (and no limiter decision) can succeed.
+    pub async fn start_without_quorum(config: ApiConfig) -> TestNode {
+        TestNode::start_inner(config, axum::Router::new(), false).await
+    }
+
+    async fn raft(db: Db, url: &str, quorum: bool) -> RaftNode {
+        let settings = RaftSettings { write_timeout_ms: 2_000, ..RaftSettings::default() };
+        let node = RaftNode::start(1, db, settings).await.expect("start");
+        let info = |http: &str, grpc: &str| NodeInfo { http_addr: http.into(), grpc_addr: grpc.into() };
+        let mut members = BTreeMap::from([(1, info(url, "127.0.0.1:1"))]);
+        if !quorum {
+            // Port 1 refuses connections: these peers are down for good.
+            members.insert(2, info("127.0.0.1:1", "127.0.0.1:1"));
+            members.insert(3, info("127.0.0.1:1", "127.0.0.1:1"));
+        }
+        node.bootstrap(members).await.expect("bootstrap");
+        if quorum {
+            let admin = Command::EnsureAdmin {
+                user_id: "admin-id".into(),
+                namespace_id: "admin-ns".into(),
+                token_id: "admin-token".into(),
+                token_hash: hash_token(ADMIN_TOKEN),
+            };
+            assert!(matches!(node.write(admin).await.expect("ensure admin"), Outcome::AdminReady { .. }));
+        }
+        node
+    }
+
+    async fn start_inner(config: ApiConfig, extra: axum::Router<AppState>, quorum: bool) -> TestNode {
         let dir = tempfile::tempdir().expect("tempdir");
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", http.local_addr().expect("addr"));
         let db = Db::open(dir.path()).expect("open db");
-        let node = RaftNode::start(1, db, RaftSettings::default())
-            .await
-            .expect("start");
-        let info = NodeInfo {
-            http_addr: url.clone(),
-            grpc_addr: "127.0.0.1:1".into(),
-        };
-        node.bootstrap(BTreeMap::from([(1, info)]))
-            .await
-            .expect("bootstrap");
-        let admin = Command::EnsureAdmin {
-            user_id: "admin-id".into(),
-            namespace_id: "admin-ns".into(),
-            token_id: "admin-token".into(),
-            token_hash: hash_token(ADMIN_TOKEN),
-        };
-        assert!(matches!(
-            node.write(admin).await.expect("ensure admin"),
-            Outcome::AdminReady { .. }
-        ));
+        let node = TestNode::raft(db, &url, quorum).await;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let state = AppState { node };
-        tokio::spawn(raftbox_api::serve(http, state, async move {
-            let _ = stopped.await;
-        }));
-        TestNode {
-            url,
-            client: reqwest::Client::new(),
-            _dir: dir,
-            _stop: stop,
-        }
+        let state = AppState { node, config: Arc::new(config) };
+        let app = raftbox_api::router_with(raftbox_api::routes::router().merge(extra), state);
+        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        tokio::spawn(async move {
+            let _ = axum::serve(http, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        TestNode { url, client: reqwest::Client::new(), _dir: dir, _stop: stop }
     }
 
-    async fn call(
+    pub async fn call(
         &self,
         method: &str,
         path: &str,
         token: Option<&str>,
         body: Option<&str>,
     ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        self.call_with(method, path, token, body, &[]).await
+    }
+
+    pub async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
         let mut request = self.client.request(method, format!("{}{}", self.url, path));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
         if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body.to_string());
+            request = request.header("content-type", "application/json").body(body.to_string());
         }
         let response = request.send().await.expect("send");
         let status = response.status();
@@ -83,35 +120,22 @@ impl TestNode {
         (status, headers, value)
     }
 
-    async fn create_user(&self, name: &str) -> Value {
-        let (status, _, body) = self
-            .call(
-                "POST",
-                "/v1/admin/users",
-                Some(ADMIN_TOKEN),
-                Some(&json!({ "name": name }).to_string()),
-            )
-            .await;
+    pub async fn create_user(&self, name: &str) -> Value {
+        let (status, _, body) =
+            self.call("POST", "/v1/admin/users", Some(ADMIN_TOKEN), Some(&json!({ "name": name }).to_string())).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         body
     }
 
-    async fn create_token(&self, user_id: &str) -> String {
+    pub async fn create_token(&self, user_id: &str) -> String {
         let path = format!("/v1/admin/users/{user_id}/tokens");
-        let (status, _, body) = self
-            .call(
-                "POST",
-                &path,
-                Some(ADMIN_TOKEN),
-                Some(r#"{"name":"laptop"}"#),
-            )
-            .await;
+        let (status, _, body) = self.call("POST", &path, Some(ADMIN_TOKEN), Some(r#"{"name":"laptop"}"#)).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         body["token"].as_str().expect("token").to_string()
     }
 }
 
-fn assert_problem(status: StatusCode, body: &Value, expected: StatusCode, slug: &str) {
+pub fn assert_problem(status: StatusCode, body: &Value, expected: StatusCode, slug: &str) {
     assert_eq!(status, expected, "{body}");
     assert_eq!(body["type"], slug, "{body}");
     assert_eq!(body["status"], expected.as_u16(), "{body}");
@@ -128,18 +152,8 @@ async fn user_token_and_me_round_trip() {
     assert!(token.starts_with("rbx_"));
     let (status, _, me) = node.call("GET", "/v1/me", Some(&token), None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        me,
-        json!({ "userId": user_id, "name": "alice", "namespaceId": user["namespaceId"] })
-    );
-    let (status, _, fetched) = node
-        .call(
-            "GET",
-            &format!("/v1/admin/users/{user_id}"),
-            Some(ADMIN_TOKEN),
-            None,
-        )
-        .await;
+    assert_eq!(me, json!({ "userId": user_id, "name": "alice", "namespaceId": user["namespaceId"] }));
+    let (status, _, fetched) = node.call("GET", &format!("/v1/admin/users/{user_id}"), Some(ADMIN_TOKEN), None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(fetched, me);
 }
@@ -150,18 +164,8 @@ async fn authentication_errors_are_401_with_challenge() {
     for token in [None, Some("rbx_not_a_token"), Some("")] {
         let (status, headers, body) = node.call("GET", "/v1/me", token, None).await;
         assert_problem(status, &body, StatusCode::UNAUTHORIZED, "unauthenticated");
-        assert_eq!(
-            headers
-                .get("www-authenticate")
-                .map(|v| v.to_str().expect("ascii")),
-            Some("Bearer")
-        );
-        assert_eq!(
-            headers
-                .get("content-type")
-                .map(|v| v.to_str().expect("ascii")),
-            Some("application/problem+json")
-        );
+        assert_eq!(headers.get("www-authenticate").map(|v| v.to_str().expect("ascii")), Some("Bearer"));
+        assert_eq!(headers.get("content-type").map(|v| v.to_str().expect("ascii")), Some("application/problem+json"));
     }
 }
 
@@ -169,21 +173,10 @@ async fn authentication_errors_are_401_with_challenge() {
 async fn admin_calls_need_the_admin_token() {
     let node = TestNode::start().await;
     let user = node.create_user("bob").await;
-    let token = node
-        .create_token(user["userId"].as_str().expect("id"))
-        .await;
-    let (status, _, body) = node
-        .call(
-            "POST",
-            "/v1/admin/users",
-            Some(&token),
-            Some(r#"{"name":"eve"}"#),
-        )
-        .await;
+    let token = node.create_token(user["userId"].as_str().expect("id")).await;
+    let (status, _, body) = node.call("POST", "/v1/admin/users", Some(&token), Some(r#"{"name":"eve"}"#)).await;
     assert_problem(status, &body, StatusCode::FORBIDDEN, "forbidden");
-    let (status, _, body) = node
-        .call("POST", "/v1/admin/users", None, Some(r#"{"name":"eve"}"#))
-        .await;
+    let (status, _, body) = node.call("POST", "/v1/admin/users", None, Some(r#"{"name":"eve"}"#)).await;
     assert_problem(status, &body, StatusCode::UNAUTHORIZED, "unauthenticated");
 }
 
@@ -195,31 +188,15 @@ async fn bad_requests_change_nothing() {
         ("not json", StatusCode::BAD_REQUEST, "bad-request"),
         (r#"{"name": 5}"#, StatusCode::BAD_REQUEST, "bad-request"),
         (r#"{"name": ""}"#, StatusCode::BAD_REQUEST, "bad-request"),
-        (
-            r#"{"name": "a\u0001b"}"#,
-            StatusCode::BAD_REQUEST,
-            "bad-request",
-        ),
-        (
-            r#"{"name": "ok", "extra": 1}"#,
-            StatusCode::BAD_REQUEST,
-            "bad-request",
-        ),
+        (r#"{"name": "a\u0001b"}"#, StatusCode::BAD_REQUEST, "bad-request"),
+        (r#"{"name": "ok", "extra": 1}"#, StatusCode::BAD_REQUEST, "bad-request"),
     ];
     for (body, expected, slug) in cases {
-        let (status, _, problem) = node
-            .call("POST", "/v1/admin/users", Some(ADMIN_TOKEN), Some(body))
-            .await;
+        let (status, _, problem) = node.call("POST", "/v1/admin/users", Some(ADMIN_TOKEN), Some(body)).await;
         assert_problem(status, &problem, expected, slug);
     }
-    let (status, _, problem) = node
-        .call(
-            "POST",
-            "/v1/admin/users",
-            Some(ADMIN_TOKEN),
-            Some(&json!({ "name": long }).to_string()),
-        )
-        .await;
+    let (status, _, problem) =
+        node.call("POST", "/v1/admin/users", Some(ADMIN_TOKEN), Some(&json!({ "name": long }).to_string())).await;
     assert_problem(status, &problem, StatusCode::BAD_REQUEST, "bad-request");
     // Nothing was created: the name "ok" is still free.
     node.create_user("ok").await;
@@ -229,32 +206,12 @@ async fn bad_requests_change_nothing() {
 async fn conflicts_and_unknown_resources() {
     let node = TestNode::start().await;
     node.create_user("carol").await;
-    let (status, _, body) = node
-        .call(
-            "POST",
-            "/v1/admin/users",
-            Some(ADMIN_TOKEN),
-            Some(r#"{"name":"carol"}"#),
-        )
-        .await;
+    let (status, _, body) = node.call("POST", "/v1/admin/users", Some(ADMIN_TOKEN), Some(r#"{"name":"carol"}"#)).await;
     assert_problem(status, &body, StatusCode::CONFLICT, "conflict");
-    let (status, _, body) = node
-        .call(
-            "POST",
-            "/v1/admin/users/no-such-user/tokens",
-            Some(ADMIN_TOKEN),
-            Some(r#"{"name":"t"}"#),
-        )
-        .await;
+    let (status, _, body) =
+        node.call("POST", "/v1/admin/users/no-such-user/tokens", Some(ADMIN_TOKEN), Some(r#"{"name":"t"}"#)).await;
     assert_problem(status, &body, StatusCode::NOT_FOUND, "not-found");
-    let (status, _, body) = node
-        .call(
-            "GET",
-            "/v1/admin/users/no-such-user",
-            Some(ADMIN_TOKEN),
-            None,
-        )
-        .await;
+    let (status, _, body) = node.call("GET", "/v1/admin/users/no-such-user", Some(ADMIN_TOKEN), None).await;
     assert_problem(status, &body, StatusCode::NOT_FOUND, "not-found");
     let (status, _, body) = node.call("GET", "/v1/nothing-here", None, None).await;
     assert_problem(status, &body, StatusCode::NOT_FOUND, "not-found");
@@ -266,10 +223,7 @@ async fn probes_and_cluster_view() {
     let (status, _, body) = node.call("GET", "/healthz", None, None).await;
     assert_eq!((status, body), (StatusCode::OK, json!({ "status": "ok" })));
     let (status, _, body) = node.call("GET", "/readyz", None, None).await;
-    assert_eq!(
-        (status, body),
-        (StatusCode::OK, json!({ "ready": true, "leaderId": 1 }))
-    );
+    assert_eq!((status, body), (StatusCode::OK, json!({ "ready": true, "leaderId": 1 })));
     let (status, _, cluster) = node.call("GET", "/v1/cluster", None, None).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(cluster["nodeId"], 1);
@@ -279,18 +233,13 @@ async fn probes_and_cluster_view() {
     assert!(cluster["lastApplied"].as_u64().expect("lastApplied") >= 2);
     let (status, _, metrics) = node.call("GET", "/metrics", None, None).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(metrics
-        .as_str()
-        .expect("text")
-        .contains("raftbox_raft_is_leader{node=\"1\"} 1"));
+    assert!(metrics.as_str().expect("text").contains("raftbox_raft_is_leader{node=\"1\"} 1"));
 }
 
 #[tokio::test]
 async fn concurrent_writes_are_batched_and_all_applied() {
     let node = std::sync::Arc::new(TestNode::start().await);
-    let before: u64 = node.call("GET", "/v1/cluster", None, None).await.2["lastLogIndex"]
-        .as_u64()
-        .expect("index");
+    let before: u64 = node.call("GET", "/v1/cluster", None, None).await.2["lastLogIndex"].as_u64().expect("index");
     let writers: Vec<_> = (0..64)
         .map(|i| {
             let node = node.clone();
@@ -300,13 +249,7 @@ async fn concurrent_writes_are_batched_and_all_applied() {
     for writer in writers {
         writer.await.expect("writer");
     }
-    let after: u64 = node.call("GET", "/v1/cluster", None, None).await.2["lastLogIndex"]
-        .as_u64()
-        .expect("index");
+    let after: u64 = node.call("GET", "/v1/cluster", None, None).await.2["lastLogIndex"].as_u64().expect("index");
     // 64 creations took fewer log entries than creations: they were batched.
-    assert!(
-        after - before < 64,
-        "64 writes used {} log entries",
-        after - before
-    );
+    assert!(after - before < 64, "64 writes used {} log entries", after - before);
 }

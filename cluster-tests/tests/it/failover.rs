@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    acknowledged_users, ensure_distinct_ids, ensure_none_rejected, within, Cluster, ClusterOptions,
-    Deadline, Seed, Workload, WorkloadSpec, WriteSummary,
+    acknowledged_users, ensure_distinct_ids, ensure_none_rejected, within, Cluster, ClusterOptions, Deadline, Seed,
+    Workload, WorkloadSpec, WriteSummary,
 };
 use rand::Rng as _;
 
@@ -37,9 +37,7 @@ const CATCH_UP_DEADLINE: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_killed_under_write_load() {
     let seed = Seed::new("failover::leader_killed_under_write_load");
-    let mut cluster = Cluster::start(ClusterOptions::default())
-        .await
-        .expect("start the cluster");
+    let mut cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
     let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
     cluster.conclude(result);
 }
@@ -47,19 +45,12 @@ async fn leader_killed_under_write_load() {
 async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     let mut rng = seed.rng();
     let old_leader = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
-    let followers: Vec<u64> = cluster
-        .node_ids()
-        .into_iter()
-        .filter(|&id| id != old_leader)
-        .collect();
+    let followers: Vec<u64> = cluster.node_ids().into_iter().filter(|&id| id != old_leader).collect();
     eprintln!("leader is node {old_leader}; writing through nodes {followers:?}");
 
     let spec = WorkloadSpec {
         writers: WRITERS,
-        targets: followers
-            .iter()
-            .map(|&id| (id, cluster.http_url(id)))
-            .collect(),
+        targets: followers.iter().map(|&id| (id, cluster.http_url(id))).collect(),
         admin_token: cluster.admin_token().to_owned(),
         name_prefix: "failover".to_owned(),
     };
@@ -78,24 +69,15 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
 
     let killed_at = Instant::now();
     cluster.kill9(old_leader)?;
-    eprintln!(
-        "killed leader {old_leader} after {} acknowledged writes",
-        workload.acked()
-    );
+    eprintln!("killed leader {old_leader} after {} acknowledged writes", workload.acked());
 
     let new_leader = cluster
         .wait_for_leader(Some(old_leader), ELECTION_DEADLINE)
         .await
         .context("elect a new leader after the leader was killed")?;
     let election = killed_at.elapsed();
-    eprintln!(
-        "node {new_leader} leads {} ms after the kill",
-        election.as_millis()
-    );
-    ensure!(
-        election <= ELECTION_DEADLINE,
-        "the new leader took {election:?}, more than {ELECTION_DEADLINE:?}"
-    );
+    eprintln!("node {new_leader} leads {} ms after the kill", election.as_millis());
+    ensure!(election <= ELECTION_DEADLINE, "the new leader took {election:?}, more than {ELECTION_DEADLINE:?}");
 
     let wait = Deadline::after(RESUME_DEADLINE, "writes acknowledged after the kill");
     loop {
@@ -103,45 +85,28 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         if resumed >= ACKED_AFTER_KILL_MIN {
             break;
         }
-        wait.tick(&format!(
-            "{resumed} writes started after the kill acknowledged"
-        ))
-        .await?;
+        wait.tick(&format!("{resumed} writes started after the kill acknowledged")).await?;
     }
     let records = workload.stop().await?;
     eprintln!("writes: {}", WriteSummary::of(&records));
-    if let Some(first) = records
-        .iter()
-        .filter(|r| r.started >= killed_at && r.outcome.is_ok())
-        .map(|r| r.finished)
-        .min()
+    if let Some(first) =
+        records.iter().filter(|r| r.started >= killed_at && r.outcome.is_ok()).map(|r| r.finished).min()
     {
         let gap = first.saturating_duration_since(killed_at);
-        eprintln!(
-            "first write acknowledged {} ms after the kill",
-            gap.as_millis()
-        );
+        eprintln!("first write acknowledged {} ms after the kill", gap.as_millis());
     }
     ensure_none_rejected(&records)?;
     let users = acknowledged_users(&records)?;
     ensure_distinct_ids(&users)?;
 
     cluster.start_node(old_leader)?;
-    let view = cluster
-        .wait_caught_up(old_leader, CATCH_UP_DEADLINE)
-        .await
-        .context("restarted old leader catches up")?;
+    let view =
+        cluster.wait_caught_up(old_leader, CATCH_UP_DEADLINE).await.context("restarted old leader catches up")?;
     eprintln!("node {old_leader} rejoined: {view:?}");
 
     for id in cluster.node_ids() {
-        cluster
-            .verify_users(id, &users)
-            .await
-            .with_context(|| format!("acknowledged users through node {id}"))?;
+        cluster.verify_users(id, &users).await.with_context(|| format!("acknowledged users through node {id}"))?;
     }
-    eprintln!(
-        "all {} acknowledged users present through every node",
-        users.len()
-    );
+    eprintln!("all {} acknowledged users present through every node", users.len());
     Ok(())
 }

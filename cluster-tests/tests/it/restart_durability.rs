@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    acknowledged_users, create_token, create_users, ensure_distinct_ids, ensure_none_rejected, me,
-    within, Cluster, ClusterOptions, CreatedUser, Deadline, Outcome, Seed, Workload, WorkloadSpec,
-    WriteSummary, STARTUP_DEADLINE_MS,
+    acknowledged_users, create_token, create_users, ensure_distinct_ids, ensure_none_rejected, me, within, Cluster,
+    ClusterOptions, CreatedUser, Deadline, Outcome, Seed, Workload, WorkloadSpec, WriteSummary, STARTUP_DEADLINE_MS,
 };
 use rand::seq::SliceRandom as _;
 
@@ -33,9 +32,7 @@ const CHECK_DEADLINE: Duration = Duration::from_secs(10);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_users_survive_kill_of_all_nodes() {
     let seed = Seed::new("restart_durability::acknowledged_users_survive_kill_of_all_nodes");
-    let mut cluster = Cluster::start(ClusterOptions::default())
-        .await
-        .expect("start the cluster");
+    let mut cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
     let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
     cluster.conclude(result);
 }
@@ -52,21 +49,16 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
 
     let urls = cluster.http_urls(&ids);
-    let mut users =
-        create_users(&http, &urls, &admin, names("settled", SETTLED_USERS), LANES).await?;
+    let mut users = create_users(&http, &urls, &admin, names("settled", SETTLED_USERS), LANES).await?;
 
     let mut tokens: Vec<(CreatedUser, String)> = Vec::new();
-    let holders: Vec<CreatedUser> = users
-        .choose_multiple(&mut rng, TOKEN_HOLDERS)
-        .cloned()
-        .collect();
+    let holders: Vec<CreatedUser> = users.choose_multiple(&mut rng, TOKEN_HOLDERS).cloned().collect();
     for (i, user) in holders.into_iter().enumerate() {
         let url = &urls[i % urls.len()];
         let token = match create_token(&http, url, &admin, &user.user_id, "laptop").await? {
-            Outcome::Ok(body) => body["token"]
-                .as_str()
-                .map(str::to_owned)
-                .with_context(|| format!("no \"token\" in {body}"))?,
+            Outcome::Ok(body) => {
+                body["token"].as_str().map(str::to_owned).with_context(|| format!("no \"token\" in {body}"))?
+            }
             other => bail!("create a token for {user:?}: {other:?}"),
         };
         tokens.push((user, token));
@@ -91,10 +83,7 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         cluster.kill9(id)?;
     }
     let records = workload.stop().await?;
-    eprintln!(
-        "killed every node; in-flight writes: {}",
-        WriteSummary::of(&records)
-    );
+    eprintln!("killed every node; in-flight writes: {}", WriteSummary::of(&records));
     ensure_none_rejected(&records)?;
     users.extend(acknowledged_users(&records)?);
     ensure_distinct_ids(&users)?;
@@ -102,24 +91,15 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     for &id in &ids {
         cluster.start_node(id)?;
     }
-    cluster
-        .wait_ready(Duration::from_millis(STARTUP_DEADLINE_MS))
-        .await?;
+    cluster.wait_ready(Duration::from_millis(STARTUP_DEADLINE_MS)).await?;
     // Tokens may be checked against a node's own state: let each node replay everything first.
     for &id in &ids {
         cluster.wait_caught_up(id, CATCH_UP_DEADLINE).await?;
     }
-    eprintln!(
-        "restarted; checking {} users and {} tokens",
-        users.len(),
-        tokens.len()
-    );
+    eprintln!("restarted; checking {} users and {} tokens", users.len(), tokens.len());
 
     for &id in &ids {
-        cluster
-            .verify_users(id, &users)
-            .await
-            .with_context(|| format!("acknowledged users through node {id}"))?;
+        cluster.verify_users(id, &users).await.with_context(|| format!("acknowledged users through node {id}"))?;
         for (user, token) in &tokens {
             check_me(&http, &cluster.http_url(id), token, user)
                 .await
@@ -130,12 +110,7 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
 }
 
 /// `GET /v1/me` with the user's token names that user. An unknown outcome is retried.
-async fn check_me(
-    http: &reqwest::Client,
-    url: &str,
-    token: &str,
-    user: &CreatedUser,
-) -> Result<()> {
+async fn check_me(http: &reqwest::Client, url: &str, token: &str, user: &CreatedUser) -> Result<()> {
     let wait = Deadline::after(CHECK_DEADLINE, "an answer to GET /v1/me");
     loop {
         match me(http, url, token).await? {

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    create_users, ensure_distinct_ids, within, Cluster, ClusterOptions, CreatedUser, Deadline,
-    RaftTuning, Seed,
+    create_users, ensure_distinct_ids, within, Cluster, ClusterOptions, CreatedUser, Deadline, RaftTuning, Seed,
 };
 use rand::seq::SliceRandom as _;
 
@@ -82,11 +81,7 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     let survivors = cluster.http_urls(&cluster.live_ids());
     let late = create_users(&http, &survivors, &token, names("late", LATE_USERS), LANES).await?;
     let top_up = top_up_until_snapshot(cluster, leader, &survivors).await?;
-    eprintln!(
-        "created {} late and {} top-up users",
-        late.len(),
-        top_up.len()
-    );
+    eprintln!("created {} late and {} top-up users", late.len(), top_up.len());
 
     let mut users: Vec<CreatedUser> = early.clone();
     users.extend(late);
@@ -96,31 +91,19 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     cluster.start_node(REBUILT)?;
     let target = cluster.view(leader).await?.last_applied;
     let view = cluster
-        .wait_view(
-            REBUILT,
-            REJOIN_DEADLINE,
-            "the wiped node to install a snapshot and catch up",
-            |v| v.last_applied >= target && v.snapshot_index.is_some(),
-        )
+        .wait_view(REBUILT, REJOIN_DEADLINE, "the wiped node to install a snapshot and catch up", |v| {
+            v.last_applied >= target && v.snapshot_index.is_some()
+        })
         .await?;
     eprintln!("node {REBUILT} rebuilt: {view:?}");
 
     let mut sample: Vec<CreatedUser> = early.iter().take(SAMPLE_EARLIEST).cloned().collect();
     sample.extend(users.choose_multiple(&mut rng, SAMPLE_RANDOM).cloned());
-    cluster
-        .verify_users(REBUILT, &sample)
-        .await
-        .context("sampled users through the rebuilt node")?;
+    cluster.verify_users(REBUILT, &sample).await.context("sampled users through the rebuilt node")?;
 
     lead_from_rebuilt_node(cluster).await?;
-    cluster
-        .verify_users(REBUILT, &users)
-        .await
-        .context("every user through the rebuilt node while it leads")?;
-    eprintln!(
-        "all {} users served by the rebuilt node as leader",
-        users.len()
-    );
+    cluster.verify_users(REBUILT, &users).await.context("every user through the rebuilt node while it leads")?;
+    eprintln!("all {} users served by the rebuilt node as leader", users.len());
 
     for id in [WIPED_VOTER, STOPPED] {
         if !cluster.is_running(id) {
@@ -133,24 +116,14 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
 
 /// Creates users one at a time until the leader's snapshot index reaches
 /// [`LEADER_SNAPSHOT_INDEX_MIN`].
-async fn top_up_until_snapshot(
-    cluster: &Cluster,
-    leader: u64,
-    urls: &[String],
-) -> Result<Vec<CreatedUser>> {
+async fn top_up_until_snapshot(cluster: &Cluster, leader: u64, urls: &[String]) -> Result<Vec<CreatedUser>> {
     let http = cluster.client();
     let token = cluster.admin_token().to_owned();
-    let wait = Deadline::after(
-        TOP_UP_DEADLINE,
-        "the leader's snapshot index to pass the minimum",
-    );
+    let wait = Deadline::after(TOP_UP_DEADLINE, "the leader's snapshot index to pass the minimum");
     let mut created = Vec::new();
     loop {
         let view = cluster.view(leader).await?;
-        if view
-            .snapshot_index
-            .is_some_and(|index| index >= LEADER_SNAPSHOT_INDEX_MIN)
-        {
+        if view.snapshot_index.is_some_and(|index| index >= LEADER_SNAPSHOT_INDEX_MIN) {
             eprintln!("leader {leader}: {view:?}");
             return Ok(created);
         }
@@ -177,10 +150,7 @@ async fn lead_from_rebuilt_node(cluster: &mut Cluster) -> Result<()> {
     cluster.wipe(WIPED_VOTER)?;
     cluster.start_node(WIPED_VOTER)?;
     let leader = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
-    ensure!(
-        leader == REBUILT,
-        "node {leader} leads, expected the rebuilt node {REBUILT}"
-    );
+    ensure!(leader == REBUILT, "node {leader} leads, expected the rebuilt node {REBUILT}");
     eprintln!("the rebuilt node {REBUILT} leads");
     Ok(())
 }

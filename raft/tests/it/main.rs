@@ -11,9 +11,7 @@ use raftbox_storage::{Db, StateMachine};
 struct RocksBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> for RocksBuilder {
-    async fn build(
-        &self,
-    ) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<u64>> {
+    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachineStore), StorageError<u64>> {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(dir.path()).expect("open db");
         let sm = StateMachineStore::new(StateMachine::new(db.clone()))?;

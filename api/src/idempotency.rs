@@ -1,0 +1,231 @@
+//! Idempotency keys: one mechanism for every state-changing POST.
+//!
+//! A handler declares its route keyed by taking [`Keyed`] (the body plus the optional
+//! `Idempotency-Key`) and finishing with [`Keyed::write`] when its work is one Raft command —
+//! record and effect are then written in the same apply — or [`Keyed::run`] for multi-step
+//! work (an `IN_PROGRESS` record with a lease, then `DONE`). Scope = (principal, method and
+//! route, key); fingerprint = blake3 of the body.
+
+use std::future::Future;
+
+use axum::body::{to_bytes, Body, Bytes};
+use axum::extract::{FromRequest, MatchedPath, Request};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use raftbox_storage::command::IdempotencyOutcome;
+use raftbox_storage::records::{IdempotencyResult, SavedResponse};
+use raftbox_storage::{Command, Outcome};
+use serde::Deserialize;
+
+use crate::auth::Principal;
+use crate::{ApiError, AppState};
+
+/// The request header carrying the key.
+pub const KEY_HEADER: &str = "idempotency-key";
+/// Set on a response that was replayed from a saved result.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+/// Longest accepted key, in characters.
+pub const KEY_CHARS_MAX: usize = 255;
+/// Largest request body a keyed route accepts (and fingerprints), in bytes.
+pub const BODY_BYTES_MAX: usize = 1 << 20;
+/// Largest response a two-phase route may save, in bytes.
+pub const SAVED_RESPONSE_BYTES_MAX: usize = 1 << 20;
+
+/// Idempotency settings (node TOML `[idempotency]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyConfig {
+    /// How long a record (and so a replay) lives, in seconds.
+    pub ttl_s: u64,
+    /// How long a multi-step request may hold its key before a retry may take over.
+    pub lease_s: u64,
+}
+
+impl Default for IdempotencyConfig {
+    fn default() -> IdempotencyConfig {
+        IdempotencyConfig { ttl_s: 24 * 3600, lease_s: 60 }
+    }
+}
+
+/// The response a keyed write gives when its command succeeds.
+pub struct Success {
+    pub status: StatusCode,
+    pub body: serde_json::Value,
+}
+
+impl Success {
+    pub fn created(body: impl serde::Serialize) -> Success {
+        Success { status: StatusCode::CREATED, body: serde_json::to_value(body).unwrap_or_default() }
+    }
+
+    fn saved(&self) -> SavedResponse {
+        SavedResponse {
+            status: self.status.as_u16(),
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: self.body.to_string(),
+        }
+    }
+}
+
+/// A keyed route's request: the body and, when the client sent one, the idempotency key.
+pub struct Keyed {
+    key: Option<String>,
+    route: String,
+    pub body: Bytes,
+}
+
+/// Validates an `Idempotency-Key` header value.
+pub fn parse_key(value: &HeaderValue) -> Result<String, ApiError> {
+    let key = value.to_str().map_err(|_| ApiError::BadRequest("Idempotency-Key must be visible ASCII".into()))?;
+    if key.is_empty() || key.chars().count() > KEY_CHARS_MAX {
+        return Err(ApiError::BadRequest(format!("Idempotency-Key must be 1 to {KEY_CHARS_MAX} characters")));
+    }
+    Ok(key.to_string())
+}
+
+impl FromRequest<AppState> for Keyed {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, _state: &AppState) -> Result<Keyed, ApiError> {
+        let key = request.headers().get(KEY_HEADER).map(parse_key).transpose()?;
+        let path = request
+            .extensions()
+            .get::<MatchedPath>()
+            .map_or_else(|| request.uri().path().to_string(), |p| p.as_str().to_string());
+        let route = format!("{} {path}", request.method());
+        let body = to_bytes(request.into_body(), BODY_BYTES_MAX)
+            .await
+            .map_err(|e| ApiError::PayloadTooLarge(format!("request body: {e}")))?;
+        Ok(Keyed { key, route, body })
+    }
+}
+
+impl Keyed {
+    fn scope(&self, principal: &Principal, key: &str) -> [u8; 32] {
+        let mut hasher = blake3::Hasher::new();
+        for part in [principal.user.id.as_str(), self.route.as_str(), key] {
+            hasher.update(&(part.len() as u64).to_be_bytes());
+            hasher.update(part.as_bytes());
+        }
+        *hasher.finalize().as_bytes()
+    }
+
+    fn fingerprint(&self) -> [u8; 32] {
+        *blake3::hash(&self.body).as_bytes()
+    }
+
+    /// Runs a one-command write. With a key the command is wrapped so that the record is
+    /// written in the same apply as its effect; a retry replays the saved response.
+    pub async fn write(
+        self,
+        state: &AppState,
+        principal: &Principal,
+        command: Command,
+        success: Success,
+    ) -> Result<Response, ApiError> {
+        let Some(key) = &self.key else {
+            return render(state.node.write(command).await?, success);
+        };
+        let wrapped = Command::Idempotent {
+            scope: self.scope(principal, key),
+            fingerprint: self.fingerprint(),
+            ttl_ms: state.config.idempotency.ttl_s.saturating_mul(1_000),
+            on_success: success.saved(),
+            command: Box::new(command),
+        };
+        match state.node.write(wrapped).await? {
+            Outcome::Idempotency(IdempotencyOutcome::Applied { outcome }) => render(*outcome, success),
+            Outcome::Idempotency(other) => early(other),
+            other => Err(ApiError::Internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    /// Runs multi-step keyed work: `IN_PROGRESS` with a lease while `work` runs, then `DONE`
+    /// with its response. A 503 (the work may not have happened) saves nothing: the lease
+    /// runs out and a retry may run the work.
+    pub async fn run<F, Fut>(self, state: &AppState, principal: &Principal, work: F) -> Result<Response, ApiError>
+    where
+        F: FnOnce(Bytes) -> Fut,
+        Fut: Future<Output = Response>,
+    {
+        let Some(key) = &self.key else {
+            return Ok(work(self.body).await);
+        };
+        let scope = self.scope(principal, key);
+        let begin = Command::IdempotencyBegin {
+            scope,
+            fingerprint: self.fingerprint(),
+            ttl_ms: state.config.idempotency.ttl_s.saturating_mul(1_000),
+            lease_ms: state.config.idempotency.lease_s.saturating_mul(1_000),
+        };
+        match state.node.write(begin).await? {
+            Outcome::Idempotency(IdempotencyOutcome::Begun) => {}
+            Outcome::Idempotency(other) => return early(other),
+            other => return Err(ApiError::Internal(format!("unexpected outcome {other:?}"))),
+        }
+        let response = work(self.body).await;
+        if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+            return Ok(response);
+        }
+        let (saved, response) = save(response).await?;
+        if let Err(e) = state.node.write(Command::IdempotencyComplete { scope, response: saved }).await {
+            tracing::warn!(error = %e, "idempotency record not completed; the lease will expire");
+        }
+        Ok(response)
+    }
+}
+
+/// Outcome of a command → the route's success response or the rejection's problem.
+fn render(outcome: Outcome, success: Success) -> Result<Response, ApiError> {
+    match outcome {
+        Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok((success.status, axum::Json(success.body)).into_response()),
+    }
+}
+
+/// Answers for a key that was seen before.
+fn early(outcome: IdempotencyOutcome) -> Result<Response, ApiError> {
+    match outcome {
+        IdempotencyOutcome::Replay { result } => Ok(replay(result)),
+        IdempotencyOutcome::InProgress { retry_after_ms } => {
+            Err(ApiError::IdempotencyInProgress { retry_after_s: retry_after_ms.div_ceil(1_000).max(1) })
+        }
+        IdempotencyOutcome::KeyReused => Err(ApiError::IdempotencyKeyReused),
+        other => Err(ApiError::Internal(format!("unexpected idempotency outcome {other:?}"))),
+    }
+}
+
+fn replay(result: IdempotencyResult) -> Response {
+    let mut response = match result {
+        IdempotencyResult::Response(saved) => {
+            let mut response = Response::new(Body::from(saved.body));
+            *response.status_mut() = StatusCode::from_u16(saved.status).unwrap_or(StatusCode::OK);
+            for (name, value) in saved.headers {
+                if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+                    response.headers_mut().insert(name, value);
+                }
+            }
+            response
+        }
+        IdempotencyResult::Rejected(rejection) => ApiError::from(rejection).into_response(),
+    };
+    response.headers_mut().insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
+}
+
+/// Buffers a response so it can be both saved and returned.
+async fn save(response: Response) -> Result<(SavedResponse, Response), ApiError> {
+    let (parts, body) = response.into_parts();
+    let bytes = to_bytes(body, SAVED_RESPONSE_BYTES_MAX)
+        .await
+        .map_err(|e| ApiError::Internal(format!("buffer response: {e}")))?;
+    let headers = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| *name == "content-type" || *name == "location")
+        .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_string())))
+        .collect();
+    let saved =
+        SavedResponse { status: parts.status.as_u16(), headers, body: String::from_utf8_lossy(&bytes).into_owned() };
+    Ok((saved, Response::from_parts(parts, Body::from(bytes))))
+}
