@@ -75,18 +75,26 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Principal, ApiError> {
-        let hash = hash_token(bearer(parts)?);
-        let state_machine = state.node.state();
-        let mut found = state_machine.token(&hash)?;
-        if found.is_none() {
-            // The token may have been created an instant ago through another node: look
-            // again after a read barrier, so authentication is linearizable too.
-            state.node.read_barrier().await?;
-            found = state_machine.token(&hash)?;
+        // The rate limiter may have resolved the caller already.
+        if let Some(principal) = parts.extensions.get::<Principal>() {
+            return Ok(principal.clone());
         }
-        let (token, user) = found.ok_or_else(|| ApiError::Unauthenticated("unknown token".into()))?;
-        Ok(Principal { user, token_id: token.id, token_name: token.name })
+        let hash = hash_token(bearer(parts)?);
+        lookup(state, &hash).await?.ok_or_else(|| ApiError::Unauthenticated("unknown token".into()))
     }
+}
+
+/// The principal holding the token with this hash. A token unknown here may have been
+/// created an instant ago through another node: it is looked up again after a read
+/// barrier, so authentication is linearizable too.
+pub async fn lookup(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principal>, ApiError> {
+    let state_machine = state.node.state();
+    let mut found = state_machine.token(hash)?;
+    if found.is_none() {
+        state.node.read_barrier().await?;
+        found = state_machine.token(hash)?;
+    }
+    Ok(found.map(|(token, user)| Principal { user, token_id: token.id, token_name: token.name }))
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use raftbox_storage::ratelimit::{Algorithm, Decision};
 use raftbox_storage::{Command, Outcome};
 use serde::Deserialize;
 
-use crate::auth::{bearer_hash, TENANT_HEADER};
+use crate::auth::{bearer_hash, lookup, Principal, TENANT_HEADER};
 use crate::{ApiError, AppState};
 
 /// What a limit counts requests by.
@@ -114,8 +114,15 @@ struct Applied<'a> {
 }
 
 /// The middleware: checks every applicable limit, then runs the route or answers 429.
-pub async fn enforce(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let applied = applicable(&state, &request);
+pub async fn enforce(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let caller = match bearer_hash(request.headers()) {
+        Some(hash) if !state.config.rate_limits.is_empty() => lookup(&state, &hash).await.ok().flatten(),
+        _ => None,
+    };
+    if let Some(principal) = &caller {
+        request.extensions_mut().insert(principal.clone());
+    }
+    let applied = applicable(&state, &request, caller.as_ref());
     if applied.is_empty() {
         return next.run(request).await;
     }
@@ -154,13 +161,12 @@ async fn undecided(applied: &[Applied<'_>], reason: String, request: Request, ne
 
 /// The limits that apply to this request and their keys; scopes that need a caller are
 /// skipped for requests without a known token (those get their 401 from the route).
-fn applicable<'a>(state: &'a AppState, request: &Request) -> Vec<Applied<'a>> {
+fn applicable<'a>(state: &'a AppState, request: &Request, caller: Option<&Principal>) -> Vec<Applied<'a>> {
     let path = request.uri().path();
     let limits: Vec<&RateLimit> = state.config.rate_limits.iter().filter(|l| l.matches(path)).collect();
     if limits.is_empty() {
         return Vec::new();
     }
-    let caller = bearer_hash(request.headers()).and_then(|hash| state.node.state().token(&hash).ok().flatten());
     let ip = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
     let endpoint = request.extensions().get::<MatchedPath>().map_or(path, |m| m.as_str());
     let tenant = request.headers().get(TENANT_HEADER).and_then(|v| v.to_str().ok());
@@ -168,12 +174,12 @@ fn applicable<'a>(state: &'a AppState, request: &Request) -> Vec<Applied<'a>> {
         .into_iter()
         .filter_map(|limit| {
             let value = match limit.scope {
-                Scope::User => format!("user:{}", caller.as_ref()?.1.id),
-                Scope::Token => format!("token:{}", caller.as_ref()?.0.id),
+                Scope::User => format!("user:{}", caller?.user.id),
+                Scope::Token => format!("token:{}", caller?.token_id),
                 Scope::Ip => format!("ip:{}", ip.as_ref()?),
                 Scope::Tenant => match tenant {
                     Some(t) => format!("tenant:{t}"),
-                    None => format!("tenant:{}", caller.as_ref()?.1.namespace_id),
+                    None => format!("tenant:{}", caller?.user.namespace_id),
                 },
                 Scope::Global => "global".to_string(),
                 Scope::Endpoint => format!("endpoint:{} {endpoint}", request.method()),

@@ -555,11 +555,13 @@ impl Default for RaftTuning {
 pub struct ClusterOptions {
     pub nodes: u64,
     pub raft: RaftTuning,
+    /// TOML appended to every node's config (rate limits, idempotency settings).
+    pub extra_toml: String,
 }
 
 impl Default for ClusterOptions {
     fn default() -> ClusterOptions {
-        ClusterOptions { nodes: 3, raft: RaftTuning::default() }
+        ClusterOptions { nodes: 3, raft: RaftTuning::default(), extra_toml: String::new() }
     }
 }
 
@@ -641,6 +643,7 @@ impl Cluster {
                 data_dir: &data_dir,
                 token_path: &token_path,
                 raft: &options.raft,
+                extra_toml: &options.extra_toml,
             });
             fs::write(&config_path, config).with_context(|| format!("write {}", config_path.display()))?;
             let node =
@@ -1086,6 +1089,7 @@ struct NodeConfig<'a> {
     data_dir: &'a Path,
     token_path: &'a Path,
     raft: &'a RaftTuning,
+    extra_toml: &'a str,
 }
 
 /// The node's TOML config; node 1 bootstraps the cluster.
@@ -1119,6 +1123,8 @@ fn render_config(config: &NodeConfig<'_>) -> String {
         raft.snapshot_logs_since_last,
         raft.logs_to_keep,
     ));
+    out.push('\n');
+    out.push_str(config.extra_toml);
     out
 }
 
@@ -1378,6 +1384,7 @@ mod tests {
                 data_dir: Path::new("/tmp/x/node1/data"),
                 token_path: Path::new("/tmp/x/admin.token"),
                 raft: &raft,
+                extra_toml: "",
             })
         };
         let first = render(&members[0]);

@@ -132,6 +132,7 @@ impl Config {
             snapshot_logs_since_last: file.raft.snapshot_logs_since_last.unwrap_or(d.snapshot_logs_since_last),
             logs_to_keep: file.raft.logs_to_keep.unwrap_or(d.logs_to_keep),
             write_timeout_ms: file.raft.write_timeout_ms.unwrap_or(d.write_timeout_ms),
+            bootstrap_wait_ms: d.bootstrap_wait_ms,
         };
         if raft.heartbeat_ms == 0 || raft.heartbeat_ms >= raft.election_timeout_min_ms {
             bail!("raft.heartbeat_ms must be positive and below raft.election_timeout_min_ms");

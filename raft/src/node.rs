@@ -30,6 +30,9 @@ pub struct RaftSettings {
     pub logs_to_keep: u64,
     /// How long a write or read barrier may wait for a leader and a quorum.
     pub write_timeout_ms: u64,
+    /// How long a bootstrapping node waits for its peers to come up before initializing
+    /// anyway.
+    pub bootstrap_wait_ms: u64,
 }
 
 impl Default for RaftSettings {
@@ -41,12 +44,15 @@ impl Default for RaftSettings {
             snapshot_logs_since_last: 10_000,
             logs_to_keep: 1_000,
             write_timeout_ms: 5_000,
+            bootstrap_wait_ms: 10_000,
         }
     }
 }
 
 /// How long a bootstrapping node waits for each peer's status answer.
 const BOOTSTRAP_PROBE_TIMEOUT_MS: u64 = 1_000;
+/// Pause between rounds of peer probes while bootstrapping.
+const BOOTSTRAP_POLL: Duration = Duration::from_millis(100);
 
 struct Inner {
     id: NodeId,
@@ -169,14 +175,28 @@ impl RaftNode {
             tracing::info!("cluster already initialized; no bootstrap");
             return Ok(());
         }
-        for (id, info) in members.iter().filter(|(id, _)| **id != self.inner.id) {
-            if self.peer_initialized(&info.grpc_addr).await {
-                tracing::info!(
-                    peer = id,
-                    "peer belongs to an initialized cluster; joining it instead of bootstrapping"
-                );
-                return Ok(());
+        // Wait (bounded) until every peer answers, so the first election finds them up.
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.bootstrap_wait_ms);
+        loop {
+            let mut silent = Vec::new();
+            for (id, info) in members.iter().filter(|(id, _)| **id != self.inner.id) {
+                match self.peer_status(&info.grpc_addr).await {
+                    Some(true) => {
+                        tracing::info!(peer = id, "peer belongs to an initialized cluster; joining it instead");
+                        return Ok(());
+                    }
+                    Some(false) => {}
+                    None => silent.push(*id),
+                }
             }
+            if silent.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(?silent, "peers still unreachable; initializing anyway");
+                break;
+            }
+            tokio::time::sleep(BOOTSTRAP_POLL).await;
         }
         tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initializing the cluster");
         if let Err(e) = self.inner.raft.initialize(members).await {
@@ -185,13 +205,12 @@ impl RaftNode {
         Ok(())
     }
 
-    async fn peer_initialized(&self, addr: &str) -> bool {
-        let Ok(mut client) = self.inner.peers.client(addr) else {
-            return false;
-        };
+    /// Whether the peer belongs to an initialized cluster; `None` if it did not answer.
+    async fn peer_status(&self, addr: &str) -> Option<bool> {
+        let mut client = self.inner.peers.client(addr).ok()?;
         let mut request = tonic::Request::new(StatusRequest {});
         request.set_timeout(Duration::from_millis(BOOTSTRAP_PROBE_TIMEOUT_MS));
-        matches!(client.status(request).await, Ok(reply) if reply.get_ref().initialized)
+        client.status(request).await.ok().map(|reply| reply.get_ref().initialized)
     }
 
     /// Stops openraft (the caller stops serving first).

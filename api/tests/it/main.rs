@@ -41,7 +41,7 @@ impl TestNode {
     }
 
     async fn raft(db: Db, url: &str, quorum: bool) -> RaftNode {
-        let settings = RaftSettings { write_timeout_ms: 2_000, ..RaftSettings::default() };
+        let settings = RaftSettings { write_timeout_ms: 2_000, bootstrap_wait_ms: 0, ..RaftSettings::default() };
         let node = RaftNode::start(1, db, settings).await.expect("start");
         let info = |http: &str, grpc: &str| NodeInfo { http_addr: http.into(), grpc_addr: grpc.into() };
         let mut members = BTreeMap::from([(1, info(url, "127.0.0.1:1"))]);

@@ -9,7 +9,13 @@
 //! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
 //! - `snapshot_rejoin`: a wiped node rejoins through a snapshot and can lead.
 //! - `restart_durability`: SIGKILL of every node at once loses no acknowledged write.
+//! - `shared_rate_limit`: a limit holds across all nodes hammered at once.
+//! - `idempotency_across_nodes`: one key sent to every node at once runs once.
+//! - `limiter_failure_modes`: without quorum, fail-open admits and fail-closed rejects.
 
 mod failover;
+mod idempotency_across_nodes;
+mod limiter_failure_modes;
 mod restart_durability;
+mod shared_rate_limit;
 mod snapshot_rejoin;

@@ -55,6 +55,7 @@ async fn wiped_node_rejoins_from_snapshot() {
             logs_to_keep: LOGS_TO_KEEP,
             ..RaftTuning::default()
         },
+        ..ClusterOptions::default()
     };
     let mut cluster = Cluster::start(options).await.expect("start the cluster");
     let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;

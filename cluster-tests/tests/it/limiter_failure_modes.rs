@@ -1,0 +1,60 @@
+//! Invariant: when no limiter decision can be had (two of three nodes killed, no quorum), a
+//! fail-open limit admits within its deadline and a fail-closed limit rejects with 503.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Result};
+use raftbox_cluster_tests::{within, Cluster, ClusterOptions, Seed};
+
+const TEST_DEADLINE: Duration = Duration::from_secs(120);
+const DECISION_TIMEOUT_MS: u64 = 300;
+
+fn limits_toml() -> String {
+    format!(
+        "[rate_limiting]\ndecision_timeout_ms = {DECISION_TIMEOUT_MS}\n\n\
+         [[rate_limits]]\nname = \"open\"\nscope = \"user\"\nroutes = [\"/v1/me\"]\n\
+         algorithm = \"token_bucket\"\ncapacity = 100\nrefill_per_s = 100\nfailure = \"open\"\n\n\
+         [[rate_limits]]\nname = \"closed\"\nscope = \"global\"\nroutes = [\"/v1/cluster\"]\n\
+         algorithm = \"token_bucket\"\ncapacity = 100\nrefill_per_s = 100\nfailure = \"closed\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_quorum_open_admits_and_closed_rejects() {
+    let seed = Seed::new("limiter_failure_modes::without_quorum_open_admits_and_closed_rejects");
+    let options = ClusterOptions { extra_toml: limits_toml(), ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+async fn get(cluster: &Cluster, id: u64, path: &str) -> Result<(u16, bool, Duration)> {
+    let started = Instant::now();
+    let response = cluster
+        .client()
+        .get(format!("{}{path}", cluster.http_url(id)))
+        .bearer_auth(cluster.admin_token())
+        .send()
+        .await?;
+    let limited = response.headers().contains_key("x-ratelimit-limit");
+    Ok((response.status().as_u16(), limited, started.elapsed()))
+}
+
+async fn scenario(cluster: &mut Cluster, _seed: &Seed) -> Result<()> {
+    // With a quorum both limits decide: 200 with rate-limit headers.
+    for path in ["/v1/me", "/v1/cluster"] {
+        let (status, limited, _) = get(cluster, 3, path).await?;
+        ensure!(status == 200 && limited, "{path} with quorum: {status}, headers {limited}");
+    }
+    cluster.kill9(1)?;
+    cluster.kill9(2)?;
+    let (status, limited, took) = get(cluster, 3, "/v1/me").await?;
+    eprintln!("fail-open without quorum: {status} in {took:?}");
+    ensure!(status == 200 && !limited, "fail-open limit: {status}, headers {limited}");
+    ensure!(took < Duration::from_millis(DECISION_TIMEOUT_MS + 1_500), "fail-open took {took:?}");
+    let (status, _, took) = get(cluster, 3, "/v1/cluster").await?;
+    eprintln!("fail-closed without quorum: {status} in {took:?}");
+    ensure!(status == 503, "fail-closed limit: {status}");
+    ensure!(took < Duration::from_millis(DECISION_TIMEOUT_MS + 1_500), "fail-closed took {took:?}");
+    Ok(())
+}
