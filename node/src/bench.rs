@@ -1,5 +1,9 @@
-//! `raftbox bench`: N concurrent writers create users through every node of a running
-//! cluster for a fixed time; prints writes/s and latency percentiles per N.
+//! `raftbox bench`: N concurrent clients drive a running cluster through every node for a
+//! fixed time; prints requests/s and latency percentiles per N.
+//!
+//! Workloads: `create-user` (one Raft write each: the batching benchmark) and `me`
+//! (`GET /v1/me`: on a rate-limited cluster, one limiter check each; 429 answers count as
+//! decided requests, reported separately).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,9 +12,17 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::json;
 
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Workload {
+    /// `POST /v1/admin/users`, a new name each time (201 counts).
+    CreateUser,
+    /// `GET /v1/me` (200 and 429 count; 429 = rejected by a rate limit).
+    Me,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
-    /// Comma-separated node URLs; writer i talks to endpoint i mod count.
+    /// Comma-separated node URLs; client i talks to endpoint i mod count.
     #[arg(
         long,
         value_delimiter = ',',
@@ -20,6 +32,9 @@ pub struct BenchArgs {
     /// File holding the admin token.
     #[arg(long, default_value = ".raftbox/admin.token")]
     token_file: PathBuf,
+    /// What each client does in a loop.
+    #[arg(long, value_enum, default_value = "create-user")]
+    workload: Workload,
     /// Concurrency levels to run, one after the other.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
     concurrency: Vec<usize>,
@@ -28,14 +43,32 @@ pub struct BenchArgs {
     seconds: u64,
 }
 
-/// Per-level tally.
+/// Per-client (then per-level) tally.
+#[derive(Default)]
 struct Tally {
     latencies_us: Vec<u64>,
+    limited: u64,
     errors: u64,
 }
 
+impl Tally {
+    fn merge(&mut self, other: Tally) {
+        self.latencies_us.extend(other.latencies_us);
+        self.limited += other.limited;
+        self.errors += other.errors;
+    }
+
+    fn percentile_ms(&self, p: f64) -> f64 {
+        if self.latencies_us.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies_us[i] as f64 / 1000.0
+    }
+}
+
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    if args.endpoints.is_empty() || args.concurrency.iter().any(|c| *c == 0) {
+    if args.endpoints.is_empty() || args.concurrency.contains(&0) {
         bail!("need at least one endpoint and positive concurrency levels");
     }
     let token = std::fs::read_to_string(&args.token_file)
@@ -43,53 +76,68 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let token = Arc::new(token.trim().to_string());
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
+    println!("workload {:?}, {}s per level, endpoints {}", args.workload, args.seconds, args.endpoints.join(" "));
     println!(
-        "workload: POST /v1/admin/users (one Raft command each), {}s per level, endpoints {}",
-        args.seconds,
-        args.endpoints.join(" ")
+        "{:>11} {:>10} {:>9} {:>9} {:>10} {:>8}",
+        "concurrency", "req/s", "p50 ms", "p99 ms", "429 share", "errors"
     );
-    println!("{:>11} {:>10} {:>9} {:>9} {:>8}", "concurrency", "writes/s", "p50 ms", "p99 ms", "errors");
     for &n in &args.concurrency {
         let deadline = Instant::now() + Duration::from_secs(args.seconds);
         let started = Instant::now();
-        let writers = (0..n).map(|i| {
-            let client = client.clone();
-            let token = token.clone();
-            let url = format!("{}/v1/admin/users", args.endpoints[i % args.endpoints.len()].trim_end_matches('/'));
-            let prefix = format!("bench-{run_id}-{n}-{i}");
-            tokio::spawn(writer(client, url, token, prefix, deadline))
-        });
-        let mut all = Tally { latencies_us: Vec::new(), errors: 0 };
-        for handle in writers.collect::<Vec<_>>() {
-            let tally = handle.await?;
-            all.latencies_us.extend(tally.latencies_us);
-            all.errors += tally.errors;
+        let clients: Vec<_> = (0..n)
+            .map(|i| {
+                let endpoint = args.endpoints[i % args.endpoints.len()].trim_end_matches('/').to_string();
+                let prefix = format!("bench-{run_id}-{n}-{i}");
+                tokio::spawn(client_loop(client.clone(), args.workload, endpoint, token.clone(), prefix, deadline))
+            })
+            .collect();
+        let mut all = Tally::default();
+        for handle in clients {
+            all.merge(handle.await?);
         }
         let elapsed = started.elapsed().as_secs_f64();
         all.latencies_us.sort_unstable();
-        let pct = |p: f64| -> f64 {
-            if all.latencies_us.is_empty() {
-                return f64::NAN;
-            }
-            let i = ((all.latencies_us.len() as f64 - 1.0) * p).round() as usize;
-            all.latencies_us[i] as f64 / 1000.0
-        };
-        let rate = all.latencies_us.len() as f64 / elapsed;
-        println!("{n:>11} {rate:>10.0} {:>9.2} {:>9.2} {:>8}", pct(0.50), pct(0.99), all.errors);
+        let decided = all.latencies_us.len() as f64;
+        let limited_share = if decided > 0.0 { all.limited as f64 / decided } else { 0.0 };
+        println!(
+            "{n:>11} {:>10.0} {:>9.2} {:>9.2} {:>9.1}% {:>8}",
+            decided / elapsed,
+            all.percentile_ms(0.50),
+            all.percentile_ms(0.99),
+            limited_share * 100.0,
+            all.errors
+        );
     }
     Ok(())
 }
 
-async fn writer(client: reqwest::Client, url: String, token: Arc<String>, prefix: String, deadline: Instant) -> Tally {
-    let mut tally = Tally { latencies_us: Vec::new(), errors: 0 };
+async fn client_loop(
+    client: reqwest::Client,
+    workload: Workload,
+    endpoint: String,
+    token: Arc<String>,
+    prefix: String,
+    deadline: Instant,
+) -> Tally {
+    let mut tally = Tally::default();
     let mut seq = 0u64;
     while Instant::now() < deadline {
         seq += 1;
-        let body = json!({ "name": format!("{prefix}-{seq}") });
+        let request = match workload {
+            Workload::CreateUser => {
+                client.post(format!("{endpoint}/v1/admin/users")).json(&json!({ "name": format!("{prefix}-{seq}") }))
+            }
+            Workload::Me => client.get(format!("{endpoint}/v1/me")),
+        };
         let start = Instant::now();
-        let response = client.post(&url).bearer_auth(token.as_str()).json(&body).send().await;
-        match response {
-            Ok(r) if r.status().as_u16() == 201 => tally.latencies_us.push(start.elapsed().as_micros() as u64),
+        let status = request.bearer_auth(token.as_str()).send().await.map(|r| r.status().as_u16());
+        let elapsed_us = start.elapsed().as_micros() as u64;
+        match status {
+            Ok(200 | 201) => tally.latencies_us.push(elapsed_us),
+            Ok(429) => {
+                tally.latencies_us.push(elapsed_us);
+                tally.limited += 1;
+            }
             _ => tally.errors += 1,
         }
     }
