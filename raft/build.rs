@@ -4,6 +4,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto/raft.proto");
-    tonic_build::configure().compile_protos(&["proto/raft.proto"], &["proto"])?;
+    tonic_build::configure()
+        .bytes([".raftbox.raft.BlockData.data"])
+        .compile_protos(&["proto/raft.proto"], &["proto"])?;
     Ok(())
 }

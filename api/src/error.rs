@@ -23,6 +23,8 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    #[error("{0}")]
+    HashMismatch(String),
     #[error("a request with this Idempotency-Key is still in progress")]
     IdempotencyInProgress { retry_after_s: u64 },
     #[error("this Idempotency-Key was used with a different request body")]
@@ -44,6 +46,7 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
+            ApiError::HashMismatch(_) => (StatusCode::UNPROCESSABLE_ENTITY, "hash-mismatch", "Hash mismatch"),
             ApiError::IdempotencyInProgress { .. } => {
                 (StatusCode::CONFLICT, "idempotency-in-progress", "Request in progress")
             }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context;
 use raftbox_api::AppState;
 use raftbox_raft::{RaftGrpc, RaftNode, RaftServiceServer, WriteError};
+use raftbox_storage::blocks::BlockStore;
 use raftbox_storage::{Command, Db, Outcome};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -34,7 +35,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         data_dir = %config.data_dir.display(), "starting raftbox node");
 
     let db = Db::open(&config.data_dir.join("db")).context("open database")?;
-    let node = RaftNode::start(config.node_id, db, config.raft.clone()).await.context("start raft")?;
+    let blocks = std::sync::Arc::new(BlockStore::open(&config.data_dir.join("blocks")).context("open block store")?);
+    let node = RaftNode::start(config.node_id, db, blocks, config.raft.clone()).await.context("start raft")?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();

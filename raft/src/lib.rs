@@ -4,8 +4,10 @@
 //! - [`log_store`], [`state_machine`]: openraft's storage traits over `raftbox-storage`.
 //! - [`network`], [`service`]: the tonic/prost node-to-node protocol (client and server).
 //! - [`proposer`]: client-write batching and leader forwarding.
+//! - [`blocks`]: block transfer between nodes (majority-durable puts, fetch from peers).
 //! - [`node`]: a running node: write, linearizable read barrier, bootstrap.
 
+pub mod blocks;
 pub mod error;
 pub mod log_store;
 pub mod network;

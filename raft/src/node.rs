@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::{Config, SnapshotPolicy};
+use raftbox_storage::blocks::BlockStore;
 use raftbox_storage::{Command, Db, Outcome, StateMachine};
 use tokio::time::Instant;
 
+use crate::blocks::Blocks;
 use crate::error::{StartError, WriteError};
 use crate::log_store::LogStore;
 use crate::network::{NetworkFactory, Peers};
@@ -56,6 +58,7 @@ const BOOTSTRAP_POLL: Duration = Duration::from_millis(100);
 
 struct Inner {
     id: NodeId,
+    blocks: Blocks,
     raft: Raft,
     state: StateMachine,
     proposer: Proposer,
@@ -72,7 +75,12 @@ pub struct RaftNode {
 impl RaftNode {
     /// Opens the stores in `db` and starts openraft. Serving gRPC is the caller's job
     /// (see [`crate::RaftGrpc`]).
-    pub async fn start(id: NodeId, db: Db, settings: RaftSettings) -> Result<RaftNode, StartError> {
+    pub async fn start(
+        id: NodeId,
+        db: Db,
+        blocks: Arc<BlockStore>,
+        settings: RaftSettings,
+    ) -> Result<RaftNode, StartError> {
         let config = Config {
             cluster_name: "raftbox".into(),
             heartbeat_interval: settings.heartbeat_ms,
@@ -94,7 +102,8 @@ impl RaftNode {
             peers: peers.clone(),
             write_timeout: Duration::from_millis(settings.write_timeout_ms),
         });
-        Ok(RaftNode { inner: Arc::new(Inner { id, raft, state, proposer, peers, settings }) })
+        let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
+        Ok(RaftNode { inner: Arc::new(Inner { id, blocks, raft, state, proposer, peers, settings }) })
     }
 
     pub fn id(&self) -> NodeId {
@@ -103,6 +112,11 @@ impl RaftNode {
 
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// This node's blocks and their transfer to and from peers.
+    pub fn blocks(&self) -> &Blocks {
+        &self.inner.blocks
     }
 
     pub fn proposer(&self) -> &Proposer {

@@ -1,5 +1,6 @@
 //! The server side of the node-to-node gRPC protocol.
 
+use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::Command;
 use serde::Serialize;
 use tonic::{Request, Response, Status};
@@ -11,7 +12,8 @@ use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_server::RaftService;
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{
-    ForwardReply, ForwardRequest, RaftMessage, RaftReply, ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
+    BlockData, BlockRequest, ForwardReply, ForwardRequest, PutBlockReply, RaftMessage, RaftReply, ReadIndexReply,
+    ReadIndexRequest, StatusReply, StatusRequest,
 };
 
 /// Serves the `RaftService` of one node.
@@ -24,6 +26,11 @@ impl RaftGrpc {
     pub fn new(node: RaftNode) -> RaftGrpc {
         RaftGrpc { node }
     }
+}
+
+fn block_hash(bytes: &[u8]) -> Result<BlockHash, Status> {
+    let array: [u8; 32] = bytes.try_into().map_err(|_| Status::invalid_argument("a block hash is 32 bytes"))?;
+    Ok(BlockHash(array))
 }
 
 fn decode<T: serde::de::DeserializeOwned>(message: &RaftMessage) -> Result<T, Status> {
@@ -80,6 +87,29 @@ impl RaftService for RaftGrpc {
             Err(_) => ReadIndexResult::NotLeader(self.node.raft().current_leader().await.unwrap_or(0)),
         };
         Ok(Response::new(ReadIndexReply { result: Some(result) }))
+    }
+
+    async fn put_block(&self, request: Request<BlockData>) -> Result<Response<PutBlockReply>, Status> {
+        let BlockData { hash, data } = request.into_inner();
+        let hash = block_hash(&hash)?;
+        if BlockHash::of(&data) != hash {
+            return Err(Status::invalid_argument("block bytes do not match the hash"));
+        }
+        self.node.blocks().put_local(hash, data).await.map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(PutBlockReply {}))
+    }
+
+    async fn get_block(&self, request: Request<BlockRequest>) -> Result<Response<BlockData>, Status> {
+        let hash = block_hash(&request.get_ref().hash)?;
+        let store = self.node.blocks().store().clone();
+        let found = tokio::task::spawn_blocking(move || store.get(&hash))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::internal(e.to_string()))?;
+        match found {
+            Some(data) => Ok(Response::new(BlockData { hash: hash.0.to_vec(), data: data.into() })),
+            None => Err(Status::not_found(format!("block {hash} not on this node"))),
+        }
     }
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {

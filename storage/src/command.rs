@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::blocks::BlockHash;
 use crate::ratelimit::{Algorithm, Decision};
 use crate::records::{IdempotencyResult, SavedResponse};
 
@@ -45,6 +46,9 @@ pub enum Command {
     /// Checks and updates rate limits atomically: either every check admits the request and
     /// all states advance, or none does.
     RateCheck { checks: Vec<RateCheck> },
+    /// Records a block in the chunk index once a majority of nodes hold it (refcount 0 until
+    /// a commit references it). Registering a known block changes nothing.
+    RegisterChunk { hash: BlockHash, size: u64 },
     /// Deletes expired idempotency, processed-message and idle rate-limit records, at most
     /// `max_records` of each kind.
     PurgeExpired { max_records: u32 },

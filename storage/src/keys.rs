@@ -32,6 +32,7 @@ mod tag {
     pub const PROCESSED_EXPIRY: u8 = 0x08;
     pub const RATE: u8 = 0x09;
     pub const RATE_EXPIRY: u8 = 0x0a;
+    pub const CHUNK: u8 = 0x0b;
 }
 
 /// An expiry index: records of one table ordered by the time they expire.
@@ -106,6 +107,11 @@ pub fn user_name(name: &str) -> Vec<u8> {
 /// Tokens are keyed by the blake3 hash of the secret; the secret itself is never stored.
 pub fn token(token_hash: &[u8; 32]) -> Vec<u8> {
     tagged(tag::TOKEN, token_hash)
+}
+
+/// Chunk index entry of a block.
+pub fn chunk(hash: &[u8; 32]) -> Vec<u8> {
+    tagged(tag::CHUNK, hash)
 }
 
 pub fn namespace(namespace_id: &str) -> Vec<u8> {

@@ -5,10 +5,12 @@
 //! - [`db`]: opening the database; raw Raft-log and Raft-metadata access.
 //! - [`command`]: the replicated commands and their outcomes (what travels in the log).
 //! - [`records`]: the stored records of the state machine.
+//! - [`blocks`]: the on-disk, content-addressed block store.
 //! - [`state`]: the deterministic `apply`, the read queries and snapshot build/restore.
 //!
 //! This crate knows nothing of openraft, tonic, axum or clocks: time arrives inside commands.
 
+pub mod blocks;
 pub mod cf;
 pub mod command;
 pub mod db;

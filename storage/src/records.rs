@@ -71,3 +71,12 @@ pub struct RateRecord {
     pub state: crate::ratelimit::LimitState,
     pub idle_at_ms: u64,
 }
+
+/// A chunk index entry: a block the cluster holds durably on a majority of nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chunk {
+    pub size: u64,
+    /// Committed file versions that reference the block.
+    pub refcount: u64,
+    pub created_ms: u64,
+}

@@ -11,9 +11,10 @@ use rocksdb::{IteratorMode, WriteBatch};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::blocks::BlockHash;
 use crate::command::{Batch, Command, Outcome, Rejection};
 use crate::db::write_options;
-use crate::records::{Namespace, NamespaceKind, Token, User};
+use crate::records::{Chunk, Namespace, NamespaceKind, Token, User};
 use crate::{cf, guards, keys, Db, StorageError};
 
 /// Magic prefix of a snapshot image; the version is the last byte.
@@ -155,6 +156,11 @@ impl StateMachine {
         Ok(Some((token, user)))
     }
 
+    /// The chunk index entry of a block, if the cluster holds it.
+    pub fn chunk(&self, hash: &BlockHash) -> Result<Option<Chunk>, StorageError> {
+        self.get("chunk", &keys::chunk(&hash.0))
+    }
+
     pub fn namespace(&self, namespace_id: &str) -> Result<Option<Namespace>, StorageError> {
         self.get("namespace", &keys::namespace(namespace_id))
     }
@@ -269,6 +275,13 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
             guards::once(txn, consumer, message_id, *ttl_ms, command)
         }
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
+        Command::RegisterChunk { hash, size } => {
+            let key = keys::chunk(&hash.0);
+            if txn.get_raw(&key)?.is_none() {
+                txn.put(key, &Chunk { size: *size, refcount: 0, created_ms: txn.now_ms });
+            }
+            Ok(Outcome::Done)
+        }
         Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
         Command::CreateUser { user_id, namespace_id, name } => create_user(txn, user_id, namespace_id, name, false),
         Command::CreateToken { token_id, user_id, name, token_hash } => {

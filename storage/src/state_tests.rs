@@ -137,3 +137,14 @@ fn corrupt_snapshot_is_refused_and_changes_nothing() {
     assert!(matches!(sm.restore_snapshot(b"short"), Err(StorageError::Corrupt(_))));
     assert_eq!(sm.user_count().expect("count"), 1);
 }
+
+#[test]
+fn chunks_register_once() {
+    let (_dir, sm) = open();
+    let hash = crate::blocks::BlockHash::of(b"x");
+    assert!(sm.chunk(&hash).expect("read").is_none());
+    sm.apply(b"m1", Some(&batch(7, vec![Command::RegisterChunk { hash, size: 1 }]))).expect("apply");
+    sm.apply(b"m2", Some(&batch(9, vec![Command::RegisterChunk { hash, size: 1 }]))).expect("apply");
+    let chunk = sm.chunk(&hash).expect("read").expect("registered");
+    assert_eq!((chunk.size, chunk.refcount, chunk.created_ms), (1, 0, 7));
+}

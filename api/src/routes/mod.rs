@@ -1,8 +1,10 @@
 //! The handlers, one module per area, and the route table.
 
 mod accounts;
+mod blocks;
 mod probes;
 
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
@@ -19,5 +21,10 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/users/{user_id}", get(accounts::get_user))
         .route("/v1/admin/users/{user_id}/tokens", post(accounts::create_token))
         .route("/v1/me", get(accounts::me))
+        .route("/v1/blocks/status", post(blocks::status))
+        .route(
+            "/v1/blocks/{hash}",
+            get(blocks::get).put(blocks::put).layer(DefaultBodyLimit::max(raftbox_storage::blocks::BLOCK_BYTES_MAX)),
+        )
         .fallback(|| async { crate::ApiError::NotFound("no such route".into()) })
 }

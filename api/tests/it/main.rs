@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+mod blocks;
 mod guards;
 
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use raftbox_api::auth::hash_token;
 use raftbox_api::{ApiConfig, AppState};
 use raftbox_raft::{NodeInfo, RaftNode, RaftSettings};
+use raftbox_storage::blocks::BlockStore;
 use raftbox_storage::{Command, Db, Outcome};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -40,9 +42,9 @@ impl TestNode {
         TestNode::start_inner(config, axum::Router::new(), false).await
     }
 
-    async fn raft(db: Db, url: &str, quorum: bool) -> RaftNode {
+    async fn raft(db: Db, blocks: Arc<BlockStore>, url: &str, quorum: bool) -> RaftNode {
         let settings = RaftSettings { write_timeout_ms: 2_000, bootstrap_wait_ms: 0, ..RaftSettings::default() };
-        let node = RaftNode::start(1, db, settings).await.expect("start");
+        let node = RaftNode::start(1, db, blocks, settings).await.expect("start");
         let info = |http: &str, grpc: &str| NodeInfo { http_addr: http.into(), grpc_addr: grpc.into() };
         let mut members = BTreeMap::from([(1, info(url, "127.0.0.1:1"))]);
         if !quorum {
@@ -67,8 +69,9 @@ impl TestNode {
         let dir = tempfile::tempdir().expect("tempdir");
         let http = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", http.local_addr().expect("addr"));
-        let db = Db::open(dir.path()).expect("open db");
-        let node = TestNode::raft(db, &url, quorum).await;
+        let db = Db::open(&dir.path().join("db")).expect("open db");
+        let blocks = Arc::new(BlockStore::open(&dir.path().join("blocks")).expect("open blocks"));
+        let node = TestNode::raft(db, blocks, &url, quorum).await;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let state = AppState { node, config: Arc::new(config) };
         let app = raftbox_api::router_with(raftbox_api::routes::router().merge(extra), state);

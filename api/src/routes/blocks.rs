@@ -1,0 +1,106 @@
+//! The block API: `POST /v1/blocks/status`, `PUT /v1/blocks/{hash}`, `GET /v1/blocks/{hash}`.
+//!
+//! A PUT answers 201 only once the block is durable on a majority of nodes and its chunk
+//! index entry is committed through Raft, so `status` (a linearizable read of the index)
+//! never reports a block as present that a commit could not use.
+
+use axum::body::{to_bytes, Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use raftbox_storage::blocks::{BlockHash, BLOCK_BYTES_MAX};
+use raftbox_storage::Command;
+use serde::{Deserialize, Serialize};
+
+use crate::auth::Principal;
+use crate::{json, ApiError, AppState};
+
+/// Hashes one status call may ask about, at most.
+pub const STATUS_HASHES_MAX: usize = 10_000;
+
+fn parse_hash(text: &str) -> Result<BlockHash, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::BadRequest(format!("{text:?} is not a block hash (64 lowercase hex characters)")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StatusRequest {
+    hashes: Vec<String>,
+}
+
+#[derive(Serialize)]
+pub struct StatusResponse {
+    missing: Vec<String>,
+}
+
+/// Which of these blocks the cluster lacks (linearizable).
+pub async fn status(
+    State(state): State<AppState>,
+    _caller: Principal,
+    body: Bytes,
+) -> Result<Json<StatusResponse>, ApiError> {
+    let request: StatusRequest = json::parse(&body)?;
+    if request.hashes.len() > STATUS_HASHES_MAX {
+        return Err(ApiError::BadRequest(format!("at most {STATUS_HASHES_MAX} hashes per call")));
+    }
+    let hashes = request.hashes.iter().map(|h| parse_hash(h)).collect::<Result<Vec<_>, _>>()?;
+    state.node.read_barrier().await?;
+    let mut missing = Vec::new();
+    for (hash, text) in hashes.iter().zip(&request.hashes) {
+        if state.node.state().chunk(hash)?.is_none() && !missing.contains(text) {
+            missing.push(text.clone());
+        }
+    }
+    Ok(Json(StatusResponse { missing }))
+}
+
+/// Stores a block: hash verified, durable on a majority, then indexed. Repeats are no-ops.
+pub async fn put(
+    State(state): State<AppState>,
+    _caller: Principal,
+    Path(hash): Path<String>,
+    request: Request,
+) -> Result<StatusCode, ApiError> {
+    let hash = parse_hash(&hash)?;
+    let data = to_bytes(request.into_body(), BLOCK_BYTES_MAX)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(format!("a block is at most {BLOCK_BYTES_MAX} bytes")))?;
+    let actual = BlockHash::of(&data);
+    if actual != hash {
+        return Err(ApiError::HashMismatch(format!("the body hashes to {actual}, not {hash}")));
+    }
+    let blocks = state.node.blocks();
+    if state.node.state().chunk(&hash)?.is_some() && blocks.store().has(&hash) {
+        return Ok(StatusCode::CREATED);
+    }
+    let size = data.len() as u64;
+    blocks.put_replicated(hash, data).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    state.node.write(Command::RegisterChunk { hash, size }).await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// A block's bytes, from this node or fetched from a peer. Immutable: cacheable forever.
+pub async fn get(
+    State(state): State<AppState>,
+    _caller: Principal,
+    Path(hash): Path<String>,
+) -> Result<Response, ApiError> {
+    let hash = parse_hash(&hash)?;
+    let data = state
+        .node
+        .blocks()
+        .get(hash)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .ok_or_else(|| ApiError::NotFound(format!("block {hash}")))?;
+    let mut response = Body::from(data).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=31536000, immutable"));
+    if let Ok(etag) = HeaderValue::try_from(format!("\"{hash}\"")) {
+        headers.insert(header::ETAG, etag);
+    }
+    Ok(response)
+}

@@ -1,0 +1,188 @@
+//! The on-disk block store of one node: immutable, content-addressed chunks, one file per
+//! block under `blocks/ab/<hash>`.
+//!
+//! A block is written to a temporary file, fsynced, renamed into place and its directory
+//! fsynced, so a block that `put` acknowledged survives `kill -9`. Its hash is checked before
+//! writing and again on every read (pair assertions: a bit flipped on disk is never served).
+
+use std::fmt;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::StorageError;
+
+/// Largest block accepted, in bytes (8 MiB).
+pub const BLOCK_BYTES_MAX: usize = 8 << 20;
+
+/// A BLAKE3-256 block hash; displayed and parsed as 64 lowercase hex characters.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct BlockHash(pub [u8; 32]);
+
+impl BlockHash {
+    pub fn of(bytes: &[u8]) -> BlockHash {
+        BlockHash(*blake3::hash(bytes).as_bytes())
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Display for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockHash({})", self.to_hex())
+    }
+}
+
+/// A string that is not 64 lowercase hex characters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a block hash is 64 lowercase hex characters")]
+pub struct BadHash;
+
+impl FromStr for BlockHash {
+    type Err = BadHash;
+
+    fn from_str(s: &str) -> Result<BlockHash, BadHash> {
+        let bytes = s.as_bytes();
+        if bytes.len() != 64 {
+            return Err(BadHash);
+        }
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => Ok(c - b'0'),
+            b'a'..=b'f' => Ok(c - b'a' + 10),
+            _ => Err(BadHash),
+        };
+        let mut out = [0u8; 32];
+        for (i, pair) in bytes.chunks_exact(2).enumerate() {
+            out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+        }
+        Ok(BlockHash(out))
+    }
+}
+
+/// The block directory of a node.
+#[derive(Debug)]
+pub struct BlockStore {
+    root: PathBuf,
+    tmp_seq: AtomicU64,
+}
+
+impl BlockStore {
+    /// Opens (creating) the store under `root`, removing temporary files a crash left.
+    pub fn open(root: &Path) -> Result<BlockStore, StorageError> {
+        fs::create_dir_all(root.join("tmp"))?;
+        for entry in fs::read_dir(root.join("tmp"))? {
+            let _ = fs::remove_file(entry?.path());
+        }
+        Ok(BlockStore { root: root.to_path_buf(), tmp_seq: AtomicU64::new(0) })
+    }
+
+    fn path(&self, hash: &BlockHash) -> PathBuf {
+        let hex = hash.to_hex();
+        self.root.join(&hex[..2]).join(hex)
+    }
+
+    pub fn has(&self, hash: &BlockHash) -> bool {
+        self.path(hash).is_file()
+    }
+
+    /// Stores `bytes` under `hash` durably. The caller has checked the hash; it is checked
+    /// again here. Storing a block that is present is a no-op.
+    pub fn put(&self, hash: &BlockHash, bytes: &[u8]) -> Result<(), StorageError> {
+        if BlockHash::of(bytes) != *hash {
+            return Err(StorageError::Corrupt(format!("block {hash}: bytes do not hash to it")));
+        }
+        let path = self.path(hash);
+        if path.is_file() {
+            return Ok(());
+        }
+        let dir = path.parent().expect("block paths have a parent");
+        fs::create_dir_all(dir)?;
+        let seq = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        let tmp = self.root.join("tmp").join(format!("{hash}.{}.{seq}", std::process::id()));
+        {
+            let mut file = File::create(&tmp)?;
+            file.write_all(bytes)?;
+            file.sync_all()?;
+        }
+        fs::rename(&tmp, &path)?;
+        File::open(dir)?.sync_all()?;
+        Ok(())
+    }
+
+    /// Reads a block and checks its hash; `None` if absent. A block whose bytes no longer
+    /// hash to its name is removed and reported as corrupt.
+    pub fn get(&self, hash: &BlockHash) -> Result<Option<Vec<u8>>, StorageError> {
+        let path = self.path(hash);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if BlockHash::of(&bytes) != *hash {
+            let _ = fs::remove_file(&path);
+            return Err(StorageError::Corrupt(format!("block {hash} failed its hash check and was removed")));
+        }
+        Ok(Some(bytes))
+    }
+
+    /// Deletes a block (garbage collection). Absent is fine.
+    pub fn remove(&self, hash: &BlockHash) -> Result<(), StorageError> {
+        match fs::remove_file(self.path(hash)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_parse_and_print_as_lowercase_hex() {
+        let hash = BlockHash::of(b"hello");
+        let hex = hash.to_hex();
+        assert_eq!(hex.len(), 64);
+        assert_eq!(hex.parse::<BlockHash>(), Ok(hash));
+        assert_eq!(hex.to_uppercase().parse::<BlockHash>(), Err(BadHash));
+        assert_eq!(hex[..63].parse::<BlockHash>(), Err(BadHash));
+        assert_eq!(format!("{}g", &hex[..63]).parse::<BlockHash>(), Err(BadHash));
+    }
+
+    #[test]
+    fn put_get_is_idempotent_and_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = BlockStore::open(dir.path()).expect("open");
+        let hash = BlockHash::of(b"block");
+        assert!(!store.has(&hash));
+        assert_eq!(store.get(&hash).expect("get"), None);
+        store.put(&hash, b"block").expect("put");
+        store.put(&hash, b"block").expect("second put is a no-op");
+        assert_eq!(store.get(&hash).expect("get"), Some(b"block".to_vec()));
+        assert!(matches!(store.put(&hash, b"other"), Err(StorageError::Corrupt(_))));
+        store.remove(&hash).expect("remove");
+        store.remove(&hash).expect("remove absent");
+        assert!(!store.has(&hash));
+    }
+
+    #[test]
+    fn a_block_corrupted_on_disk_is_never_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = BlockStore::open(dir.path()).expect("open");
+        let hash = BlockHash::of(b"precious");
+        store.put(&hash, b"precious").expect("put");
+        fs::write(store.path(&hash), b"pr3cious").expect("corrupt");
+        assert!(matches!(store.get(&hash), Err(StorageError::Corrupt(_))));
+        assert!(!store.has(&hash), "the corrupt copy is removed so it can be fetched again");
+    }
+}
