@@ -6,6 +6,7 @@
 //! built first; `scripts/test` does both). `RAFTBOX_SEED` replays a run, `RAFTBOX_KEEP=1`
 //! keeps the cluster directory with the node logs.
 //!
+//! - `blocks_durable`: an acknowledged block survives SIGKILL of any one node.
 //! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
 //! - `snapshot_rejoin`: a wiped node rejoins through a snapshot and can lead.
 //! - `restart_durability`: SIGKILL of every node at once loses no acknowledged write.
@@ -13,6 +14,7 @@
 //! - `idempotency_across_nodes`: one key sent to every node at once runs once.
 //! - `limiter_failure_modes`: without quorum, fail-open admits and fail-closed rejects.
 
+mod blocks_durable;
 mod failover;
 mod idempotency_across_nodes;
 mod limiter_failure_modes;

@@ -1,0 +1,74 @@
+//! Invariant: a block whose PUT the cluster acknowledged (201) survives `kill -9` of any one
+//! node: it downloads byte-identical through every surviving node, and through the killed
+//! node once it is back (fetching from a peer if it lacks the block).
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _, Result};
+use raftbox_cluster_tests::{within, Cluster, ClusterOptions, Seed};
+use rand::{Rng as _, RngCore as _};
+
+const TEST_DEADLINE: Duration = Duration::from_secs(180);
+const BLOCKS: usize = 24;
+const BLOCK_BYTES_MAX: usize = 256 * 1024;
+const READY_DEADLINE: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_blocks_survive_kill_of_any_node() {
+    let seed = Seed::new("blocks_durable::acknowledged_blocks_survive_kill_of_any_node");
+    let mut cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+async fn get_block(cluster: &Cluster, id: u64, hash: &str) -> Result<Vec<u8>> {
+    let response = cluster
+        .client()
+        .get(format!("{}/v1/blocks/{hash}", cluster.http_url(id)))
+        .bearer_auth(cluster.admin_token())
+        .send()
+        .await?;
+    ensure!(response.status().as_u16() == 200, "node {id}: GET {hash}: {}", response.status());
+    Ok(response.bytes().await?.to_vec())
+}
+
+async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    let mut rng = seed.rng();
+    let http = cluster.client();
+    let mut acked = Vec::new();
+    for i in 0..BLOCKS {
+        let mut data = vec![0u8; rng.gen_range(1..=BLOCK_BYTES_MAX)];
+        rng.fill_bytes(&mut data);
+        let hash = hex(&data);
+        let via = 1 + (i as u64 % 3);
+        let response = http
+            .put(format!("{}/v1/blocks/{hash}", cluster.http_url(via)))
+            .bearer_auth(cluster.admin_token())
+            .body(data.clone())
+            .send()
+            .await
+            .context("put block")?;
+        ensure!(response.status().as_u16() == 201, "PUT via node {via}: {}", response.status());
+        acked.push((hash, data));
+    }
+    eprintln!("{} blocks acknowledged", acked.len());
+    for victim in cluster.node_ids() {
+        cluster.kill9(victim)?;
+        for survivor in cluster.live_ids() {
+            for (hash, data) in &acked {
+                ensure!(&get_block(cluster, survivor, hash).await? == data, "node {survivor}: {hash} differs");
+            }
+        }
+        cluster.start_node(victim)?;
+        cluster.wait_ready(READY_DEADLINE).await?;
+        for (hash, data) in &acked {
+            ensure!(&get_block(cluster, victim, hash).await? == data, "restarted node {victim}: {hash} differs");
+        }
+        eprintln!("node {victim} killed: every block served by the others, and by it after restart");
+    }
+    Ok(())
+}
