@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::blocks::BlockHash;
+use crate::paths::FilePath;
 use crate::ratelimit::{Algorithm, Decision};
 use crate::records::{IdempotencyResult, SavedResponse};
 
@@ -49,9 +50,31 @@ pub enum Command {
     /// Records a block in the chunk index once a majority of nodes hold it (refcount 0 until
     /// a commit references it). Registering a known block changes nothing.
     RegisterChunk { hash: BlockHash, size: u64 },
+    /// Commits a file version with the conflict rules of DESIGN.md §4 (a stale base makes a
+    /// conflicted copy with the client's content, in this same apply).
+    CommitFile(Box<FileCommit>),
     /// Deletes expired idempotency, processed-message and idle rate-limit records, at most
     /// `max_records` of each kind.
     PurgeExpired { max_records: u32 },
+}
+
+/// A commit request, with the ids the leader may need already generated.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileCommit {
+    pub namespace_id: String,
+    pub path: FilePath,
+    pub chunks: Vec<BlockHash>,
+    pub size: u64,
+    pub mtime_ms: u64,
+    pub base_version: u64,
+    /// A tombstone: the file is deleted in this version.
+    pub deleted: bool,
+    /// Names the committing device in conflicted copies.
+    pub device: String,
+    /// The file id if the path has no file yet.
+    pub new_file_id: String,
+    /// The file id of a conflicted copy, if one is made.
+    pub copy_file_id: String,
 }
 
 /// One limit to check: its state key and algorithm.
@@ -105,6 +128,26 @@ pub enum Outcome {
     Purged {
         records: u64,
     },
+    /// A commit made (or, on an identical retry, had made) this version; `unchanged`: the
+    /// content already was the current version's, nothing was written.
+    FileCommitted {
+        file_id: String,
+        version: u64,
+        unchanged: bool,
+    },
+    /// The base version was stale: nothing changed at `path`; the client's content was kept
+    /// as a conflicted copy (none for a stale delete).
+    FileConflict {
+        current_version: u64,
+        copy: Option<ConflictedCopy>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConflictedCopy {
+    pub path: FilePath,
+    pub file_id: String,
+    pub version: u64,
 }
 
 /// A command that was applied but changed nothing, and why. Deterministic on every node.
@@ -115,4 +158,7 @@ pub enum Rejection {
     Conflict(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// A commit names chunks absent from the chunk index.
+    #[error("missing chunks")]
+    MissingChunks(Vec<BlockHash>),
 }

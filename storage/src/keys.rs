@@ -33,6 +33,55 @@ mod tag {
     pub const RATE: u8 = 0x09;
     pub const RATE_EXPIRY: u8 = 0x0a;
     pub const CHUNK: u8 = 0x0b;
+    pub const FILE_PATH: u8 = 0x0c;
+    pub const FILE: u8 = 0x0d;
+    pub const VERSION: u8 = 0x0e;
+    pub const CHANGE: u8 = 0x0f;
+    pub const NAMESPACE_CURSOR: u8 = 0x10;
+}
+
+fn joined(tag: u8, first: &str, rest: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + first.len() + rest.len());
+    key.push(tag);
+    key.extend_from_slice(first.as_bytes());
+    key.push(0);
+    key.extend_from_slice(rest);
+    key
+}
+
+/// Path index: (namespace, path) → file id. Paths sort, so a folder is a key range.
+pub fn file_path(namespace_id: &str, path: &str) -> Vec<u8> {
+    joined(tag::FILE_PATH, namespace_id, path.as_bytes())
+}
+
+pub fn file(file_id: &str) -> Vec<u8> {
+    tagged(tag::FILE, file_id.as_bytes())
+}
+
+/// Versions of a file, oldest first.
+pub fn version(file_id: &str, version: u64) -> Vec<u8> {
+    joined(tag::VERSION, file_id, &version.to_be_bytes())
+}
+
+/// The first key of a file's versions and the first key past them.
+pub fn version_range(file_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::VERSION, file_id, &[]), joined(tag::VERSION, file_id, &[0xff; 9]))
+}
+
+/// Change feed of a namespace: sequence → file id; each file appears once, at its latest
+/// change.
+pub fn change(namespace_id: &str, seq: u64) -> Vec<u8> {
+    joined(tag::CHANGE, namespace_id, &seq.to_be_bytes())
+}
+
+/// The sequence encoded in a [`change`] key.
+pub fn change_seq(key: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(key.get(key.len().checked_sub(8)?..)?.try_into().ok()?))
+}
+
+/// The namespace's current cursor (its last change sequence).
+pub fn namespace_cursor(namespace_id: &str) -> Vec<u8> {
+    tagged(tag::NAMESPACE_CURSOR, namespace_id.as_bytes())
 }
 
 /// An expiry index: records of one table ordered by the time they expire.

@@ -80,3 +80,29 @@ pub struct Chunk {
     pub refcount: u64,
     pub created_ms: u64,
 }
+
+/// A file: its place and its latest version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    pub id: String,
+    pub namespace_id: String,
+    pub path: crate::paths::FilePath,
+    pub current_version: u64,
+    pub deleted: bool,
+    /// Sequence of the file's latest change in its namespace's feed.
+    pub seq: u64,
+}
+
+/// One committed version of a file (append-only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRecord {
+    pub version: u64,
+    pub path: crate::paths::FilePath,
+    pub chunks: Vec<crate::blocks::BlockHash>,
+    pub size: u64,
+    pub mtime_ms: u64,
+    pub device: String,
+    pub created_ms: u64,
+    pub deleted: bool,
+    pub seq: u64,
+}

@@ -15,7 +15,7 @@ use crate::blocks::BlockHash;
 use crate::command::{Batch, Command, Outcome, Rejection};
 use crate::db::write_options;
 use crate::records::{Chunk, Namespace, NamespaceKind, Token, User};
-use crate::{cf, guards, keys, Db, StorageError};
+use crate::{cf, files, guards, keys, Db, StorageError};
 
 /// Magic prefix of a snapshot image; the version is the last byte.
 const SNAPSHOT_MAGIC: &[u8; 8] = b"RBXSNAP1";
@@ -181,6 +181,10 @@ impl StateMachine {
         Ok(count)
     }
 
+    pub(crate) fn read<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
+        self.get(what, key)
+    }
+
     fn get<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
         let raw = self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?;
         raw.map(|bytes| decode(what, &bytes)).transpose()
@@ -275,6 +279,7 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
             guards::once(txn, consumer, message_id, *ttl_ms, command)
         }
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
+        Command::CommitFile(commit) => files::commit(txn, commit),
         Command::RegisterChunk { hash, size } => {
             let key = keys::chunk(&hash.0);
             if txn.get_raw(&key)?.is_none() {

@@ -1,0 +1,133 @@
+//! Commit rules (DESIGN.md §4), refcounts and the change feed.
+
+use crate::blocks::BlockHash;
+use crate::command::{Batch, Command, ConflictedCopy, FileCommit, Outcome, Rejection};
+use crate::paths::FilePath;
+use crate::{Db, StateMachine};
+
+fn open() -> (tempfile::TempDir, StateMachine) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sm = StateMachine::new(Db::open(dir.path()).expect("open"));
+    (dir, sm)
+}
+
+fn apply(sm: &StateMachine, command: Command) -> Outcome {
+    let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command] })).expect("apply");
+    out.pop().expect("one outcome")
+}
+
+fn h(name: &str) -> BlockHash {
+    BlockHash::of(name.as_bytes())
+}
+
+fn with_chunks(sm: &StateMachine, names: &[&str]) {
+    for name in names {
+        apply(sm, Command::RegisterChunk { hash: h(name), size: 1 });
+    }
+}
+
+fn commit(path: &str, chunks: &[&str], base: u64, device: &str, ids: &str) -> Command {
+    Command::CommitFile(Box::new(FileCommit {
+        namespace_id: "ns".into(),
+        path: FilePath::parse(path).expect("path"),
+        chunks: chunks.iter().map(|c| h(c)).collect(),
+        size: chunks.len() as u64,
+        mtime_ms: 5,
+        base_version: base,
+        deleted: false,
+        device: device.into(),
+        new_file_id: format!("file-{ids}"),
+        copy_file_id: format!("copy-{ids}"),
+    }))
+}
+
+fn committed(file_id: &str, version: u64) -> Outcome {
+    Outcome::FileCommitted { file_id: file_id.into(), version, unchanged: false }
+}
+
+#[test]
+fn create_then_update() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    assert_eq!(apply(&sm, commit("/f.txt", &["a"], 0, "laptop", "1")), committed("file-1", 1));
+    assert_eq!(apply(&sm, commit("/f.txt", &["a", "b"], 1, "laptop", "2")), committed("file-1", 2));
+    let (file, version) = sm.file_at("ns", "/f.txt").expect("read").expect("file");
+    assert_eq!((file.current_version, version.chunks.len()), (2, 2));
+    assert_eq!(sm.versions("file-1").expect("history").iter().map(|v| v.version).collect::<Vec<_>>(), vec![2, 1]);
+    assert_eq!(sm.chunk(&h("a")).expect("read").expect("chunk").refcount, 2);
+    assert_eq!(sm.chunk(&h("b")).expect("read").expect("chunk").refcount, 1);
+}
+
+#[test]
+fn two_devices_on_the_same_base_make_one_conflicted_copy() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b", "c"]);
+    apply(&sm, commit("/docs/r.pdf", &["a"], 0, "laptop", "1"));
+    assert_eq!(apply(&sm, commit("/docs/r.pdf", &["b"], 1, "laptop", "2")), committed("file-1", 2));
+    let conflict = apply(&sm, commit("/docs/r.pdf", &["c"], 1, "phone", "3"));
+    let copy_path = FilePath::parse("/docs/r (conflicted copy, phone).pdf").expect("path");
+    assert_eq!(
+        conflict,
+        Outcome::FileConflict {
+            current_version: 2,
+            copy: Some(ConflictedCopy { path: copy_path, file_id: "copy-3".into(), version: 1 })
+        }
+    );
+    assert_eq!(sm.file_at("ns", "/docs/r.pdf").expect("read").expect("file").1.chunks, vec![h("b")]);
+    let (_, copy) = sm.file_at("ns", "/docs/r (conflicted copy, phone).pdf").expect("read").expect("copy");
+    assert_eq!(copy.chunks, vec![h("c")]);
+    // A second conflict from the same device takes the next name.
+    let again = apply(&sm, commit("/docs/r.pdf", &["a", "c"], 1, "phone", "4"));
+    let Outcome::FileConflict { copy: Some(second), .. } = again else { panic!("conflict expected") };
+    assert_eq!(second.path.as_str(), "/docs/r (conflicted copy, phone 2).pdf");
+}
+
+#[test]
+fn retry_identical_content_and_missing_chunks() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    apply(&sm, commit("/f", &["a"], 0, "d", "1"));
+    apply(&sm, commit("/f", &["b"], 1, "d", "2"));
+    // The retry of the commit that made version 2: same result, no version 3.
+    assert_eq!(apply(&sm, commit("/f", &["b"], 1, "d", "3")), committed("file-1", 2));
+    // A retry of the create (base 0) that made version 1.
+    assert_eq!(apply(&sm, commit("/f", &["a"], 0, "d", "4")), committed("file-1", 1));
+    assert_eq!(sm.file_at("ns", "/f").expect("read").expect("file").0.current_version, 2);
+    // Another device with the current content on a stale base: no conflict.
+    let same = apply(&sm, commit("/f", &["b"], 0, "other", "5"));
+    assert_eq!(same, Outcome::FileCommitted { file_id: "file-1".into(), version: 2, unchanged: true });
+    assert_eq!(sm.chunk(&h("b")).expect("read").expect("chunk").refcount, 1, "retries add no references");
+    let missing = apply(&sm, commit("/g", &["a", "zz", "zz"], 0, "d", "6"));
+    assert_eq!(missing, Outcome::Rejected(Rejection::MissingChunks(vec![h("zz")])));
+    assert!(sm.file_at("ns", "/g").expect("read").is_none());
+}
+
+#[test]
+fn delete_is_a_tombstone_version_and_the_path_can_be_reused() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a"]);
+    apply(&sm, commit("/f", &["a"], 0, "d", "1"));
+    let Command::CommitFile(mut delete) = commit("/f", &[], 1, "d", "2") else { unreachable!() };
+    delete.deleted = true;
+    assert_eq!(apply(&sm, Command::CommitFile(delete.clone())), committed("file-1", 2));
+    let (file, version) = sm.file_at("ns", "/f").expect("read").expect("file");
+    assert!(file.deleted && version.deleted);
+    delete.base_version = 2;
+    assert!(matches!(apply(&sm, Command::CommitFile(delete)), Outcome::Rejected(Rejection::NotFound(_))));
+    assert_eq!(apply(&sm, commit("/f", &["a"], 0, "d", "3")), committed("file-1", 3));
+}
+
+#[test]
+fn the_feed_lists_each_file_once_at_its_latest_change() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    apply(&sm, commit("/x", &["a"], 0, "d", "x"));
+    apply(&sm, commit("/y", &["a"], 0, "d", "y"));
+    apply(&sm, commit("/x", &["b"], 1, "d", "x2"));
+    let all = sm.changes("ns", 0, 100).expect("changes");
+    assert_eq!(all.iter().map(|c| (c.file.path.as_str(), c.seq)).collect::<Vec<_>>(), vec![("/y", 2), ("/x", 3)]);
+    assert_eq!(sm.changes("ns", 2, 100).expect("changes").len(), 1);
+    assert_eq!(sm.changes("ns", 0, 1).expect("changes").len(), 1);
+    assert_eq!(sm.namespace_cursor("ns").expect("cursor"), 3);
+    assert_eq!(sm.files_under("ns", "/", None, 10).expect("list").len(), 2);
+}
