@@ -25,6 +25,12 @@ pub enum ApiError {
     PayloadTooLarge(String),
     #[error("{0}")]
     HashMismatch(String),
+    #[error("this cursor can no longer be served; sync again from cursor 0")]
+    CursorReset,
+    #[error("some chunks are not stored; upload them first")]
+    MissingChunks(Vec<String>),
+    #[error("the file changed since baseVersion; your content was kept as a conflicted copy")]
+    CommitConflict { current_version: u64, conflicted_copy: Option<serde_json::Value> },
     #[error("a request with this Idempotency-Key is still in progress")]
     IdempotencyInProgress { retry_after_s: u64 },
     #[error("this Idempotency-Key was used with a different request body")]
@@ -46,6 +52,9 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
+            ApiError::MissingChunks(_) => (StatusCode::UNPROCESSABLE_ENTITY, "missing-chunks", "Missing chunks"),
+            ApiError::CommitConflict { .. } => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            ApiError::CursorReset => (StatusCode::GONE, "cursor-reset", "Cursor reset"),
             ApiError::HashMismatch(_) => (StatusCode::UNPROCESSABLE_ENTITY, "hash-mismatch", "Hash mismatch"),
             ApiError::IdempotencyInProgress { .. } => {
                 (StatusCode::CONFLICT, "idempotency-in-progress", "Request in progress")
@@ -77,6 +86,7 @@ impl From<Rejection> for ApiError {
         match rejection {
             Rejection::Conflict(detail) => ApiError::Conflict(detail),
             Rejection::NotFound(detail) => ApiError::NotFound(detail),
+            Rejection::MissingChunks(missing) => ApiError::MissingChunks(missing.iter().map(|h| h.to_hex()).collect()),
         }
     }
 }
@@ -87,7 +97,15 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), error = %self, "request failed");
         }
-        let body = json!({ "type": slug, "title": title, "status": status.as_u16(), "detail": self.to_string() });
+        let mut body = json!({ "type": slug, "title": title, "status": status.as_u16(), "detail": self.to_string() });
+        match &self {
+            ApiError::MissingChunks(missing) => body["missing"] = json!(missing),
+            ApiError::CommitConflict { current_version, conflicted_copy } => {
+                body["currentVersion"] = json!(current_version);
+                body["conflictedCopy"] = json!(conflicted_copy);
+            }
+            _ => {}
+        }
         let mut response = (status, body.to_string()).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));

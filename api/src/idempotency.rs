@@ -114,8 +114,9 @@ impl Keyed {
         *blake3::hash(&self.body).as_bytes()
     }
 
-    /// Runs a one-command write. With a key the command is wrapped so that the record is
-    /// written in the same apply as its effect; a retry replays the saved response.
+    /// Runs a one-command write whose success answer is known before proposing. With a key
+    /// the command is wrapped so that the record is written in the same apply as its
+    /// effect; a retry replays the saved answer.
     pub async fn write(
         self,
         state: &AppState,
@@ -123,18 +124,53 @@ impl Keyed {
         command: Command,
         success: Success,
     ) -> Result<Response, ApiError> {
+        let saved = success.saved();
+        self.write_inner(state, principal, command, Some(saved), move |outcome| render(outcome, &success)).await
+    }
+
+    /// Runs a one-command write whose answer is rendered from its outcome; a retry with the
+    /// key renders the saved outcome the same way.
+    pub async fn write_with<R>(
+        self,
+        state: &AppState,
+        principal: &Principal,
+        command: Command,
+        render: R,
+    ) -> Result<Response, ApiError>
+    where
+        R: Fn(Outcome) -> Result<Response, ApiError>,
+    {
+        self.write_inner(state, principal, command, None, render).await
+    }
+
+    async fn write_inner<R>(
+        self,
+        state: &AppState,
+        principal: &Principal,
+        command: Command,
+        on_success: Option<SavedResponse>,
+        render: R,
+    ) -> Result<Response, ApiError>
+    where
+        R: Fn(Outcome) -> Result<Response, ApiError>,
+    {
         let Some(key) = &self.key else {
-            return render(state.node.write(command).await?, success);
+            return render(state.node.write(command).await?);
         };
         let wrapped = Command::Idempotent {
             scope: self.scope(principal, key),
             fingerprint: self.fingerprint(),
             ttl_ms: state.config.idempotency.ttl_s.saturating_mul(1_000),
-            on_success: success.saved(),
+            on_success,
             command: Box::new(command),
         };
         match state.node.write(wrapped).await? {
-            Outcome::Idempotency(IdempotencyOutcome::Applied { outcome }) => render(*outcome, success),
+            Outcome::Idempotency(IdempotencyOutcome::Applied { outcome }) => render(*outcome),
+            Outcome::Idempotency(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(outcome) }) => {
+                let mut response = render(*outcome).unwrap_or_else(IntoResponse::into_response);
+                response.headers_mut().insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+                Ok(response)
+            }
             Outcome::Idempotency(other) => early(other),
             other => Err(ApiError::Internal(format!("unexpected outcome {other:?}"))),
         }
@@ -176,10 +212,10 @@ impl Keyed {
 }
 
 /// Outcome of a command → the route's success response or the rejection's problem.
-fn render(outcome: Outcome, success: Success) -> Result<Response, ApiError> {
+fn render(outcome: Outcome, success: &Success) -> Result<Response, ApiError> {
     match outcome {
         Outcome::Rejected(rejection) => Err(rejection.into()),
-        _ => Ok((success.status, axum::Json(success.body)).into_response()),
+        _ => Ok((success.status, axum::Json(success.body.clone())).into_response()),
     }
 }
 
@@ -208,6 +244,9 @@ fn replay(result: IdempotencyResult) -> Response {
             response
         }
         IdempotencyResult::Rejected(rejection) => ApiError::from(rejection).into_response(),
+        IdempotencyResult::Outcome(outcome) => {
+            ApiError::Internal(format!("saved outcome {outcome:?} without its renderer")).into_response()
+        }
     };
     response.headers_mut().insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
     response

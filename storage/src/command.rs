@@ -34,7 +34,14 @@ pub enum Command {
     /// key): the record and the effect are written in this same apply. `on_success` is the
     /// response to save when `command` succeeds (ids are generated before proposing, so it is
     /// known in advance); a rejection is saved as such.
-    Idempotent { scope: [u8; 32], fingerprint: [u8; 32], ttl_ms: u64, on_success: SavedResponse, command: Box<Command> },
+    Idempotent {
+        scope: [u8; 32],
+        fingerprint: [u8; 32],
+        ttl_ms: u64,
+        /// None: save the outcome itself (the route renders it the same way on replay).
+        on_success: Option<SavedResponse>,
+        command: Box<Command>,
+    },
     /// Starts multi-step keyed work: inserts an `IN_PROGRESS` record with a lease.
     IdempotencyBegin { scope: [u8; 32], fingerprint: [u8; 32], ttl_ms: u64, lease_ms: u64 },
     /// Finishes multi-step keyed work: the record becomes `DONE` with the response.

@@ -56,16 +56,17 @@ pub(crate) fn idempotent(
     scope: &[u8; 32],
     fingerprint: &[u8; 32],
     ttl_ms: u64,
-    on_success: &SavedResponse,
+    on_success: &Option<SavedResponse>,
     command: &Command,
 ) -> Result<Outcome, StorageError> {
     if let Some(earlier) = existing(txn, scope, fingerprint)? {
         return Ok(Outcome::Idempotency(earlier));
     }
     let outcome = apply_command(txn, command)?;
-    let result = match &outcome {
-        Outcome::Rejected(rejection) => IdempotencyResult::Rejected(rejection.clone()),
-        _ => IdempotencyResult::Response(on_success.clone()),
+    let result = match (&outcome, on_success) {
+        (Outcome::Rejected(rejection), _) => IdempotencyResult::Rejected(rejection.clone()),
+        (_, Some(response)) => IdempotencyResult::Response(response.clone()),
+        (outcome, None) => IdempotencyResult::Outcome(Box::new(outcome.clone())),
     };
     let record = IdempotencyRecord {
         fingerprint: *fingerprint,

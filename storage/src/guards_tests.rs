@@ -29,7 +29,7 @@ fn keyed(scope: u8, body: u8, inner: Command) -> Command {
         scope: [scope; 32],
         fingerprint: [body; 32],
         ttl_ms: 1_000,
-        on_success: response(&format!("created {body}")),
+        on_success: Some(response(&format!("created {body}"))),
         command: Box::new(inner),
     }
 }

@@ -47,6 +47,8 @@ pub struct SavedResponse {
 pub enum IdempotencyResult {
     Response(SavedResponse),
     Rejected(crate::Rejection),
+    /// The command's outcome, for routes whose answer is rendered from it.
+    Outcome(Box<crate::Outcome>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

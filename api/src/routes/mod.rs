@@ -2,7 +2,9 @@
 
 mod accounts;
 mod blocks;
+mod files;
 mod probes;
+mod sync;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -22,6 +24,15 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/users/{user_id}/tokens", post(accounts::create_token))
         .route("/v1/me", get(accounts::me))
         .route("/v1/blocks/status", post(blocks::status))
+        .route("/v1/files", get(files::get))
+        .route("/v1/files/commit", post(files::commit))
+        .route("/v1/files/history", get(files::history))
+        .route("/v1/files/restore", post(files::restore))
+        .route("/v1/files/delete", post(files::delete))
+        .route("/v1/files/list", get(files::list))
+        .route("/v1/sync", get(sync::sync))
+        .route("/v1/notify", get(sync::long_poll))
+        .route("/v1/notify/ws", get(sync::websocket))
         .route(
             "/v1/blocks/{hash}",
             get(blocks::get).put(blocks::put).layer(DefaultBodyLimit::max(raftbox_storage::blocks::BLOCK_BYTES_MAX)),

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 mod blocks;
+mod files;
 mod guards;
 
 use std::sync::Arc;

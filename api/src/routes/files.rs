@@ -1,0 +1,382 @@
+//! The metadata API: commit, read, history, restore, delete and folder listing of files.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/files/commit` | a new version (conflict rules of DESIGN.md §4); keyed |
+//! | `GET /v1/files?path=` | the current version |
+//! | `GET /v1/files/history?path=` | every kept version, newest first (paginated) |
+//! | `POST /v1/files/restore` | a new version with an old version's content; keyed |
+//! | `POST /v1/files/delete` | a tombstone version; keyed |
+//! | `GET /v1/files/list?path=/folder/` | files and subfolders directly in a folder (paginated) |
+//!
+//! Every call takes an optional `namespaceId` (query or body); the default is the caller's
+//! personal namespace. A namespace the caller cannot read is 404.
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use raftbox_storage::blocks::BlockHash;
+use raftbox_storage::command::FileCommit;
+use raftbox_storage::paths::FilePath;
+use raftbox_storage::records::{FileRecord, VersionRecord};
+use raftbox_storage::{Command, Outcome};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::auth::Principal;
+use crate::idempotency::Keyed;
+use crate::{json, ApiError, AppState};
+
+/// Longest `X-Device-Id`, in characters.
+pub const DEVICE_CHARS_MAX: usize = 64;
+/// Chunks in one file version, at most.
+pub const FILE_CHUNKS_MAX: usize = 100_000;
+/// Page size of lists: default and largest.
+pub const PAGE_DEFAULT: usize = 100;
+pub const PAGE_MAX: usize = 1_000;
+
+/// The namespace a call works in: the given one if the caller may use it, else the
+/// caller's personal namespace.
+pub fn namespace(principal: &Principal, requested: Option<&str>) -> Result<String, ApiError> {
+    match requested {
+        None => Ok(principal.user.namespace_id.clone()),
+        Some(id) if id == principal.user.namespace_id => Ok(id.to_string()),
+        Some(id) => Err(ApiError::NotFound(format!("namespace {id}"))),
+    }
+}
+
+fn parse_path(text: &str) -> Result<FilePath, ApiError> {
+    FilePath::parse(text).map_err(|e| ApiError::BadRequest(format!("path {text:?}: {e}")))
+}
+
+/// The device named in conflicted copies: `X-Device-Id`, else the token's name.
+fn device(headers: &HeaderMap, principal: &Principal) -> Result<String, ApiError> {
+    match headers.get("x-device-id") {
+        None => Ok(principal.token_name.clone()),
+        Some(value) => {
+            let device = value.to_str().map_err(|_| ApiError::BadRequest("X-Device-Id must be ASCII".into()))?;
+            if device.is_empty() || device.chars().count() > DEVICE_CHARS_MAX || device.contains('/') {
+                return Err(ApiError::BadRequest(format!(
+                    "X-Device-Id must be 1 to {DEVICE_CHARS_MAX} characters, no '/'"
+                )));
+            }
+            Ok(device.to_string())
+        }
+    }
+}
+
+fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CommitRequest {
+    path: String,
+    chunks: Vec<String>,
+    base_version: u64,
+    size: u64,
+    /// Modification time, Unix milliseconds.
+    mtime: u64,
+    namespace_id: Option<String>,
+    #[serde(default)]
+    deleted: bool,
+}
+
+/// The answer to a commit, from its outcome (also on an idempotent replay).
+fn render_commit(outcome: Outcome) -> Result<Response, ApiError> {
+    match outcome {
+        Outcome::FileCommitted { file_id, version, unchanged: false } => {
+            Ok((StatusCode::CREATED, Json(json!({ "fileId": file_id, "version": version }))).into_response())
+        }
+        Outcome::FileCommitted { file_id, version, unchanged: true } => {
+            Ok(Json(json!({ "fileId": file_id, "version": version, "unchanged": true })).into_response())
+        }
+        Outcome::FileConflict { current_version, copy } => Err(ApiError::CommitConflict {
+            current_version,
+            conflicted_copy: copy
+                .map(|c| json!({ "path": c.path.as_str(), "fileId": c.file_id, "version": c.version })),
+        }),
+        Outcome::Rejected(rejection) => Err(rejection.into()),
+        other => Err(ApiError::Internal(format!("unexpected outcome {other:?}"))),
+    }
+}
+
+async fn propose_commit(
+    state: &AppState,
+    principal: &Principal,
+    keyed: Keyed,
+    commit: FileCommit,
+) -> Result<Response, ApiError> {
+    keyed.write_with(state, principal, Command::CommitFile(Box::new(commit)), render_commit).await
+}
+
+pub async fn commit(
+    State(state): State<AppState>,
+    principal: Principal,
+    headers: HeaderMap,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    let request: CommitRequest = json::parse(&keyed.body)?;
+    if request.chunks.len() > FILE_CHUNKS_MAX {
+        return Err(ApiError::BadRequest(format!("a file has at most {FILE_CHUNKS_MAX} chunks")));
+    }
+    if request.deleted && !request.chunks.is_empty() {
+        return Err(ApiError::BadRequest("a deletion has no chunks".into()));
+    }
+    let chunks = request
+        .chunks
+        .iter()
+        .map(|h| h.parse::<BlockHash>().map_err(|_| ApiError::BadRequest(format!("{h:?} is not a chunk hash"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let commit = FileCommit {
+        namespace_id: namespace(&principal, request.namespace_id.as_deref())?,
+        path: parse_path(&request.path)?,
+        chunks,
+        size: request.size,
+        mtime_ms: request.mtime,
+        base_version: request.base_version,
+        deleted: request.deleted,
+        device: device(&headers, &principal)?,
+        new_file_id: new_id(),
+        copy_file_id: new_id(),
+    };
+    propose_commit(&state, &principal, keyed, commit).await
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PathQuery {
+    path: String,
+    namespace_id: Option<String>,
+    limit: Option<usize>,
+    page_token: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct VersionView {
+    version: u64,
+    chunks: Vec<String>,
+    size: u64,
+    mtime: u64,
+    device: String,
+    created_at: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deleted: bool,
+}
+
+impl From<&VersionRecord> for VersionView {
+    fn from(v: &VersionRecord) -> VersionView {
+        VersionView {
+            version: v.version,
+            chunks: v.chunks.iter().map(BlockHash::to_hex).collect(),
+            size: v.size,
+            mtime: v.mtime_ms,
+            device: v.device.clone(),
+            created_at: v.created_ms,
+            deleted: v.deleted,
+        }
+    }
+}
+
+/// The live file at `path` (after a read barrier), or 404.
+async fn live_file(
+    state: &AppState,
+    principal: &Principal,
+    query: &PathQuery,
+) -> Result<(FileRecord, VersionRecord), ApiError> {
+    let namespace_id = namespace(principal, query.namespace_id.as_deref())?;
+    let path = parse_path(&query.path)?;
+    state.node.read_barrier().await?;
+    match state.node.state().file_at(&namespace_id, path.as_str())? {
+        Some((file, version)) if !file.deleted => Ok((file, version)),
+        _ => Err(ApiError::NotFound(format!("no file at {path}"))),
+    }
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<PathQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (file, version) = live_file(&state, &principal, &query).await?;
+    let view = VersionView::from(&version);
+    Ok(Json(json!({
+        "fileId": file.id, "namespaceId": file.namespace_id, "path": file.path.as_str(), "version": view.version,
+        "chunks": view.chunks, "size": view.size, "mtime": view.mtime,
+    })))
+}
+
+fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
+    match limit.unwrap_or(PAGE_DEFAULT) {
+        0 => Err(ApiError::BadRequest("limit must be positive".into())),
+        n => Ok(n.min(PAGE_MAX)),
+    }
+}
+
+pub async fn history(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<PathQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let namespace_id = namespace(&principal, query.namespace_id.as_deref())?;
+    let path = parse_path(&query.path)?;
+    let limit = page_limit(query.limit)?;
+    let below = match &query.page_token {
+        None => u64::MAX,
+        Some(token) => token.parse::<u64>().map_err(|_| ApiError::BadRequest("bad pageToken".into()))?,
+    };
+    state.node.read_barrier().await?;
+    let (file, _) = state
+        .node
+        .state()
+        .file_at(&namespace_id, path.as_str())?
+        .ok_or_else(|| ApiError::NotFound(format!("no file at {path}")))?;
+    let versions: Vec<VersionRecord> =
+        state.node.state().versions(&file.id)?.into_iter().filter(|v| v.version < below).collect();
+    let page: Vec<VersionView> = versions.iter().take(limit).map(VersionView::from).collect();
+    let mut body = json!({ "fileId": file.id, "path": file.path.as_str(), "versions": page });
+    if versions.len() > limit {
+        body["nextPageToken"] = json!(versions[limit - 1].version.to_string());
+    }
+    Ok(Json(body))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RestoreRequest {
+    path: String,
+    version: u64,
+    namespace_id: Option<String>,
+}
+
+/// A new version with the content of an old one (based on the current version).
+pub async fn restore(
+    State(state): State<AppState>,
+    principal: Principal,
+    headers: HeaderMap,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    let request: RestoreRequest = json::parse(&keyed.body)?;
+    let namespace_id = namespace(&principal, request.namespace_id.as_deref())?;
+    let path = parse_path(&request.path)?;
+    state.node.read_barrier().await?;
+    let (file, _) = state
+        .node
+        .state()
+        .file_at(&namespace_id, path.as_str())?
+        .ok_or_else(|| ApiError::NotFound(format!("no file at {path}")))?;
+    let old = state
+        .node
+        .state()
+        .versions(&file.id)?
+        .into_iter()
+        .find(|v| v.version == request.version && !v.deleted)
+        .ok_or_else(|| ApiError::NotFound(format!("{path} has no version {} to restore", request.version)))?;
+    let commit = FileCommit {
+        namespace_id,
+        path,
+        chunks: old.chunks,
+        size: old.size,
+        mtime_ms: old.mtime_ms,
+        base_version: file.current_version,
+        deleted: false,
+        device: device(&headers, &principal)?,
+        new_file_id: new_id(),
+        copy_file_id: new_id(),
+    };
+    propose_commit(&state, &principal, keyed, commit).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DeleteRequest {
+    path: String,
+    base_version: u64,
+    namespace_id: Option<String>,
+}
+
+/// A tombstone version (it syncs as `deleted: true`); same conflict rules as a commit.
+pub async fn delete(
+    State(state): State<AppState>,
+    principal: Principal,
+    headers: HeaderMap,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    let request: DeleteRequest = json::parse(&keyed.body)?;
+    let commit = FileCommit {
+        namespace_id: namespace(&principal, request.namespace_id.as_deref())?,
+        path: parse_path(&request.path)?,
+        chunks: Vec::new(),
+        size: 0,
+        mtime_ms: 0,
+        base_version: request.base_version,
+        deleted: true,
+        device: device(&headers, &principal)?,
+        new_file_id: new_id(),
+        copy_file_id: new_id(),
+    };
+    propose_commit(&state, &principal, keyed, commit).await
+}
+
+/// Files and subfolders directly in a folder (`path` ends with `/`), by name.
+pub async fn list(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<PathQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let namespace_id = namespace(&principal, query.namespace_id.as_deref())?;
+    let folder = query.path.as_str();
+    if folder != "/" && (!folder.ends_with('/') || FilePath::parse(&folder[..folder.len() - 1]).is_err()) {
+        return Err(ApiError::BadRequest("path must be a folder: '/' or an absolute path ending in '/'".into()));
+    }
+    let limit = page_limit(query.limit)?;
+    state.node.read_barrier().await?;
+    let mut entries: Vec<serde_json::Value> = Vec::new();
+    let mut last_name: Option<String> = None;
+    // Where the next page starts: after this path (after a folder's whole subtree).
+    let mut resume_after: Option<String> = None;
+    if query.page_token.as_deref().is_some_and(|token| !token.starts_with(folder)) {
+        return Err(ApiError::BadRequest("pageToken does not belong to this folder".into()));
+    }
+    let mut cursor = query.page_token.clone();
+    let mut full = false;
+    'scan: loop {
+        let batch = state.node.state().files_under(&namespace_id, folder, cursor.as_deref(), PAGE_MAX)?;
+        if batch.is_empty() {
+            break;
+        }
+        for (file, version) in &batch {
+            cursor = Some(file.path.as_str().to_string());
+            let rest = &file.path.as_str()[folder.len()..];
+            let (name, is_folder) = match rest.find('/') {
+                Some(slash) => (&rest[..slash], true),
+                None => (rest, false),
+            };
+            if (!is_folder && file.deleted) || (is_folder && last_name.as_deref() == Some(name)) {
+                continue;
+            }
+            if entries.len() == limit {
+                full = true;
+                break 'scan;
+            }
+            last_name = Some(name.to_string());
+            if is_folder {
+                resume_after = Some(format!("{folder}{name}/\u{10FFFF}"));
+                entries.push(json!({ "name": name, "type": "folder" }));
+            } else {
+                resume_after = Some(file.path.as_str().to_string());
+                entries.push(json!({
+                    "name": name, "type": "file", "fileId": file.id, "version": file.current_version, "size": version.size
+                }));
+            }
+        }
+    }
+    let mut body = json!({ "path": folder, "entries": entries });
+    if full {
+        body["nextPageToken"] = json!(resume_after);
+    }
+    Ok(Json(body))
+}

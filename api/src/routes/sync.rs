@@ -1,0 +1,189 @@
+//! Sync and notifications: `GET /v1/sync`, `GET /v1/notify` (long-poll) and
+//! `GET /v1/notify/ws` (WebSocket).
+//!
+//! The cursor is opaque to clients: base64url of the JSON map namespace → last sequence
+//! seen. `cursor=0` starts from nothing (the whole tree). Notifications come from this
+//! node's own apply stream (Raft metrics change on every apply) and carry no data.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::response::Response;
+use axum::Json;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use raftbox_storage::blocks::BlockHash;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::auth::Principal;
+use crate::{ApiError, AppState};
+
+/// Changes per sync page: default and largest.
+pub const SYNC_PAGE_DEFAULT: usize = 1_000;
+pub const SYNC_PAGE_MAX: usize = 10_000;
+/// Long-poll timeout: default, least and most, in seconds.
+pub const NOTIFY_TIMEOUT_S_DEFAULT: u64 = 30;
+pub const NOTIFY_TIMEOUT_S_MIN: u64 = 1;
+pub const NOTIFY_TIMEOUT_S_MAX: u64 = 120;
+
+/// Per-namespace positions.
+type Cursor = BTreeMap<String, u64>;
+
+/// The namespaces the caller can read.
+fn readable(principal: &Principal) -> Vec<String> {
+    vec![principal.user.namespace_id.clone()]
+}
+
+fn encode_cursor(cursor: &Cursor) -> String {
+    URL_SAFE_NO_PAD.encode(serde_json::to_vec(cursor).unwrap_or_default())
+}
+
+/// Parses a cursor; one that can no longer be served (a namespace the caller cannot read,
+/// or a position past the namespace's end) is 410 `cursor-reset`.
+fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<Cursor, ApiError> {
+    let namespaces = readable(principal);
+    if text == "0" {
+        return Ok(namespaces.into_iter().map(|ns| (ns, 0)).collect());
+    }
+    let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
+    let mut cursor: Cursor =
+        serde_json::from_slice(&bytes).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
+    for (ns, seq) in &cursor {
+        if !namespaces.contains(ns) || *seq > state.node.state().namespace_cursor(ns)? {
+            return Err(ApiError::CursorReset);
+        }
+    }
+    for ns in namespaces {
+        cursor.entry(ns).or_insert(0);
+    }
+    Ok(cursor)
+}
+
+#[derive(Deserialize)]
+pub struct SyncQuery {
+    cursor: String,
+    limit: Option<usize>,
+}
+
+pub async fn sync(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<SyncQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = match query.limit.unwrap_or(SYNC_PAGE_DEFAULT) {
+        0 => return Err(ApiError::BadRequest("limit must be positive".into())),
+        n => n.min(SYNC_PAGE_MAX),
+    };
+    state.node.read_barrier().await?;
+    let mut cursor = decode_cursor(&state, &principal, &query.cursor)?;
+    let mut changes = Vec::new();
+    let mut has_more = false;
+    for (ns, seq) in cursor.iter_mut() {
+        let room = limit - changes.len();
+        if room == 0 {
+            has_more |= state.node.state().namespace_cursor(ns)? > *seq;
+            continue;
+        }
+        let page = state.node.state().changes(ns, *seq, room + 1)?;
+        has_more |= page.len() > room;
+        for change in page.into_iter().take(room) {
+            *seq = change.seq;
+            let mut view = json!({
+                "namespaceId": ns, "path": change.file.path.as_str(), "fileId": change.file.id,
+                "version": change.version.version,
+                "chunks": change.version.chunks.iter().map(BlockHash::to_hex).collect::<Vec<_>>(),
+                "size": change.version.size,
+            });
+            if change.version.deleted {
+                view["deleted"] = json!(true);
+            }
+            changes.push(view);
+        }
+    }
+    Ok(Json(json!({ "changes": changes, "cursor": encode_cursor(&cursor), "hasMore": has_more })))
+}
+
+/// Namespaces whose position moved past `cursor`.
+fn changed(state: &AppState, cursor: &Cursor) -> Result<Vec<String>, ApiError> {
+    let mut out = Vec::new();
+    for (ns, seq) in cursor {
+        if state.node.state().namespace_cursor(ns)? > *seq {
+            out.push(ns.clone());
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+pub struct NotifyQuery {
+    cursor: String,
+    timeout: Option<u64>,
+}
+
+/// Answers `{"changes": true}` as soon as anything newer than the cursor exists, else
+/// `{"changes": false}` at the timeout.
+pub async fn long_poll(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<NotifyQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let timeout = query.timeout.unwrap_or(NOTIFY_TIMEOUT_S_DEFAULT);
+    if !(NOTIFY_TIMEOUT_S_MIN..=NOTIFY_TIMEOUT_S_MAX).contains(&timeout) {
+        return Err(ApiError::BadRequest(format!(
+            "timeout is {NOTIFY_TIMEOUT_S_MIN} to {NOTIFY_TIMEOUT_S_MAX} seconds"
+        )));
+    }
+    let cursor = decode_cursor(&state, &principal, &query.cursor)?;
+    let mut applied = state.node.raft().metrics();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    loop {
+        applied.borrow_and_update();
+        if !changed(&state, &cursor)?.is_empty() {
+            return Ok(Json(json!({ "changes": true })));
+        }
+        match tokio::time::timeout_at(deadline, applied.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(ApiError::Unavailable("node is shutting down".into())),
+            Err(_) => return Ok(Json(json!({ "changes": false }))),
+        }
+    }
+}
+
+/// Sends `{"type":"namespace_changed","namespaceId":…}` whenever a readable namespace
+/// changes on this node, until the client goes away.
+pub async fn websocket(State(state): State<AppState>, principal: Principal, upgrade: WebSocketUpgrade) -> Response {
+    upgrade.on_upgrade(move |socket| notify_socket(state, principal, socket))
+}
+
+async fn notify_socket(state: AppState, principal: Principal, mut socket: WebSocket) {
+    let mut seen: Cursor = BTreeMap::new();
+    for ns in readable(&principal) {
+        let at = state.node.state().namespace_cursor(&ns).unwrap_or(0);
+        seen.insert(ns, at);
+    }
+    let mut applied = state.node.raft().metrics();
+    loop {
+        tokio::select! {
+            change = applied.changed() => {
+                if change.is_err() {
+                    return;
+                }
+            }
+            incoming = socket.recv() => match incoming {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => continue,
+            },
+        }
+        for ns in changed(&state, &seen).unwrap_or_default() {
+            let message = json!({ "type": "namespace_changed", "namespaceId": ns }).to_string();
+            if socket.send(Message::Text(message.into())).await.is_err() {
+                return;
+            }
+            let at = state.node.state().namespace_cursor(&ns).unwrap_or(0);
+            seen.insert(ns, at);
+        }
+    }
+}
