@@ -154,18 +154,37 @@ pub async fn long_poll(
 
 /// Sends `{"type":"namespace_changed","namespaceId":…}` whenever a readable namespace
 /// changes on this node, until the client goes away.
-pub async fn websocket(State(state): State<AppState>, principal: Principal, upgrade: WebSocketUpgrade) -> Response {
-    upgrade.on_upgrade(move |socket| notify_socket(state, principal, socket))
-}
-
-async fn notify_socket(state: AppState, principal: Principal, mut socket: WebSocket) {
+pub async fn websocket(
+    State(state): State<AppState>,
+    principal: Principal,
+    upgrade: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    // Positions are taken before the upgrade answer, so no commit after it goes unheard.
     let mut seen: Cursor = BTreeMap::new();
     for ns in readable(&principal) {
-        let at = state.node.state().namespace_cursor(&ns).unwrap_or(0);
+        let at = state.node.state().namespace_cursor(&ns)?;
         seen.insert(ns, at);
     }
-    let mut applied = state.node.raft().metrics();
+    let applied = state.node.raft().metrics();
+    Ok(upgrade.on_upgrade(move |socket| notify_socket(state, seen, applied, socket)))
+}
+
+async fn notify_socket(
+    state: AppState,
+    mut seen: Cursor,
+    mut applied: tokio::sync::watch::Receiver<raftbox_raft::RaftMetrics>,
+    mut socket: WebSocket,
+) {
     loop {
+        // Anything applied between the positions above and now is found by this check.
+        for ns in changed(&state, &seen).unwrap_or_default() {
+            let message = json!({ "type": "namespace_changed", "namespaceId": ns }).to_string();
+            if socket.send(Message::Text(message.into())).await.is_err() {
+                return;
+            }
+            let at = state.node.state().namespace_cursor(&ns).unwrap_or(0);
+            seen.insert(ns, at);
+        }
         tokio::select! {
             change = applied.changed() => {
                 if change.is_err() {
@@ -176,14 +195,6 @@ async fn notify_socket(state: AppState, principal: Principal, mut socket: WebSoc
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
                 Some(Ok(_)) => continue,
             },
-        }
-        for ns in changed(&state, &seen).unwrap_or_default() {
-            let message = json!({ "type": "namespace_changed", "namespaceId": ns }).to_string();
-            if socket.send(Message::Text(message.into())).await.is_err() {
-                return;
-            }
-            let at = state.node.state().namespace_cursor(&ns).unwrap_or(0);
-            seen.insert(ns, at);
         }
     }
 }

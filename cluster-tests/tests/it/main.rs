@@ -7,6 +7,8 @@
 //! keeps the cluster directory with the node logs.
 //!
 //! - `blocks_durable`: an acknowledged block survives SIGKILL of any one node.
+//! - `files_sync`: files cross nodes byte-identical; WebSocket hears other nodes' commits;
+//!   interrupted uploads resume through `status`.
 //! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
 //! - `snapshot_rejoin`: a wiped node rejoins through a snapshot and can lead.
 //! - `restart_durability`: SIGKILL of every node at once loses no acknowledged write.
@@ -16,6 +18,7 @@
 
 mod blocks_durable;
 mod failover;
+mod files_sync;
 mod idempotency_across_nodes;
 mod limiter_failure_modes;
 mod restart_durability;
