@@ -2,10 +2,12 @@
 //!
 //! - [`config`]: the node's configuration: TOML file, flags and environment, validated once.
 //! - [`serve`]: wiring of storage, Raft, gRPC and HTTP; signals and graceful shutdown.
-//! - [`bench`]: the write benchmark against a running cluster.
+//! - [`bench`]: the benchmark client.
+//! - [`files_client`]: `raftbox files`, the file-service client.
 
 mod bench;
 mod config;
+mod files_client;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -22,12 +24,20 @@ struct Cli {
 enum Commands {
     /// Run a cluster node until SIGTERM or Ctrl-C.
     Serve(config::ServeArgs),
+    /// Store and fetch files on a running cluster (put, get, ls, history, restore, rm).
+    Files(files_client::FilesArgs),
     /// Measure write throughput and latency of a running cluster with N concurrent writers.
     Bench(bench::BenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() {
+    if let Err(error) = run(Cli::parse()) {
+        eprintln!("raftbox: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Commands::Serve(args) => {
@@ -35,5 +45,6 @@ fn main() -> anyhow::Result<()> {
             runtime.block_on(serve::run(config))
         }
         Commands::Bench(args) => runtime.block_on(bench::run(args)),
+        Commands::Files(args) => runtime.block_on(files_client::run(args)),
     }
 }
