@@ -9,6 +9,8 @@ use anyhow::{bail, Context};
 use raftbox_api::idempotency::IdempotencyConfig;
 use raftbox_api::ratelimit::{RateLimit, RateLimitingConfig};
 use raftbox_api::ApiConfig;
+
+use crate::maintenance::FilesConfig;
 use raftbox_raft::{NodeInfo, RaftSettings};
 use serde::Deserialize;
 
@@ -58,6 +60,8 @@ struct FileConfig {
     rate_limiting: RateLimitingConfig,
     #[serde(default)]
     rate_limits: Vec<RateLimit>,
+    #[serde(default)]
+    files: FilesConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -91,6 +95,7 @@ pub struct Config {
     pub members: BTreeMap<u64, NodeInfo>,
     pub raft: RaftSettings,
     pub api: ApiConfig,
+    pub files: FilesConfig,
 }
 
 impl Config {
@@ -162,6 +167,7 @@ impl Config {
             bootstrap: args.bootstrap || file.bootstrap,
             members,
             raft,
+            files: file.files,
             api: ApiConfig {
                 idempotency: file.idempotency,
                 rate_limiting: file.rate_limiting,

@@ -13,11 +13,7 @@ use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
 use crate::config::Config;
-
-/// How often the leader purges expired idempotency, processed-message and rate records.
-const PURGE_INTERVAL: Duration = Duration::from_secs(60);
-/// Records of each kind deleted per purge command, at most (bounds one log entry).
-const PURGE_RECORDS_MAX: u32 = 1_000;
+use crate::maintenance;
 
 /// Pause between attempts to register the admin token while the cluster has no quorum yet.
 const ADMIN_RETRY_DELAY: Duration = Duration::from_millis(200);
@@ -59,7 +55,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     );
     let state = AppState { node: node.clone(), config: std::sync::Arc::new(config.api.clone()) };
     let http = tokio::spawn(raftbox_api::serve(http_listener, state, stopped()));
-    tokio::spawn(purge_expired(node.clone(), stopped()));
+    tokio::spawn(maintenance::run(node.clone(), config.files.clone(), stopped()));
 
     if config.bootstrap {
         node.bootstrap(config.members.clone()).await.context("bootstrap cluster")?;
@@ -112,25 +108,5 @@ async fn ensure_admin(node: RaftNode, token: String) {
             Err(e) => tracing::debug!(error = %e, "admin token not registered yet; retrying"),
         }
         tokio::time::sleep(ADMIN_RETRY_DELAY).await;
-    }
-}
-
-/// On the leader, deletes expired guard records in the background (never on a request).
-async fn purge_expired(node: RaftNode, stopped: impl std::future::Future<Output = ()>) {
-    let mut ticks = tokio::time::interval(PURGE_INTERVAL);
-    tokio::pin!(stopped);
-    loop {
-        tokio::select! {
-            _ = &mut stopped => return,
-            _ = ticks.tick() => {}
-        }
-        if node.metrics().current_leader != Some(node.id()) {
-            continue;
-        }
-        match node.write(Command::PurgeExpired { max_records: PURGE_RECORDS_MAX }).await {
-            Ok(Outcome::Purged { records }) if records > 0 => tracing::info!(records, "purged expired records"),
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "purge skipped"),
-        }
     }
 }

@@ -103,6 +103,8 @@ impl BlockStore {
         }
         let path = self.path(hash);
         if path.is_file() {
+            // Restart the reclaimer's grace period: this block is wanted again.
+            File::options().write(true).open(&path)?.set_modified(std::time::SystemTime::now())?;
             return Ok(());
         }
         let dir = path.parent().expect("block paths have a parent");
@@ -133,6 +135,32 @@ impl BlockStore {
             return Err(StorageError::Corrupt(format!("block {hash} failed its hash check and was removed")));
         }
         Ok(Some(bytes))
+    }
+
+    /// Every block on disk with its modification time (for reclaiming and repair).
+    pub fn list(&self) -> Result<Vec<(BlockHash, std::time::SystemTime)>, StorageError> {
+        let mut out = Vec::new();
+        for shard in fs::read_dir(&self.root)? {
+            let shard = shard?;
+            if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in fs::read_dir(shard.path())? {
+                let entry = entry?;
+                let Some(hash) = entry.file_name().to_str().and_then(|n| n.parse::<BlockHash>().ok()) else { continue };
+                out.push((hash, entry.metadata()?.modified()?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Age of a block file (time since it was last written or re-put).
+    pub fn age(&self, hash: &BlockHash) -> Result<Option<std::time::Duration>, StorageError> {
+        match fs::metadata(self.path(hash)) {
+            Ok(meta) => Ok(Some(meta.modified()?.elapsed().unwrap_or_default())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Deletes a block (garbage collection). Absent is fine.

@@ -60,6 +60,13 @@ pub enum Command {
     /// Commits a file version with the conflict rules of DESIGN.md §4 (a stale base makes a
     /// conflicted copy with the client's content, in this same apply).
     CommitFile(Box<FileCommit>),
+    /// Deletes versions that stopped being current and were created at or before
+    /// `created_before_ms` (never a current version), at most `max_versions`, dropping their
+    /// chunk references.
+    ExpireVersions { created_before_ms: u64, max_versions: u32 },
+    /// Removes chunk-index entries unreferenced since at or before `orphaned_before_ms`, at
+    /// most `max_chunks` (each node then reclaims the block files on its own).
+    CollectOrphans { orphaned_before_ms: u64, max_chunks: u32 },
     /// Deletes expired idempotency, processed-message and idle rate-limit records, at most
     /// `max_records` of each kind.
     PurgeExpired { max_records: u32 },
@@ -134,6 +141,10 @@ pub enum Outcome {
     Done,
     Purged {
         records: u64,
+    },
+    /// Versions expired / orphan chunks removed from the index.
+    Collected {
+        removed: u64,
     },
     /// A commit made (or, on an identical retry, had made) this version; `unchanged`: the
     /// content already was the current version's, nothing was written.

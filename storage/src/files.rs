@@ -92,6 +92,10 @@ fn write_version(
     let version = previous.map_or(1, |f| f.current_version + 1);
     if let Some(previous) = previous {
         txn.delete(keys::change(&c.namespace_id, previous.seq));
+        let superseded: VersionRecord = txn
+            .get("version", &keys::version(&previous.id, previous.current_version))?
+            .ok_or_else(|| StorageError::Corrupt(format!("file {} lacks its current version", previous.id)))?;
+        txn.put_raw(keys::superseded(superseded.created_ms, &previous.id, superseded.version), Vec::new());
     } else {
         txn.put(keys::file_path(&c.namespace_id, path.as_str()), &file_id.to_string());
     }
@@ -117,18 +121,73 @@ fn write_version(
         seq,
     };
     txn.put(keys::file(file_id), &file);
+    add_references(txn, &c.chunks, 1)?;
+    Ok(version)
+}
+
+/// Adds `delta` (+1 or −1) to the refcount of each distinct chunk, keeping the orphan index
+/// in step (a chunk enters it when its refcount reaches 0, and leaves it on first use).
+fn add_references(txn: &mut Txn<'_>, chunks: &[crate::blocks::BlockHash], delta: i64) -> Result<(), StorageError> {
     let mut seen = Vec::new();
-    for hash in &c.chunks {
+    for hash in chunks {
         if seen.contains(hash) {
             continue;
         }
         seen.push(*hash);
         let key = keys::chunk(&hash.0);
         let mut chunk: Chunk = txn.get("chunk", &key)?.ok_or_else(|| StorageError::Corrupt(format!("chunk {hash}")))?;
-        chunk.refcount += 1;
+        if chunk.refcount == 0 {
+            txn.delete(keys::orphan(chunk.orphan_since_ms, &hash.0));
+        }
+        chunk.refcount = chunk
+            .refcount
+            .checked_add_signed(delta)
+            .ok_or_else(|| StorageError::Corrupt(format!("refcount of {hash}")))?;
+        if chunk.refcount == 0 {
+            chunk.orphan_since_ms = txn.now_ms;
+            txn.put_raw(keys::orphan(chunk.orphan_since_ms, &hash.0), Vec::new());
+        }
         txn.put(key, &chunk);
     }
-    Ok(version)
+    Ok(())
+}
+
+pub(crate) fn expire_versions(txn: &mut Txn<'_>, created_before_ms: u64, max: usize) -> Result<Outcome, StorageError> {
+    let (start, end) = keys::superseded_until(created_before_ms);
+    let mut removed = 0;
+    for index_key in txn.committed_keys(&start, &end, max)? {
+        txn.delete(index_key.clone());
+        let Some((_, rest)) = keys::parse_timed(&index_key) else { continue };
+        let Some((file_id, version)) = rest.split_last_chunk::<8>() else { continue };
+        let (file_id, version) = (String::from_utf8_lossy(file_id).into_owned(), u64::from_be_bytes(*version));
+        let current = txn.get::<FileRecord>("file", &keys::file(&file_id))?.map(|f| f.current_version);
+        if current == Some(version) {
+            continue;
+        }
+        let version_key = keys::version(&file_id, version);
+        if let Some(record) = txn.get::<VersionRecord>("version", &version_key)? {
+            txn.delete(version_key);
+            add_references(txn, &record.chunks, -1)?;
+            removed += 1;
+        }
+    }
+    Ok(Outcome::Collected { removed })
+}
+
+pub(crate) fn collect_orphans(txn: &mut Txn<'_>, orphaned_before_ms: u64, max: usize) -> Result<Outcome, StorageError> {
+    let (start, end) = keys::orphans_until(orphaned_before_ms);
+    let mut removed = 0;
+    for index_key in txn.committed_keys(&start, &end, max)? {
+        txn.delete(index_key.clone());
+        let Some((_, hash)) = keys::parse_timed(&index_key) else { continue };
+        let Ok(hash) = <[u8; 32]>::try_from(hash) else { continue };
+        let key = keys::chunk(&hash);
+        if txn.get::<Chunk>("chunk", &key)?.is_some_and(|c| c.refcount == 0) {
+            txn.delete(key);
+            removed += 1;
+        }
+    }
+    Ok(Outcome::Collected { removed })
 }
 
 /// A change of the feed: the file and its latest version.
@@ -204,6 +263,24 @@ impl StateMachine {
             }
         }
         Ok(out)
+    }
+
+    /// Up to `limit` chunk hashes of the index after `after` (for the block replicator).
+    pub fn chunk_hashes(
+        &self,
+        after: Option<&crate::blocks::BlockHash>,
+        limit: usize,
+    ) -> Result<Vec<crate::blocks::BlockHash>, StorageError> {
+        let (mut start, end) = keys::chunk_range();
+        if let Some(after) = after {
+            start = keys::chunk(&after.0);
+            start.push(0);
+        }
+        let rows = self.scan::<Chunk>("chunk", &start, &end, limit)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(key, _)| key.get(1..).and_then(|h| h.try_into().ok()).map(crate::blocks::BlockHash))
+            .collect())
     }
 
     fn scan<T: serde::de::DeserializeOwned>(

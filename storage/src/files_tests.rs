@@ -131,3 +131,35 @@ fn the_feed_lists_each_file_once_at_its_latest_change() {
     assert_eq!(sm.namespace_cursor("ns").expect("cursor"), 3);
     assert_eq!(sm.files_under("ns", "/", None, 10).expect("list").len(), 2);
 }
+
+#[test]
+fn old_versions_expire_refcounts_drop_and_orphans_are_collected() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    // Both chunks are orphans from registration on; a commit takes "a" out of the index.
+    apply(&sm, commit("/f", &["a"], 0, "d", "1"));
+    apply(&sm, commit("/f", &["b"], 1, "d", "2"));
+    assert_eq!(
+        apply(&sm, Command::CollectOrphans { orphaned_before_ms: 0, max_chunks: 10 }),
+        Outcome::Collected { removed: 0 }
+    );
+    // Version 1 (created at 1) expires; version 2 is current and never does.
+    assert_eq!(
+        apply(&sm, Command::ExpireVersions { created_before_ms: 10, max_versions: 10 }),
+        Outcome::Collected { removed: 1 }
+    );
+    assert_eq!(sm.versions("file-1").expect("history").len(), 1);
+    assert_eq!(sm.chunk(&h("a")).expect("read").expect("chunk").refcount, 0);
+    assert_eq!(sm.chunk(&h("b")).expect("read").expect("chunk").refcount, 1);
+    assert_eq!(
+        apply(&sm, Command::ExpireVersions { created_before_ms: 10, max_versions: 10 }),
+        Outcome::Collected { removed: 0 }
+    );
+    assert_eq!(
+        apply(&sm, Command::CollectOrphans { orphaned_before_ms: 10, max_chunks: 10 }),
+        Outcome::Collected { removed: 1 }
+    );
+    assert!(sm.chunk(&h("a")).expect("read").is_none());
+    assert!(sm.chunk(&h("b")).expect("read").is_some(), "a referenced chunk is never collected");
+    assert_eq!(sm.chunk_hashes(None, 10).expect("hashes"), vec![h("b")]);
+}

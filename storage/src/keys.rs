@@ -38,6 +38,48 @@ mod tag {
     pub const VERSION: u8 = 0x0e;
     pub const CHANGE: u8 = 0x0f;
     pub const NAMESPACE_CURSOR: u8 = 0x10;
+    pub const SUPERSEDED: u8 = 0x11;
+    pub const ORPHAN: u8 = 0x12;
+}
+
+fn timed(tag: u8, time_ms: u64, rest: &[u8]) -> Vec<u8> {
+    let mut key = vec![tag];
+    key.extend_from_slice(&time_ms.to_be_bytes());
+    key.extend_from_slice(rest);
+    key
+}
+
+/// Splits a [`superseded`] or [`orphan`] key into (time, rest).
+pub fn parse_timed(key: &[u8]) -> Option<(u64, &[u8])> {
+    let (time, rest) = key.get(1..)?.split_first_chunk::<8>()?;
+    Some((u64::from_be_bytes(*time), rest))
+}
+
+/// Versions no longer current, by creation time: candidates for expiry.
+pub fn superseded(created_ms: u64, file_id: &str, version: u64) -> Vec<u8> {
+    let mut rest = file_id.as_bytes().to_vec();
+    rest.extend_from_slice(&version.to_be_bytes());
+    timed(tag::SUPERSEDED, created_ms, &rest)
+}
+
+/// Chunks no version references, by the time they became unreferenced.
+pub fn orphan(since_ms: u64, hash: &[u8; 32]) -> Vec<u8> {
+    timed(tag::ORPHAN, since_ms, hash)
+}
+
+/// The key range of the [`superseded`] index up to and including `time_ms`.
+pub fn superseded_until(time_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::SUPERSEDED], timed(tag::SUPERSEDED, time_ms.saturating_add(1), &[]))
+}
+
+/// The key range of the [`orphan`] index up to and including `time_ms`.
+pub fn orphans_until(time_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::ORPHAN], timed(tag::ORPHAN, time_ms.saturating_add(1), &[]))
+}
+
+/// The whole chunk index.
+pub fn chunk_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::CHUNK], vec![tag::CHUNK + 1])
 }
 
 fn joined(tag: u8, first: &str, rest: &[u8]) -> Vec<u8> {

@@ -81,6 +81,8 @@ pub struct Chunk {
     /// Committed file versions that reference the block.
     pub refcount: u64,
     pub created_ms: u64,
+    /// When the refcount last became 0 (or the chunk was registered): its orphan-index time.
+    pub orphan_since_ms: u64,
 }
 
 /// A file: its place and its latest version.

@@ -280,10 +280,18 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         }
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
         Command::CommitFile(commit) => files::commit(txn, commit),
+        Command::ExpireVersions { created_before_ms, max_versions } => {
+            files::expire_versions(txn, *created_before_ms, *max_versions as usize)
+        }
+        Command::CollectOrphans { orphaned_before_ms, max_chunks } => {
+            files::collect_orphans(txn, *orphaned_before_ms, *max_chunks as usize)
+        }
         Command::RegisterChunk { hash, size } => {
             let key = keys::chunk(&hash.0);
             if txn.get_raw(&key)?.is_none() {
-                txn.put(key, &Chunk { size: *size, refcount: 0, created_ms: txn.now_ms });
+                let now = txn.now_ms;
+                txn.put(key, &Chunk { size: *size, refcount: 0, created_ms: now, orphan_since_ms: now });
+                txn.put_raw(keys::orphan(now, &hash.0), Vec::new());
             }
             Ok(Outcome::Done)
         }
