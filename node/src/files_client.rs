@@ -55,6 +55,8 @@ enum FilesCommand {
     Restore { remote: String, version: u64 },
     /// Delete REMOTE (a tombstone version; history keeps the content).
     Rm { remote: String },
+    /// Move (rename) FROM to TO.
+    Mv { from: String, to: String },
 }
 
 struct Api {
@@ -141,6 +143,16 @@ pub async fn run(args: FilesArgs) -> anyhow::Result<()> {
                 bail!("restore {remote}: {}", problem(status, &answer));
             }
             println!("{remote}: version {version} restored as version {}", answer["version"]);
+            Ok(())
+        }
+        FilesCommand::Mv { from, to } => {
+            let current = api.current_version(&from).await?.with_context(|| format!("no file at {from}"))?;
+            let body = json!({ "from": from, "to": to, "baseVersion": current["version"] });
+            let (status, answer) = api.send(api.request(reqwest::Method::POST, "/v1/files/move").json(&body)).await?;
+            if !status.is_success() {
+                bail!("mv {from} {to}: {}", problem(status, &answer));
+            }
+            println!("{from} → {to}");
             Ok(())
         }
         FilesCommand::Rm { remote } => {

@@ -26,7 +26,7 @@ struct Cli {
 enum Commands {
     /// Run a cluster node until SIGTERM or Ctrl-C.
     Serve(config::ServeArgs),
-    /// Store and fetch files on a running cluster (put, get, ls, history, restore, rm).
+    /// Store and fetch files on a running cluster (put, get, ls, history, restore, rm, mv).
     Files(files_client::FilesArgs),
     /// Measure write throughput and latency of a running cluster with N concurrent writers.
     Bench(bench::BenchArgs),

@@ -60,6 +60,9 @@ pub enum Command {
     /// Commits a file version with the conflict rules of DESIGN.md §4 (a stale base makes a
     /// conflicted copy with the client's content, in this same apply).
     CommitFile(Box<FileCommit>),
+    /// Moves (renames) a file: its content becomes a new version at `to` and `from` gets a
+    /// tombstone, in one apply, so both changes sync.
+    MoveFile(Box<FileMove>),
     /// Deletes versions that stopped being current and were created at or before
     /// `created_before_ms` (never a current version), at most `max_versions`, dropping their
     /// chunk references.
@@ -89,6 +92,19 @@ pub struct FileCommit {
     pub new_file_id: String,
     /// The file id of a conflicted copy, if one is made.
     pub copy_file_id: String,
+}
+
+/// A move request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileMove {
+    pub namespace_id: String,
+    pub from: FilePath,
+    pub to: FilePath,
+    /// The version of `from` the client saw; a stale base is a conflict.
+    pub base_version: u64,
+    pub device: String,
+    /// The file id at `to` if no file was ever there.
+    pub new_file_id: String,
 }
 
 /// One limit to check: its state key and algorithm.

@@ -3,7 +3,7 @@
 
 use rocksdb::IteratorMode;
 
-use crate::command::{ConflictedCopy, FileCommit, Outcome, Rejection};
+use crate::command::{ConflictedCopy, FileCommit, FileMove, Outcome, Rejection};
 use crate::records::{Chunk, FileRecord, VersionRecord};
 use crate::state::{StateMachine, Txn};
 use crate::{keys, StorageError};
@@ -60,6 +60,43 @@ pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, Stora
     }
     let copy = conflicted_copy(txn, c)?;
     Ok(Outcome::FileConflict { current_version: current, copy: Some(copy) })
+}
+
+pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, StorageError> {
+    let source = match file_at(txn, &m.namespace_id, m.from.as_str())? {
+        Some(f) if !f.deleted => f,
+        _ => return Ok(Outcome::Rejected(Rejection::NotFound(format!("no file at {}", m.from)))),
+    };
+    if source.current_version != m.base_version {
+        return Ok(Outcome::FileConflict { current_version: source.current_version, copy: None });
+    }
+    let target = file_at(txn, &m.namespace_id, m.to.as_str())?;
+    if target.as_ref().is_some_and(|f| !f.deleted) || m.from == m.to {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("a file exists at {}", m.to))));
+    }
+    let content: VersionRecord = txn
+        .get("version", &keys::version(&source.id, source.current_version))?
+        .ok_or_else(|| StorageError::Corrupt(format!("file {} lacks its current version", source.id)))?;
+    let mut commit = FileCommit {
+        namespace_id: m.namespace_id.clone(),
+        path: m.to.clone(),
+        chunks: content.chunks,
+        size: content.size,
+        mtime_ms: content.mtime_ms,
+        base_version: target.as_ref().map_or(0, |f| f.current_version),
+        deleted: false,
+        device: m.device.clone(),
+        new_file_id: m.new_file_id.clone(),
+        copy_file_id: String::new(),
+    };
+    let id = target.as_ref().map_or(m.new_file_id.clone(), |f| f.id.clone());
+    let version = write_version(txn, &commit, &id, target.as_ref(), &m.to)?;
+    commit.path = m.from.clone();
+    commit.chunks = Vec::new();
+    commit.size = 0;
+    commit.deleted = true;
+    write_version(txn, &commit, &source.id, Some(&source), &m.from)?;
+    Ok(Outcome::FileCommitted { file_id: id, version, unchanged: false })
 }
 
 /// Stores the client's content as a new file under the first free conflicted-copy name.

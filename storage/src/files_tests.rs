@@ -1,7 +1,7 @@
 //! Commit rules (DESIGN.md §4), refcounts and the change feed.
 
 use crate::blocks::BlockHash;
-use crate::command::{Batch, Command, ConflictedCopy, FileCommit, Outcome, Rejection};
+use crate::command::{Batch, Command, ConflictedCopy, FileCommit, FileMove, Outcome, Rejection};
 use crate::paths::FilePath;
 use crate::{Db, StateMachine};
 
@@ -162,4 +162,29 @@ fn old_versions_expire_refcounts_drop_and_orphans_are_collected() {
     assert!(sm.chunk(&h("a")).expect("read").is_none());
     assert!(sm.chunk(&h("b")).expect("read").is_some(), "a referenced chunk is never collected");
     assert_eq!(sm.chunk_hashes(None, 10).expect("hashes"), vec![h("b")]);
+}
+
+#[test]
+fn move_tombstones_the_source_and_creates_the_target() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a"]);
+    apply(&sm, commit("/old", &["a"], 0, "d", "1"));
+    apply(&sm, commit("/busy", &["a"], 0, "d", "2"));
+    let request = |to: &str, base: u64| {
+        Command::MoveFile(Box::new(FileMove {
+            namespace_id: "ns".into(),
+            from: FilePath::parse("/old").expect("path"),
+            to: FilePath::parse(to).expect("path"),
+            base_version: base,
+            device: "d".into(),
+            new_file_id: "moved".into(),
+        }))
+    };
+    assert!(matches!(apply(&sm, request("/busy", 1)), Outcome::Rejected(Rejection::Conflict(_))));
+    assert_eq!(apply(&sm, request("/new", 7)), Outcome::FileConflict { current_version: 1, copy: None });
+    assert_eq!(apply(&sm, request("/new", 1)), committed("moved", 1));
+    assert!(sm.file_at("ns", "/old").expect("read").expect("old").0.deleted);
+    assert_eq!(sm.file_at("ns", "/new").expect("read").expect("new").1.chunks, vec![h("a")]);
+    assert_eq!(sm.chunk(&h("a")).expect("read").expect("chunk").refcount, 3);
+    assert!(matches!(apply(&sm, request("/new2", 2)), Outcome::Rejected(Rejection::NotFound(_))));
 }

@@ -280,6 +280,7 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         }
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
         Command::CommitFile(commit) => files::commit(txn, commit),
+        Command::MoveFile(request) => files::move_file(txn, request),
         Command::ExpireVersions { created_before_ms, max_versions } => {
             files::expire_versions(txn, *created_before_ms, *max_versions as usize)
         }

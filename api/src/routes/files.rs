@@ -7,6 +7,7 @@
 //! | `GET /v1/files/history?path=` | every kept version, newest first (paginated) |
 //! | `POST /v1/files/restore` | a new version with an old version's content; keyed |
 //! | `POST /v1/files/delete` | a tombstone version; keyed |
+//! | `POST /v1/files/move` | rename: a new version at `to`, a tombstone at `from`; keyed |
 //! | `GET /v1/files/list?path=/folder/` | files and subfolders directly in a folder (paginated) |
 //!
 //! Every call takes an optional `namespaceId` (query or body); the default is the caller's
@@ -17,7 +18,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raftbox_storage::blocks::BlockHash;
-use raftbox_storage::command::FileCommit;
+use raftbox_storage::command::{FileCommit, FileMove};
 use raftbox_storage::paths::FilePath;
 use raftbox_storage::records::{FileRecord, VersionRecord};
 use raftbox_storage::{Command, Outcome};
@@ -319,6 +320,34 @@ pub async fn delete(
         copy_file_id: new_id(),
     };
     propose_commit(&state, &principal, keyed, commit).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct MoveRequest {
+    from: String,
+    to: String,
+    base_version: u64,
+    namespace_id: Option<String>,
+}
+
+/// Moves (renames) a file; 409 if `from` changed since `baseVersion` or `to` is taken.
+pub async fn move_file(
+    State(state): State<AppState>,
+    principal: Principal,
+    headers: HeaderMap,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    let request: MoveRequest = json::parse(&keyed.body)?;
+    let request = FileMove {
+        namespace_id: namespace(&principal, request.namespace_id.as_deref())?,
+        from: parse_path(&request.from)?,
+        to: parse_path(&request.to)?,
+        base_version: request.base_version,
+        device: device(&headers, &principal)?,
+        new_file_id: new_id(),
+    };
+    keyed.write_with(&state, &principal, Command::MoveFile(Box::new(request)), render_commit).await
 }
 
 /// Files and subfolders directly in a folder (`path` ends with `/`), by name.

@@ -29,6 +29,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/files/history", get(files::history))
         .route("/v1/files/restore", post(files::restore))
         .route("/v1/files/delete", post(files::delete))
+        .route("/v1/files/move", post(files::move_file))
         .route("/v1/files/list", get(files::list))
         .route("/v1/sync", get(sync::sync))
         .route("/v1/notify", get(sync::long_poll))

@@ -262,3 +262,25 @@ async fn a_keyed_commit_replays_its_outcome() {
     assert_eq!(first, second);
     assert!(h1.get("idempotent-replayed").is_none() && h2.get("idempotent-replayed").is_some());
 }
+
+#[tokio::test]
+async fn move_renames_and_both_paths_sync() {
+    let node = TestNode::start().await;
+    let device = Device { node: &node, token: user(&node, "hu").await, name: "pc" };
+    let a = device.upload("a").await;
+    device.commit("/from.txt", &[a.clone()], 0).await;
+    let (status, moved) = device
+        .call("POST", "/v1/files/move", Some(json!({ "from": "/from.txt", "to": "/to.txt", "baseVersion": 1 })))
+        .await;
+    assert_eq!((status, moved["version"].as_u64()), (StatusCode::CREATED, Some(1)));
+    assert_eq!(device.call("GET", "/v1/files?path=/from.txt", None).await.0, StatusCode::NOT_FOUND);
+    let (_, to) = device.call("GET", "/v1/files?path=/to.txt", None).await;
+    assert_eq!(to["chunks"], json!([a]));
+    let synced = device.sync("0").await;
+    let from = synced["changes"].as_array().expect("changes").iter().find(|c| c["path"] == "/from.txt").expect("from");
+    assert_eq!(from["deleted"], true);
+    let (status, problem) = device
+        .call("POST", "/v1/files/move", Some(json!({ "from": "/to.txt", "to": "/to.txt", "baseVersion": 1 })))
+        .await;
+    assert_problem(status, &problem, StatusCode::CONFLICT, "conflict");
+}
