@@ -18,6 +18,12 @@ enum Workload {
     CreateUser,
     /// `GET /v1/me` (200 and 429 count; 429 = rejected by a rate limit).
     Me,
+    /// `POST /v1/files/commit` of a new file each time (one shared, pre-uploaded chunk).
+    Commit,
+    /// `PUT /v1/blocks/{hash}` of a new random 1 MiB block each time (reports MB/s).
+    Upload,
+    /// Seeds `--files` files, then times a full `GET /v1/sync` from cursor 0.
+    Sync,
 }
 
 #[derive(clap::Args, Debug)]
@@ -41,7 +47,13 @@ pub struct BenchArgs {
     /// Seconds per concurrency level.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
+    /// For `sync`: files to create before syncing.
+    #[arg(long, default_value_t = 100_000)]
+    files: usize,
 }
+
+/// Bytes of one `upload` block.
+const UPLOAD_BLOCK_BYTES: usize = 1 << 20;
 
 /// Per-client (then per-level) tally.
 #[derive(Default)]
@@ -76,6 +88,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let token = Arc::new(token.trim().to_string());
     let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
+    if let Workload::Sync = args.workload {
+        return sync_bench(&client, &args, &token, &run_id).await;
+    }
+    let shared_chunk = Arc::new(upload_one(&client, &args.endpoints[0], &token, run_id.as_bytes()).await?);
     println!("workload {:?}, {}s per level, endpoints {}", args.workload, args.seconds, args.endpoints.join(" "));
     println!(
         "{:>11} {:>10} {:>9} {:>9} {:>10} {:>8}",
@@ -88,7 +104,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             .map(|i| {
                 let endpoint = args.endpoints[i % args.endpoints.len()].trim_end_matches('/').to_string();
                 let prefix = format!("bench-{run_id}-{n}-{i}");
-                tokio::spawn(client_loop(client.clone(), args.workload, endpoint, token.clone(), prefix, deadline))
+                let shared = shared_chunk.clone();
+                tokio::spawn(client_loop(
+                    client.clone(),
+                    args.workload,
+                    endpoint,
+                    token.clone(),
+                    prefix,
+                    shared,
+                    deadline,
+                ))
             })
             .collect();
         let mut all = Tally::default();
@@ -107,6 +132,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             limited_share * 100.0,
             all.errors
         );
+        if let Workload::Upload = args.workload {
+            println!("{:>11} {:>10.1} MB/s", "", decided * UPLOAD_BLOCK_BYTES as f64 / elapsed / 1e6);
+        }
     }
     Ok(())
 }
@@ -117,6 +145,7 @@ async fn client_loop(
     endpoint: String,
     token: Arc<String>,
     prefix: String,
+    shared_chunk: Arc<String>,
     deadline: Instant,
 ) -> Tally {
     let mut tally = Tally::default();
@@ -127,7 +156,15 @@ async fn client_loop(
             Workload::CreateUser => {
                 client.post(format!("{endpoint}/v1/admin/users")).json(&json!({ "name": format!("{prefix}-{seq}") }))
             }
-            Workload::Me => client.get(format!("{endpoint}/v1/me")),
+            Workload::Me | Workload::Sync => client.get(format!("{endpoint}/v1/me")),
+            Workload::Commit => {
+                client.post(format!("{endpoint}/v1/files/commit")).json(&commit_body(&prefix, seq, &shared_chunk))
+            }
+            Workload::Upload => {
+                let block = random_block(&prefix, seq);
+                let hash = blake3::hash(&block).to_hex().to_string();
+                client.put(format!("{endpoint}/v1/blocks/{hash}")).body(block)
+            }
         };
         let start = Instant::now();
         let status = request.bearer_auth(token.as_str()).send().await.map(|r| r.status().as_u16());
@@ -142,4 +179,116 @@ async fn client_loop(
         }
     }
     tally
+}
+
+fn commit_body(prefix: &str, seq: u64, chunk: &str) -> serde_json::Value {
+    json!({ "path": format!("/bench/{prefix}/{seq}"), "chunks": [chunk], "baseVersion": 0, "size": 1, "mtime": 0 })
+}
+
+/// A block no other client sends: pseudo-random bytes seeded by the client and sequence.
+fn random_block(prefix: &str, seq: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(UPLOAD_BLOCK_BYTES);
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(prefix.as_bytes());
+    hasher.update(&seq.to_be_bytes());
+    let mut reader = hasher.finalize_xof();
+    out.resize(UPLOAD_BLOCK_BYTES, 0);
+    reader.fill(&mut out);
+    out
+}
+
+async fn upload_one(client: &reqwest::Client, endpoint: &str, token: &str, data: &[u8]) -> anyhow::Result<String> {
+    let hash = blake3::hash(data).to_hex().to_string();
+    let response = client
+        .put(format!("{}/v1/blocks/{hash}", endpoint.trim_end_matches('/')))
+        .bearer_auth(token)
+        .body(data.to_vec())
+        .send()
+        .await?;
+    if response.status().as_u16() != 201 {
+        bail!("upload the shared chunk: {}", response.status());
+    }
+    Ok(hash)
+}
+
+/// Seeds `--files` files with 64 concurrent committers, then pages through
+/// `GET /v1/sync?cursor=0` to the end (page sizes 1,000 and 10,000).
+async fn sync_bench(
+    client: &reqwest::Client,
+    args: &BenchArgs,
+    token: &Arc<String>,
+    run_id: &str,
+) -> anyhow::Result<()> {
+    let endpoint = args.endpoints[0].trim_end_matches('/').to_string();
+    let chunk = upload_one(client, &endpoint, token, run_id.as_bytes()).await?;
+    let before = sync_all(client, &endpoint, token, 10_000).await?.0;
+    let seeding = Instant::now();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seeders: Vec<_> = (0..64)
+        .map(|i| {
+            let (client, token, next, chunk) = (client.clone(), token.clone(), next.clone(), chunk.clone());
+            let endpoint = args.endpoints[i % args.endpoints.len()].trim_end_matches('/').to_string();
+            let (files, prefix) = (args.files, format!("sync-{run_id}"));
+            tokio::spawn(async move {
+                loop {
+                    let seq = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if seq >= files {
+                        return anyhow::Ok(());
+                    }
+                    let body = commit_body(&prefix, seq as u64, &chunk);
+                    let response = client
+                        .post(format!("{endpoint}/v1/files/commit"))
+                        .bearer_auth(token.as_str())
+                        .json(&body)
+                        .send()
+                        .await?;
+                    if response.status().as_u16() != 201 {
+                        bail!("seed commit: {}", response.status());
+                    }
+                }
+            })
+        })
+        .collect();
+    for seeder in seeders {
+        seeder.await??;
+    }
+    println!("seeded {} files in {:.1} s", args.files, seeding.elapsed().as_secs_f64());
+    for page in [1_000usize, 10_000] {
+        let started = Instant::now();
+        let (changes, pages) = sync_all(client, &endpoint, token, page).await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        println!(
+            "sync from cursor 0, pages of {page}: {changes} changes ({} new) in {pages} pages, {elapsed:.2} s, {:.0} changes/s",
+            changes - before,
+            changes as f64 / elapsed
+        );
+    }
+    Ok(())
+}
+
+async fn sync_all(
+    client: &reqwest::Client,
+    endpoint: &str,
+    token: &str,
+    page: usize,
+) -> anyhow::Result<(usize, usize)> {
+    let (mut cursor, mut changes, mut pages) = ("0".to_string(), 0, 0);
+    loop {
+        let response = client
+            .get(format!("{endpoint}/v1/sync"))
+            .query(&[("cursor", cursor.as_str()), ("limit", &page.to_string())])
+            .bearer_auth(token)
+            .send()
+            .await?;
+        if response.status().as_u16() != 200 {
+            bail!("sync: {}", response.status());
+        }
+        let body: serde_json::Value = response.json().await?;
+        changes += body["changes"].as_array().map_or(0, Vec::len);
+        pages += 1;
+        cursor = body["cursor"].as_str().unwrap_or("0").to_string();
+        if body["hasMore"].as_bool() != Some(true) {
+            return Ok((changes, pages));
+        }
+    }
 }
