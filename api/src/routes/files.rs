@@ -71,6 +71,23 @@ fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// A commit of no content at `path` on `base_version`, with fresh ids; callers fill in the
+/// rest with struct update syntax.
+fn empty_commit(namespace_id: String, path: FilePath, base_version: u64, device: String) -> FileCommit {
+    FileCommit {
+        namespace_id,
+        path,
+        chunks: Vec::new(),
+        size: 0,
+        mtime_ms: 0,
+        base_version,
+        deleted: false,
+        device,
+        new_file_id: new_id(),
+        copy_file_id: new_id(),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct CommitRequest {
@@ -131,17 +148,13 @@ pub async fn commit(
         .iter()
         .map(|h| h.parse::<BlockHash>().map_err(|_| ApiError::BadRequest(format!("{h:?} is not a chunk hash"))))
         .collect::<Result<Vec<_>, _>>()?;
+    let namespace_id = namespace(&principal, request.namespace_id.as_deref())?;
     let commit = FileCommit {
-        namespace_id: namespace(&principal, request.namespace_id.as_deref())?,
-        path: parse_path(&request.path)?,
         chunks,
         size: request.size,
         mtime_ms: request.mtime,
-        base_version: request.base_version,
         deleted: request.deleted,
-        device: device(&headers, &principal)?,
-        new_file_id: new_id(),
-        copy_file_id: new_id(),
+        ..empty_commit(namespace_id, parse_path(&request.path)?, request.base_version, device(&headers, &principal)?)
     };
     propose_commit(&state, &principal, keyed, commit).await
 }
@@ -277,16 +290,10 @@ pub async fn restore(
         .find(|v| v.version == request.version && !v.deleted)
         .ok_or_else(|| ApiError::NotFound(format!("{path} has no version {} to restore", request.version)))?;
     let commit = FileCommit {
-        namespace_id,
-        path,
         chunks: old.chunks,
         size: old.size,
         mtime_ms: old.mtime_ms,
-        base_version: file.current_version,
-        deleted: false,
-        device: device(&headers, &principal)?,
-        new_file_id: new_id(),
-        copy_file_id: new_id(),
+        ..empty_commit(namespace_id, path, file.current_version, device(&headers, &principal)?)
     };
     propose_commit(&state, &principal, keyed, commit).await
 }
@@ -307,17 +314,10 @@ pub async fn delete(
     keyed: Keyed,
 ) -> Result<Response, ApiError> {
     let request: DeleteRequest = json::parse(&keyed.body)?;
+    let namespace_id = namespace(&principal, request.namespace_id.as_deref())?;
     let commit = FileCommit {
-        namespace_id: namespace(&principal, request.namespace_id.as_deref())?,
-        path: parse_path(&request.path)?,
-        chunks: Vec::new(),
-        size: 0,
-        mtime_ms: 0,
-        base_version: request.base_version,
         deleted: true,
-        device: device(&headers, &principal)?,
-        new_file_id: new_id(),
-        copy_file_id: new_id(),
+        ..empty_commit(namespace_id, parse_path(&request.path)?, request.base_version, device(&headers, &principal)?)
     };
     propose_commit(&state, &principal, keyed, commit).await
 }
