@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::blocks::BlockHash;
+use crate::jobs::{Job, JobPatch, RunReport};
 use crate::paths::FilePath;
 use crate::ratelimit::{Algorithm, Decision};
 use crate::records::{IdempotencyResult, SavedResponse};
@@ -24,12 +25,26 @@ pub struct Batch {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Command {
     /// Creates a user and its personal namespace. User names are unique.
-    CreateUser { user_id: String, namespace_id: String, name: String },
+    CreateUser {
+        user_id: String,
+        namespace_id: String,
+        name: String,
+    },
     /// Creates a bearer token for a user. Only the blake3 hash of the secret is stored.
-    CreateToken { token_id: String, user_id: String, name: String, token_hash: [u8; 32] },
+    CreateToken {
+        token_id: String,
+        user_id: String,
+        name: String,
+        token_hash: [u8; 32],
+    },
     /// Makes sure an admin user holding this token exists (idempotent: every node that is
     /// configured with the admin token proposes it once at start).
-    EnsureAdmin { user_id: String, namespace_id: String, token_id: String, token_hash: [u8; 32] },
+    EnsureAdmin {
+        user_id: String,
+        namespace_id: String,
+        token_id: String,
+        token_hash: [u8; 32],
+    },
     /// Applies `command` at most once per idempotency `scope` (a hash of principal, route and
     /// key): the record and the effect are written in this same apply. `on_success` is the
     /// response to save when `command` succeeds (ids are generated before proposing, so it is
@@ -43,20 +58,40 @@ pub enum Command {
         command: Box<Command>,
     },
     /// Starts multi-step keyed work: inserts an `IN_PROGRESS` record with a lease.
-    IdempotencyBegin { scope: [u8; 32], fingerprint: [u8; 32], ttl_ms: u64, lease_ms: u64 },
+    IdempotencyBegin {
+        scope: [u8; 32],
+        fingerprint: [u8; 32],
+        ttl_ms: u64,
+        lease_ms: u64,
+    },
     /// Finishes multi-step keyed work: the record becomes `DONE` with the response.
-    IdempotencyComplete { scope: [u8; 32], response: SavedResponse },
+    IdempotencyComplete {
+        scope: [u8; 32],
+        response: SavedResponse,
+    },
     /// The keyed work did not happen (e.g. no quorum before it started): forget the record.
-    IdempotencyRelease { scope: [u8; 32] },
+    IdempotencyRelease {
+        scope: [u8; 32],
+    },
     /// Applies `command` once per `(consumer, message_id)`: a processed-message record
     /// written with the effect; a duplicate is skipped.
-    Once { consumer: String, message_id: String, ttl_ms: u64, command: Box<Command> },
+    Once {
+        consumer: String,
+        message_id: String,
+        ttl_ms: u64,
+        command: Box<Command>,
+    },
     /// Checks and updates rate limits atomically: either every check admits the request and
     /// all states advance, or none does.
-    RateCheck { checks: Vec<RateCheck> },
+    RateCheck {
+        checks: Vec<RateCheck>,
+    },
     /// Records a block in the chunk index once a majority of nodes hold it (refcount 0 until
     /// a commit references it). Registering a known block changes nothing.
-    RegisterChunk { hash: BlockHash, size: u64 },
+    RegisterChunk {
+        hash: BlockHash,
+        size: u64,
+    },
     /// Commits a file version with the conflict rules of DESIGN.md §4 (a stale base makes a
     /// conflicted copy with the client's content, in this same apply).
     CommitFile(Box<FileCommit>),
@@ -66,13 +101,56 @@ pub enum Command {
     /// Deletes versions that stopped being current and were created at or before
     /// `created_before_ms` (never a current version), at most `max_versions`, dropping their
     /// chunk references.
-    ExpireVersions { created_before_ms: u64, max_versions: u32 },
+    ExpireVersions {
+        created_before_ms: u64,
+        max_versions: u32,
+    },
     /// Removes chunk-index entries unreferenced since at or before `orphaned_before_ms`, at
     /// most `max_chunks` (each node then reclaims the block files on its own).
-    CollectOrphans { orphaned_before_ms: u64, max_chunks: u32 },
+    CollectOrphans {
+        orphaned_before_ms: u64,
+        max_chunks: u32,
+    },
+    /// Schedules a new job (fully formed by the API, status SCHEDULED).
+    CreateJob(Box<Job>),
+    PatchJob {
+        job_id: String,
+        patch: Box<JobPatch>,
+    },
+    CancelJob {
+        job_id: String,
+    },
+    /// Claims due jobs and jobs whose lease expired for `worker` (fence incremented).
+    ClaimJobs {
+        worker: String,
+        lease_ms: u64,
+        max_jobs: u32,
+    },
+    /// The fence holder starts an attempt (a run record is written).
+    StartRun {
+        job_id: String,
+        fence: u64,
+        run_id: String,
+        worker: String,
+    },
+    /// The fence holder extends its lease.
+    RenewLease {
+        job_id: String,
+        fence: u64,
+        lease_ms: u64,
+    },
+    /// The fence holder reports the attempt's outcome.
+    FinishRun(Box<RunReport>),
+    /// Deletes finished runs whose retention ended at or before `before_ms`.
+    ExpireRuns {
+        before_ms: u64,
+        max_runs: u32,
+    },
     /// Deletes expired idempotency, processed-message and idle rate-limit records, at most
     /// `max_records` of each kind.
-    PurgeExpired { max_records: u32 },
+    PurgeExpired {
+        max_records: u32,
+    },
 }
 
 /// A commit request, with the ids the leader may need already generated.
@@ -158,6 +236,10 @@ pub enum Outcome {
     Purged {
         records: u64,
     },
+    /// Jobs this claim took, as they are after the claim.
+    JobsClaimed {
+        jobs: Vec<Job>,
+    },
     /// Versions expired / orphan chunks removed from the index.
     Collected {
         removed: u64,
@@ -192,6 +274,9 @@ pub enum Rejection {
     Conflict(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// A worker's write with a fence that no longer holds the job.
+    #[error("stale fence; the job's fence is {current}")]
+    StaleFence { current: u64 },
     /// A commit names chunks absent from the chunk index.
     #[error("missing chunks")]
     MissingChunks(Vec<BlockHash>),

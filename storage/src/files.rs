@@ -320,7 +320,21 @@ impl StateMachine {
             .collect())
     }
 
-    fn scan<T: serde::de::DeserializeOwned>(
+    /// Keys of `[start, end)`, at most `limit`.
+    pub(crate) fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+        let mut out = Vec::new();
+        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
+        for item in self.db().rocks().iterator_cf(self.db().cf(crate::cf::STATE), mode) {
+            let (key, _) = item?;
+            if *key >= *end || out.len() >= limit {
+                break;
+            }
+            out.push(key.into_vec());
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn scan<T: serde::de::DeserializeOwned>(
         &self,
         what: &'static str,
         start: &[u8],

@@ -40,6 +40,64 @@ mod tag {
     pub const NAMESPACE_CURSOR: u8 = 0x10;
     pub const SUPERSEDED: u8 = 0x11;
     pub const ORPHAN: u8 = 0x12;
+    pub const JOB: u8 = 0x13;
+    pub const JOB_DUE: u8 = 0x14;
+    pub const JOB_LEASE: u8 = 0x15;
+    pub const JOB_OWNER: u8 = 0x16;
+    pub const JOB_RUN: u8 = 0x17;
+    pub const JOB_RUN_EXPIRY: u8 = 0x18;
+}
+
+pub fn job(job_id: &str) -> Vec<u8> {
+    tagged(tag::JOB, job_id.as_bytes())
+}
+
+/// Scheduled jobs by next run time.
+pub fn job_due(next_run_ms: u64, job_id: &str) -> Vec<u8> {
+    timed(tag::JOB_DUE, next_run_ms, job_id.as_bytes())
+}
+
+/// Claimed or running jobs by lease expiry.
+pub fn job_lease(expires_ms: u64, job_id: &str) -> Vec<u8> {
+    timed(tag::JOB_LEASE, expires_ms, job_id.as_bytes())
+}
+
+/// The range of [`job_due`] (or [`job_lease`]) keys up to and including `time_ms`.
+pub fn job_due_until(time_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::JOB_DUE], timed(tag::JOB_DUE, time_ms.saturating_add(1), &[]))
+}
+
+pub fn job_lease_until(time_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::JOB_LEASE], timed(tag::JOB_LEASE, time_ms.saturating_add(1), &[]))
+}
+
+/// A user's jobs, by creation time.
+pub fn job_owner(owner: &str, created_ms: u64, job_id: &str) -> Vec<u8> {
+    let mut rest = created_ms.to_be_bytes().to_vec();
+    rest.extend_from_slice(job_id.as_bytes());
+    joined(tag::JOB_OWNER, owner, &rest)
+}
+
+pub fn job_owner_range(owner: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::JOB_OWNER, owner, &[]), joined(tag::JOB_OWNER, owner, &[0xff; 9]))
+}
+
+/// Runs of a job by sequence.
+pub fn job_run(job_id: &str, seq: u64) -> Vec<u8> {
+    joined(tag::JOB_RUN, job_id, &seq.to_be_bytes())
+}
+
+pub fn job_run_range(job_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::JOB_RUN, job_id, &[]), joined(tag::JOB_RUN, job_id, &[0xff; 9]))
+}
+
+/// Finished runs by expiry time; the rest of the key is the run's [`job_run`] key.
+pub fn job_run_expiry(expires_ms: u64, run_key: &[u8]) -> Vec<u8> {
+    timed(tag::JOB_RUN_EXPIRY, expires_ms, run_key)
+}
+
+pub fn job_run_expiry_until(time_ms: u64) -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::JOB_RUN_EXPIRY], timed(tag::JOB_RUN_EXPIRY, time_ms.saturating_add(1), &[]))
 }
 
 fn timed(tag: u8, time_ms: u64, rest: &[u8]) -> Vec<u8> {

@@ -17,10 +17,12 @@ pub mod db;
 mod error;
 pub mod files;
 mod guards;
+pub mod jobs;
 pub mod keys;
 pub mod paths;
 pub mod ratelimit;
 pub mod records;
+pub mod schedule;
 pub mod state;
 
 pub use command::{Batch, Command, Outcome, Rejection};

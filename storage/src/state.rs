@@ -15,7 +15,7 @@ use crate::blocks::BlockHash;
 use crate::command::{Batch, Command, Outcome, Rejection};
 use crate::db::write_options;
 use crate::records::{Chunk, Namespace, NamespaceKind, Token, User};
-use crate::{cf, files, guards, keys, Db, StorageError};
+use crate::{cf, files, guards, jobs, keys, Db, StorageError};
 
 /// Magic prefix of a snapshot image; the version is the last byte.
 const SNAPSHOT_MAGIC: &[u8; 8] = b"RBXSNAP1";
@@ -281,6 +281,14 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
         Command::CommitFile(commit) => files::commit(txn, commit),
         Command::MoveFile(request) => files::move_file(txn, request),
+        Command::CreateJob(job) => jobs::create(txn, job),
+        Command::PatchJob { job_id, patch } => jobs::patch(txn, job_id, patch),
+        Command::CancelJob { job_id } => jobs::cancel(txn, job_id),
+        Command::ClaimJobs { worker, lease_ms, max_jobs } => jobs::claim(txn, worker, *lease_ms, *max_jobs as usize),
+        Command::StartRun { job_id, fence, run_id, worker } => jobs::start(txn, job_id, *fence, run_id, worker),
+        Command::RenewLease { job_id, fence, lease_ms } => jobs::renew(txn, job_id, *fence, *lease_ms),
+        Command::FinishRun(report) => jobs::finish(txn, report),
+        Command::ExpireRuns { before_ms, max_runs } => jobs::expire_runs(txn, *before_ms, *max_runs as usize),
         Command::ExpireVersions { created_before_ms, max_versions } => {
             files::expire_versions(txn, *created_before_ms, *max_versions as usize)
         }

@@ -1,0 +1,425 @@
+//! Jobs: records, the state-machine transitions of the scheduler and its read queries.
+//!
+//! Status: `SCHEDULED → CLAIMED → RUNNING → SUCCEEDED | FAILED`, `CANCELLED` from any
+//! non-final state. A claim takes due jobs (and jobs whose lease expired) in one command,
+//! sets the lease and increments the fence; every later worker write carries its fence and a
+//! stale one changes nothing. Times a worker computes (cron's next fire, retry backoff with
+//! jitter) travel inside its commands, so apply stays deterministic.
+
+use serde::{Deserialize, Serialize};
+
+use crate::command::{Outcome, Rejection};
+use crate::schedule::CronSchedule;
+use crate::state::{StateMachine, Txn};
+use crate::{keys, StorageError};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Schedule {
+    Once { run_at_ms: u64 },
+    Cron(CronSchedule),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobStatus {
+    Scheduled,
+    Claimed,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl JobStatus {
+    pub fn is_final(self) -> bool {
+        matches!(self, JobStatus::Succeeded | JobStatus::Failed | JobStatus::Cancelled)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub owner_user_id: String,
+    /// `webhook` or a built-in task type.
+    pub job_type: String,
+    pub target: String,
+    pub payload: serde_json::Value,
+    pub schedule: Schedule,
+    pub max_retries: u32,
+    /// First retry delay; doubles per attempt up to [`RETRY_BACKOFF_MS_MAX`].
+    pub retry_backoff_ms: u64,
+    pub timeout_s: u64,
+    pub status: JobStatus,
+    /// When the job is next due (SCHEDULED), for a fire or a retry.
+    pub next_run_at_ms: Option<u64>,
+    /// The fire being attempted: its scheduled time (stays the same across retries).
+    pub scheduled_for_ms: Option<u64>,
+    /// Attempts made for the current fire.
+    pub attempts: u32,
+    pub lease_owner: Option<String>,
+    pub lease_expires_ms: Option<u64>,
+    pub fence: u64,
+    /// Runs recorded so far (the last run's sequence).
+    pub runs: u64,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+    pub last_error: Option<String>,
+}
+
+impl Eq for Job {}
+
+/// Largest retry delay, in ms (1 h).
+pub const RETRY_BACKOFF_MS_MAX: u64 = 3_600_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RunStatus {
+    Running,
+    Succeeded,
+    Failed,
+    TimedOut,
+}
+
+/// One attempt (append-only; the ledger of what ran).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRun {
+    pub run_id: String,
+    pub seq: u64,
+    pub job_id: String,
+    pub scheduled_for_ms: u64,
+    pub attempt: u32,
+    pub worker_id: String,
+    pub fence: u64,
+    pub started_ms: u64,
+    pub finished_ms: Option<u64>,
+    pub status: RunStatus,
+    pub error: Option<String>,
+}
+
+/// A worker's report of an attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunReport {
+    pub job_id: String,
+    pub fence: u64,
+    pub status: RunStatus,
+    pub error: Option<String>,
+    /// When to retry if attempts remain (backoff with jitter, computed by the worker).
+    pub retry_at_ms: u64,
+    /// For a cron job: the next fire after now (missed fires coalesce into it).
+    pub next_fire_ms: Option<u64>,
+    /// How long finished runs are kept.
+    pub run_ttl_ms: u64,
+}
+
+/// Changes a PATCH makes (already validated; `next_run_at_ms` recomputed by the caller).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct JobPatch {
+    pub payload: Option<serde_json::Value>,
+    pub target: Option<String>,
+    pub max_retries: Option<u32>,
+    pub schedule: Option<Schedule>,
+    pub next_run_at_ms: Option<u64>,
+}
+
+impl Eq for JobPatch {}
+
+fn load(txn: &Txn<'_>, job_id: &str) -> Result<Option<Job>, StorageError> {
+    txn.get("job", &keys::job(job_id))
+}
+
+/// Writes `job`, moving its due and lease index entries from `before` to the new values.
+fn store(txn: &mut Txn<'_>, before: Option<&Job>, job: &Job) {
+    if let Some(old) = before {
+        if let (JobStatus::Scheduled, Some(at)) = (old.status, old.next_run_at_ms) {
+            txn.delete(keys::job_due(at, &old.id));
+        }
+        if let Some(expires) = old.lease_expires_ms {
+            txn.delete(keys::job_lease(expires, &old.id));
+        }
+    }
+    if let (JobStatus::Scheduled, Some(at)) = (job.status, job.next_run_at_ms) {
+        txn.put_raw(keys::job_due(at, &job.id), Vec::new());
+    }
+    if let (JobStatus::Claimed | JobStatus::Running, Some(expires)) = (job.status, job.lease_expires_ms) {
+        txn.put_raw(keys::job_lease(expires, &job.id), Vec::new());
+    }
+    txn.put(keys::job(&job.id), job);
+}
+
+pub(crate) fn create(txn: &mut Txn<'_>, job: &Job) -> Result<Outcome, StorageError> {
+    if load(txn, &job.id)?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {} exists", job.id))));
+    }
+    let mut job = job.clone();
+    job.created_ms = txn.now_ms;
+    job.updated_ms = txn.now_ms;
+    txn.put(keys::job_owner(&job.owner_user_id, job.created_ms, &job.id), &job.id);
+    store(txn, None, &job);
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn patch(txn: &mut Txn<'_>, job_id: &str, patch: &JobPatch) -> Result<Outcome, StorageError> {
+    let Some(before) = load(txn, job_id)? else { return Ok(not_found(job_id)) };
+    if before.status.is_final() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} is {:?}", before.status))));
+    }
+    let mut job = before.clone();
+    if let Some(payload) = &patch.payload {
+        job.payload = payload.clone();
+    }
+    if let Some(target) = &patch.target {
+        job.target = target.clone();
+    }
+    if let Some(max_retries) = patch.max_retries {
+        job.max_retries = max_retries;
+    }
+    if let Some(schedule) = &patch.schedule {
+        job.schedule = schedule.clone();
+        if job.status == JobStatus::Scheduled {
+            job.next_run_at_ms = patch.next_run_at_ms;
+            job.attempts = 0;
+            job.scheduled_for_ms = None;
+        }
+    }
+    job.updated_ms = txn.now_ms;
+    store(txn, Some(&before), &job);
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn cancel(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, StorageError> {
+    let Some(before) = load(txn, job_id)? else { return Ok(not_found(job_id)) };
+    if before.status.is_final() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} is {:?}", before.status))));
+    }
+    let mut job = before.clone();
+    job.status = JobStatus::Cancelled;
+    job.next_run_at_ms = None;
+    job.lease_owner = None;
+    job.lease_expires_ms = None;
+    job.updated_ms = txn.now_ms;
+    store(txn, Some(&before), &job);
+    Ok(Outcome::Done)
+}
+
+fn not_found(job_id: &str) -> Outcome {
+    Outcome::Rejected(Rejection::NotFound(format!("job {job_id}")))
+}
+
+/// Claims up to `max` jobs: due SCHEDULED jobs, then jobs whose lease expired.
+pub(crate) fn claim(txn: &mut Txn<'_>, worker: &str, lease_ms: u64, max: usize) -> Result<Outcome, StorageError> {
+    let now = txn.now_ms;
+    let (start, end) = keys::job_due_until(now);
+    let mut ids: Vec<String> = txn
+        .committed_keys(&start, &end, max)?
+        .iter()
+        .filter_map(|k| keys::parse_timed(k).map(|(_, id)| String::from_utf8_lossy(id).into_owned()))
+        .collect();
+    if ids.len() < max {
+        let (start, end) = keys::job_lease_until(now);
+        for key in txn.committed_keys(&start, &end, max - ids.len())? {
+            if let Some((_, id)) = keys::parse_timed(&key) {
+                ids.push(String::from_utf8_lossy(id).into_owned());
+            }
+        }
+    }
+    let mut claimed = Vec::new();
+    for id in ids {
+        let Some(before) = load(txn, &id)? else { continue };
+        let due = before.status == JobStatus::Scheduled && before.next_run_at_ms.is_some_and(|t| t <= now);
+        let expired = matches!(before.status, JobStatus::Claimed | JobStatus::Running)
+            && before.lease_expires_ms.is_some_and(|t| t <= now);
+        if !due && !expired {
+            continue;
+        }
+        let mut job = before.clone();
+        if expired {
+            abandon_run(txn, &job)?;
+        }
+        if job.scheduled_for_ms.is_none() {
+            job.scheduled_for_ms = job.next_run_at_ms;
+        }
+        job.status = JobStatus::Claimed;
+        job.attempts += 1;
+        job.fence += 1;
+        job.lease_owner = Some(worker.to_string());
+        job.lease_expires_ms = Some(now + lease_ms);
+        job.updated_ms = now;
+        store(txn, Some(&before), &job);
+        claimed.push(job);
+    }
+    Ok(Outcome::JobsClaimed { jobs: claimed })
+}
+
+/// The run of a holder whose lease expired ends as TIMED_OUT.
+fn abandon_run(txn: &mut Txn<'_>, job: &Job) -> Result<(), StorageError> {
+    let key = keys::job_run(&job.id, job.runs);
+    if let Some(mut run) = txn.get::<JobRun>("job run", &key)? {
+        if run.status == RunStatus::Running && run.fence == job.fence {
+            run.status = RunStatus::TimedOut;
+            run.finished_ms = Some(txn.now_ms);
+            run.error = Some("lease expired".into());
+            txn.put(key, &run);
+        }
+    }
+    Ok(())
+}
+
+fn stale(job: &Job, fence: u64) -> Option<Outcome> {
+    let holding = matches!(job.status, JobStatus::Claimed | JobStatus::Running) && job.fence == fence;
+    (!holding).then(|| Outcome::Rejected(Rejection::StaleFence { current: job.fence }))
+}
+
+pub(crate) fn start(
+    txn: &mut Txn<'_>,
+    job_id: &str,
+    fence: u64,
+    run_id: &str,
+    worker: &str,
+) -> Result<Outcome, StorageError> {
+    let Some(before) = load(txn, job_id)? else { return Ok(not_found(job_id)) };
+    if let Some(rejected) = stale(&before, fence) {
+        return Ok(rejected);
+    }
+    let mut job = before.clone();
+    job.status = JobStatus::Running;
+    job.runs += 1;
+    job.updated_ms = txn.now_ms;
+    let run = JobRun {
+        run_id: run_id.to_string(),
+        seq: job.runs,
+        job_id: job_id.to_string(),
+        scheduled_for_ms: job.scheduled_for_ms.unwrap_or(txn.now_ms),
+        attempt: job.attempts,
+        worker_id: worker.to_string(),
+        fence,
+        started_ms: txn.now_ms,
+        finished_ms: None,
+        status: RunStatus::Running,
+        error: None,
+    };
+    txn.put(keys::job_run(job_id, run.seq), &run);
+    store(txn, Some(&before), &job);
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn renew(txn: &mut Txn<'_>, job_id: &str, fence: u64, lease_ms: u64) -> Result<Outcome, StorageError> {
+    let Some(before) = load(txn, job_id)? else { return Ok(not_found(job_id)) };
+    if let Some(rejected) = stale(&before, fence) {
+        return Ok(rejected);
+    }
+    let mut job = before.clone();
+    job.lease_expires_ms = Some(txn.now_ms + lease_ms);
+    store(txn, Some(&before), &job);
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn finish(txn: &mut Txn<'_>, report: &RunReport) -> Result<Outcome, StorageError> {
+    let Some(before) = load(txn, &report.job_id)? else { return Ok(not_found(&report.job_id)) };
+    if let Some(rejected) = stale(&before, report.fence) {
+        return Ok(rejected);
+    }
+    let now = txn.now_ms;
+    let run_key = keys::job_run(&before.id, before.runs);
+    if let Some(mut run) = txn.get::<JobRun>("job run", &run_key)? {
+        if run.fence == report.fence {
+            run.status = report.status;
+            run.finished_ms = Some(now);
+            run.error = report.error.clone();
+            let expires = now.saturating_add(report.run_ttl_ms);
+            txn.put(keys::job_run_expiry(expires, &run_key), &());
+            txn.put(run_key, &run);
+        }
+    }
+    let mut job = before.clone();
+    job.lease_owner = None;
+    job.lease_expires_ms = None;
+    job.updated_ms = now;
+    job.last_error = report.error.clone();
+    let succeeded = report.status == RunStatus::Succeeded;
+    let retries_left = job.attempts <= job.max_retries;
+    match (&job.schedule, succeeded, retries_left) {
+        (_, false, true) => {
+            job.status = JobStatus::Scheduled;
+            job.next_run_at_ms = Some(report.retry_at_ms);
+        }
+        (Schedule::Once { .. }, true, _) => finish_fire(&mut job, JobStatus::Succeeded, None),
+        (Schedule::Once { .. }, false, false) => finish_fire(&mut job, JobStatus::Failed, None),
+        (Schedule::Cron(_), _, _) => match report.next_fire_ms {
+            Some(next) => finish_fire(&mut job, JobStatus::Scheduled, Some(next)),
+            None => finish_fire(&mut job, if succeeded { JobStatus::Succeeded } else { JobStatus::Failed }, None),
+        },
+    }
+    store(txn, Some(&before), &job);
+    Ok(Outcome::Done)
+}
+
+fn finish_fire(job: &mut Job, status: JobStatus, next: Option<u64>) {
+    job.status = status;
+    job.next_run_at_ms = next;
+    job.scheduled_for_ms = None;
+    job.attempts = 0;
+}
+
+pub(crate) fn expire_runs(txn: &mut Txn<'_>, before_ms: u64, max: usize) -> Result<Outcome, StorageError> {
+    let (start, end) = keys::job_run_expiry_until(before_ms);
+    let mut removed = 0;
+    for key in txn.committed_keys(&start, &end, max)? {
+        txn.delete(key.clone());
+        if let Some((_, run_key)) = keys::parse_timed(&key) {
+            txn.delete(run_key.to_vec());
+            removed += 1;
+        }
+    }
+    Ok(Outcome::Collected { removed })
+}
+
+impl StateMachine {
+    pub fn job(&self, job_id: &str) -> Result<Option<Job>, StorageError> {
+        self.read("job", &keys::job(job_id))
+    }
+
+    /// Runs of a job, newest first, with sequence below `before` (exclusive), at most `limit`.
+    pub fn job_runs(&self, job_id: &str, before: Option<u64>, limit: usize) -> Result<Vec<JobRun>, StorageError> {
+        let (start, mut end) = keys::job_run_range(job_id);
+        if let Some(before) = before {
+            end = keys::job_run(job_id, before);
+        }
+        let mut runs: Vec<JobRun> =
+            self.scan("job run", &start, &end, usize::MAX)?.into_iter().map(|(_, r)| r).collect();
+        runs.reverse();
+        runs.truncate(limit);
+        Ok(runs)
+    }
+
+    /// A user's jobs by creation, after `after` (a key from a previous page), at most `limit`.
+    pub fn jobs_of(&self, owner: &str, after: Option<&Job>, limit: usize) -> Result<Vec<Job>, StorageError> {
+        let (mut start, end) = keys::job_owner_range(owner);
+        if let Some(after) = after {
+            start = keys::job_owner(owner, after.created_ms, &after.id);
+            start.push(0);
+        }
+        let mut out = Vec::new();
+        for (_, id) in self.scan::<String>("job owner", &start, &end, limit)? {
+            if let Some(job) = self.job(&id)? {
+                out.push(job);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The earliest time a claim could take something: the first due time or lease expiry.
+    pub fn next_claimable_ms(&self) -> Result<Option<u64>, StorageError> {
+        let due = self.scan_keys(&keys::job_due_until(0).0, &keys::job_due_until(u64::MAX - 1).1, 1)?;
+        let lease = self.scan_keys(&keys::job_lease_until(0).0, &keys::job_lease_until(u64::MAX - 1).1, 1)?;
+        let first = |keys: &[Vec<u8>]| keys.first().and_then(|k| keys::parse_timed(k)).map(|(t, _)| t);
+        Ok(match (first(&due), first(&lease)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "jobs_tests.rs"]
+mod tests;
