@@ -27,6 +27,8 @@ pub enum ApiError {
     HashMismatch(String),
     #[error("this cursor can no longer be served; sync again from cursor 0")]
     CursorReset,
+    #[error("stale fence token; the job's fence is now {0}")]
+    StaleFence(u64),
     #[error("some chunks are not stored; upload them first")]
     MissingChunks(Vec<String>),
     #[error("the file changed since baseVersion; your content was kept as a conflicted copy")]
@@ -54,6 +56,7 @@ impl ApiError {
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
             ApiError::MissingChunks(_) => (StatusCode::UNPROCESSABLE_ENTITY, "missing-chunks", "Missing chunks"),
             ApiError::CommitConflict { .. } => (StatusCode::CONFLICT, "conflict", "Conflict"),
+            ApiError::StaleFence(_) => (StatusCode::CONFLICT, "stale-fence", "Stale fence"),
             ApiError::CursorReset => (StatusCode::GONE, "cursor-reset", "Cursor reset"),
             ApiError::HashMismatch(_) => (StatusCode::UNPROCESSABLE_ENTITY, "hash-mismatch", "Hash mismatch"),
             ApiError::IdempotencyInProgress { .. } => {
@@ -86,6 +89,7 @@ impl From<Rejection> for ApiError {
         match rejection {
             Rejection::Conflict(detail) => ApiError::Conflict(detail),
             Rejection::NotFound(detail) => ApiError::NotFound(detail),
+            Rejection::StaleFence { current } => ApiError::StaleFence(current),
             Rejection::MissingChunks(missing) => ApiError::MissingChunks(missing.iter().map(|h| h.to_hex()).collect()),
         }
     }

@@ -10,6 +10,7 @@ use raftbox_api::idempotency::IdempotencyConfig;
 use raftbox_api::ratelimit::{RateLimit, RateLimitingConfig};
 use raftbox_api::ApiConfig;
 
+use crate::executor::JobsConfig;
 use crate::maintenance::FilesConfig;
 use raftbox_raft::{NodeInfo, RaftSettings};
 use serde::Deserialize;
@@ -62,6 +63,8 @@ struct FileConfig {
     rate_limits: Vec<RateLimit>,
     #[serde(default)]
     files: FilesConfig,
+    #[serde(default)]
+    jobs: JobsConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -96,6 +99,7 @@ pub struct Config {
     pub raft: RaftSettings,
     pub api: ApiConfig,
     pub files: FilesConfig,
+    pub jobs: JobsConfig,
 }
 
 impl Config {
@@ -168,6 +172,7 @@ impl Config {
             members,
             raft,
             files: file.files,
+            jobs: file.jobs,
             api: ApiConfig {
                 idempotency: file.idempotency,
                 rate_limiting: file.rate_limiting,

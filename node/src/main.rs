@@ -4,10 +4,12 @@
 //! - [`serve`]: wiring of storage, Raft, gRPC and HTTP; signals and graceful shutdown.
 //! - [`bench`]: the benchmark client.
 //! - [`files_client`]: `raftbox files`, the file-service client.
-//! - [`maintenance`]: background work: expiry, garbage collection, block replication.
+//! - [`executor`]: the job executor (claims, leases, webhooks, built-in and maintenance tasks).
+//! - [`maintenance`]: node-local background work: block replication and reclaiming.
 
 mod bench;
 mod config;
+mod executor;
 mod files_client;
 mod maintenance;
 mod serve;

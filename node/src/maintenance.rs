@@ -1,19 +1,16 @@
-//! The node's background work, never on a request path:
-//! - on the leader: purge of expired guard records, expiry of old file versions, removal of
-//!   orphan chunks from the index (each a bounded Raft command stamped with the leader's time);
-//! - on every node: the block replicator (fetch indexed blocks this node lacks from peers)
-//!   and the block reclaimer (delete block files the index no longer names, once they are
-//!   older than the grace period, so an upload awaiting its commit is never touched).
+//! The node-local background work, never on a request path: the block replicator (fetch
+//! indexed blocks this node lacks from peers) and the block reclaimer (delete block files the
+//! index no longer names, once older than the grace period, so an upload awaiting its commit
+//! is never touched). The cluster-wide maintenance (purge of expired guard records, version
+//! expiry, orphan collection, run expiry) runs as built-in recurring jobs of the scheduler
+//! (see `executor`), so it is claimed once and visible in run history.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use raftbox_raft::RaftNode;
 use raftbox_storage::blocks::BlockHash;
-use raftbox_storage::{Command, Outcome};
 use serde::Deserialize;
 
-/// Records, versions or chunks one maintenance command handles, at most (bounds one entry).
-const MAINTENANCE_BATCH_MAX: u32 = 1_000;
 /// Index entries the replicator checks per round, at most.
 const REPLICATOR_SCAN_MAX: usize = 10_000;
 
@@ -35,10 +32,6 @@ impl Default for FilesConfig {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Runs every `maintenance_interval_s` until `stopped` resolves.
 pub async fn run(node: RaftNode, config: FilesConfig, stopped: impl std::future::Future<Output = ()>) {
     let mut ticks = tokio::time::interval(Duration::from_secs(config.maintenance_interval_s.max(1)));
@@ -48,41 +41,8 @@ pub async fn run(node: RaftNode, config: FilesConfig, stopped: impl std::future:
             _ = &mut stopped => return,
             _ = ticks.tick() => {}
         }
-        if node.metrics().current_leader == Some(node.id()) {
-            leader_round(&node, &config).await;
-        }
         replicate(&node).await;
         reclaim(&node, &config).await;
-    }
-}
-
-async fn leader_round(node: &RaftNode, config: &FilesConfig) {
-    let now = now_ms();
-    let commands = [
-        ("expired guard records", Command::PurgeExpired { max_records: MAINTENANCE_BATCH_MAX }),
-        (
-            "expired versions",
-            Command::ExpireVersions {
-                created_before_ms: now.saturating_sub(config.version_retention_s * 1_000),
-                max_versions: MAINTENANCE_BATCH_MAX,
-            },
-        ),
-        (
-            "orphan chunks",
-            Command::CollectOrphans {
-                orphaned_before_ms: now.saturating_sub(config.orphan_grace_s * 1_000),
-                max_chunks: MAINTENANCE_BATCH_MAX,
-            },
-        ),
-    ];
-    for (what, command) in commands {
-        match node.write(command).await {
-            Ok(Outcome::Purged { records: n } | Outcome::Collected { removed: n }) if n > 0 => {
-                tracing::info!(removed = n, "maintenance: {what}")
-            }
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "maintenance skipped: {what}"),
-        }
     }
 }
 

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
 use crate::config::Config;
-use crate::maintenance;
+use crate::{executor, maintenance};
 
 /// Pause between attempts to register the admin token while the cluster has no quorum yet.
 const ADMIN_RETRY_DELAY: Duration = Duration::from_millis(200);
@@ -56,6 +56,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let state = AppState { node: node.clone(), config: std::sync::Arc::new(config.api.clone()) };
     let http = tokio::spawn(raftbox_api::serve(http_listener, state, stopped()));
     tokio::spawn(maintenance::run(node.clone(), config.files.clone(), stopped()));
+    tokio::spawn(executor::run(node.clone(), config.jobs.clone(), config.files.clone(), stopped()));
+    tokio::spawn(ensure_system_jobs(node.clone(), config.files.maintenance_interval_s));
 
     if config.bootstrap {
         node.bootstrap(config.members.clone()).await.context("bootstrap cluster")?;
@@ -108,5 +110,20 @@ async fn ensure_admin(node: RaftNode, token: String) {
             Err(e) => tracing::debug!(error = %e, "admin token not registered yet; retrying"),
         }
         tokio::time::sleep(ADMIN_RETRY_DELAY).await;
+    }
+}
+
+/// Makes sure the built-in maintenance jobs exist (creating an existing one changes nothing);
+/// retries until the cluster has a quorum.
+async fn ensure_system_jobs(node: RaftNode, interval_s: u64) {
+    for job in executor::system_jobs(interval_s) {
+        loop {
+            match node.write(Command::CreateJob(Box::new(job.clone()))).await {
+                Ok(_) => break,
+                Err(WriteError::ShuttingDown) => return,
+                Err(e) => tracing::debug!(error = %e, "system job not ensured yet; retrying"),
+            }
+            tokio::time::sleep(ADMIN_RETRY_DELAY).await;
+        }
     }
 }

@@ -3,6 +3,7 @@
 mod accounts;
 mod blocks;
 mod files;
+mod jobs;
 mod probes;
 mod sync;
 
@@ -31,6 +32,9 @@ pub fn router() -> Router<AppState> {
         .route("/v1/files/delete", post(files::delete))
         .route("/v1/files/move", post(files::move_file))
         .route("/v1/files/list", get(files::list))
+        .route("/v1/jobs", post(jobs::create).get(jobs::list))
+        .route("/v1/jobs/{job_id}", get(jobs::get).patch(jobs::patch).delete(jobs::cancel))
+        .route("/v1/jobs/{job_id}/runs", get(jobs::runs))
         .route("/v1/sync", get(sync::sync))
         .route("/v1/notify", get(sync::long_poll))
         .route("/v1/notify/ws", get(sync::websocket))

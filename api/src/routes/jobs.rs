@@ -1,0 +1,316 @@
+//! The job API: `POST /v1/jobs` (keyed), `GET /v1/jobs`, `GET|PATCH|DELETE /v1/jobs/{id}`,
+//! `GET /v1/jobs/{id}/runs`. A job is visible and changeable only by its owner and admins.
+
+use axum::extract::{Path, Query, State};
+use axum::response::Response;
+use axum::Json;
+use raftbox_storage::jobs::{Job, JobPatch, JobRun, JobStatus, Schedule};
+use raftbox_storage::schedule::{format_utc, parse_utc, CronSchedule};
+use raftbox_storage::Command;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::auth::Principal;
+use crate::idempotency::{Keyed, Success};
+use crate::{json, ApiError, AppState};
+
+/// Job types a user may create; `maintenance.*` types are the node's own.
+pub const USER_JOB_TYPES: [&str; 4] = ["webhook", "noop", "fail", "sleep"];
+/// Bounds of the job fields.
+pub const MAX_RETRIES_MAX: u32 = 100;
+pub const TIMEOUT_S_DEFAULT: u64 = 30;
+pub const TIMEOUT_S_MAX: u64 = 900;
+pub const RETRY_BACKOFF_MS_DEFAULT: u64 = 1_000;
+pub const TARGET_CHARS_MAX: usize = 2_048;
+pub const PAYLOAD_BYTES_MAX: usize = 64 * 1024;
+const PAGE_DEFAULT: usize = 100;
+const PAGE_MAX: usize = 1_000;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ScheduleRequest {
+    run_at: Option<String>,
+    cron: Option<String>,
+    timezone: Option<String>,
+}
+
+/// A schedule and its first run time (after `now`).
+fn parse_schedule(request: &ScheduleRequest, now: u64) -> Result<(Schedule, u64), ApiError> {
+    match (&request.run_at, &request.cron, &request.timezone) {
+        (Some(run_at), None, None) => {
+            let at = parse_utc(run_at).map_err(|e| ApiError::BadRequest(format!("schedule.runAt: {e}")))?;
+            Ok((Schedule::Once { run_at_ms: at }, at))
+        }
+        (None, Some(expr), Some(tz)) => {
+            let cron = CronSchedule::parse(expr, tz).map_err(|e| ApiError::BadRequest(format!("schedule: {e}")))?;
+            let next =
+                cron.next_after(now).ok_or_else(|| ApiError::BadRequest("the cron schedule never fires".into()))?;
+            Ok((Schedule::Cron(cron), next))
+        }
+        (None, Some(_), None) => Err(ApiError::BadRequest("schedule.timezone is required with cron".into())),
+        _ => Err(ApiError::BadRequest("schedule is {runAt} or {cron, timezone}".into())),
+    }
+}
+
+fn check_target(job_type: &str, target: &str) -> Result<(), ApiError> {
+    if target.chars().count() > TARGET_CHARS_MAX {
+        return Err(ApiError::BadRequest(format!("target is at most {TARGET_CHARS_MAX} characters")));
+    }
+    if job_type == "webhook" && !(target.starts_with("http://") || target.starts_with("https://")) {
+        return Err(ApiError::BadRequest("a webhook's target is an http:// or https:// URL".into()));
+    }
+    Ok(())
+}
+
+fn check_payload(payload: &Value) -> Result<(), ApiError> {
+    if !payload.is_object() {
+        return Err(ApiError::BadRequest("payload is a JSON object".into()));
+    }
+    if payload.to_string().len() > PAYLOAD_BYTES_MAX {
+        return Err(ApiError::BadRequest(format!("payload is at most {PAYLOAD_BYTES_MAX} bytes")));
+    }
+    Ok(())
+}
+
+fn check_retries(max_retries: i64) -> Result<u32, ApiError> {
+    u32::try_from(max_retries)
+        .ok()
+        .filter(|n| *n <= MAX_RETRIES_MAX)
+        .ok_or_else(|| ApiError::BadRequest(format!("maxRetries is 0 to {MAX_RETRIES_MAX}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CreateRequest {
+    #[serde(rename = "type")]
+    job_type: String,
+    target: Option<String>,
+    payload: Value,
+    schedule: ScheduleRequest,
+    max_retries: i64,
+    timeout_seconds: Option<u64>,
+    retry_backoff_ms: Option<u64>,
+}
+
+pub async fn create(State(state): State<AppState>, principal: Principal, keyed: Keyed) -> Result<Response, ApiError> {
+    let request: CreateRequest = json::parse(&keyed.body)?;
+    if !USER_JOB_TYPES.contains(&request.job_type.as_str()) {
+        return Err(ApiError::BadRequest(format!(
+            "unknown job type {:?}; known: {USER_JOB_TYPES:?}",
+            request.job_type
+        )));
+    }
+    let target = request.target.unwrap_or_default();
+    check_target(&request.job_type, &target)?;
+    check_payload(&request.payload)?;
+    let max_retries = check_retries(request.max_retries)?;
+    let timeout_s = request.timeout_seconds.unwrap_or(TIMEOUT_S_DEFAULT);
+    if !(1..=TIMEOUT_S_MAX).contains(&timeout_s) {
+        return Err(ApiError::BadRequest(format!("timeoutSeconds is 1 to {TIMEOUT_S_MAX}")));
+    }
+    let retry_backoff_ms = request.retry_backoff_ms.unwrap_or(RETRY_BACKOFF_MS_DEFAULT);
+    if !(1..=raftbox_storage::jobs::RETRY_BACKOFF_MS_MAX).contains(&retry_backoff_ms) {
+        return Err(ApiError::BadRequest("retryBackoffMs is 1 to 3600000".into()));
+    }
+    let (schedule, next_run_at) = parse_schedule(&request.schedule, now_ms())?;
+    let job = Job {
+        id: uuid::Uuid::new_v4().to_string(),
+        owner_user_id: principal.user.id.clone(),
+        job_type: request.job_type,
+        target,
+        payload: request.payload,
+        schedule,
+        max_retries,
+        retry_backoff_ms,
+        timeout_s,
+        status: JobStatus::Scheduled,
+        next_run_at_ms: Some(next_run_at),
+        scheduled_for_ms: None,
+        attempts: 0,
+        lease_owner: None,
+        lease_expires_ms: None,
+        fence: 0,
+        runs: 0,
+        created_ms: 0,
+        updated_ms: 0,
+        last_error: None,
+    };
+    let success =
+        Success::created(json!({ "jobId": job.id, "nextRunAt": format_utc(next_run_at), "status": "SCHEDULED" }));
+    keyed.write(&state, &principal, Command::CreateJob(Box::new(job)), success).await
+}
+
+/// The job if the caller may see it (owner or admin), after a read barrier; else 404.
+async fn visible_job(state: &AppState, principal: &Principal, job_id: &str) -> Result<Job, ApiError> {
+    state.node.read_barrier().await?;
+    match state.node.state().job(job_id)? {
+        Some(job) if job.owner_user_id == principal.user.id || principal.user.admin => Ok(job),
+        _ => Err(ApiError::NotFound(format!("job {job_id}"))),
+    }
+}
+
+fn view(job: &Job) -> Value {
+    let schedule = match &job.schedule {
+        Schedule::Once { run_at_ms } => json!({ "runAt": format_utc(*run_at_ms) }),
+        Schedule::Cron(cron) => json!({ "cron": cron.expr, "timezone": cron.timezone }),
+    };
+    json!({
+        "jobId": job.id, "type": job.job_type, "target": job.target, "payload": job.payload, "schedule": schedule,
+        "maxRetries": job.max_retries, "timeoutSeconds": job.timeout_s, "retryBackoffMs": job.retry_backoff_ms,
+        "status": job.status, "nextRunAt": job.next_run_at_ms.map(format_utc), "attempts": job.attempts,
+        "fenceToken": job.fence, "leaseOwner": job.lease_owner, "leaseExpiresAt": job.lease_expires_ms.map(format_utc),
+        "createdAt": format_utc(job.created_ms), "updatedAt": format_utc(job.updated_ms), "lastError": job.last_error,
+    })
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(job_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(view(&visible_job(&state, &principal, &job_id).await?)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PatchRequest {
+    schedule: Option<ScheduleRequest>,
+    payload: Option<Value>,
+    target: Option<String>,
+    max_retries: Option<i64>,
+}
+
+/// RFC 7396 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(target), Some(patch)) => {
+            for (key, value) in patch {
+                if value.is_null() {
+                    target.remove(key);
+                } else {
+                    merge(target.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        _ => *target = patch.clone(),
+    }
+}
+
+pub async fn patch(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(job_id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let request: PatchRequest = json::parse(&body)?;
+    let job = visible_job(&state, &principal, &job_id).await?;
+    if job.status.is_final() {
+        return Err(ApiError::Conflict(format!("job {job_id} is {:?}", job.status)));
+    }
+    let mut patch = JobPatch::default();
+    if let Some(payload) = &request.payload {
+        let mut merged = job.payload.clone();
+        merge(&mut merged, payload);
+        check_payload(&merged)?;
+        patch.payload = Some(merged);
+    }
+    if let Some(target) = request.target {
+        check_target(&job.job_type, &target)?;
+        patch.target = Some(target);
+    }
+    if let Some(max_retries) = request.max_retries {
+        patch.max_retries = Some(check_retries(max_retries)?);
+    }
+    if let Some(schedule) = &request.schedule {
+        let (schedule, next) = parse_schedule(schedule, now_ms())?;
+        patch.schedule = Some(schedule);
+        patch.next_run_at_ms = Some(next);
+    }
+    match state.node.write(Command::PatchJob { job_id: job_id.clone(), patch: Box::new(patch) }).await? {
+        raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok(Json(view(&visible_job(&state, &principal, &job_id).await?))),
+    }
+}
+
+pub async fn cancel(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(job_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    visible_job(&state, &principal, &job_id).await?;
+    match state.node.write(Command::CancelJob { job_id: job_id.clone() }).await? {
+        raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok(Json(view(&visible_job(&state, &principal, &job_id).await?))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PageQuery {
+    limit: Option<usize>,
+    page_token: Option<String>,
+}
+
+fn limit(query: &PageQuery) -> Result<usize, ApiError> {
+    match query.limit.unwrap_or(PAGE_DEFAULT) {
+        0 => Err(ApiError::BadRequest("limit must be positive".into())),
+        n => Ok(n.min(PAGE_MAX)),
+    }
+}
+
+fn run_view(run: &JobRun) -> Value {
+    json!({
+        "runId": run.run_id, "scheduledFor": format_utc(run.scheduled_for_ms), "startedAt": format_utc(run.started_ms),
+        "finishedAt": run.finished_ms.map(format_utc), "status": run.status, "attempt": run.attempt,
+        "workerId": run.worker_id, "fenceToken": run.fence, "error": run.error,
+    })
+}
+
+/// Runs of a job, newest first.
+pub async fn runs(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(job_id): Path<String>,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = limit(&query)?;
+    let before = query
+        .page_token
+        .as_deref()
+        .map(|t| t.parse::<u64>())
+        .transpose()
+        .map_err(|_| ApiError::BadRequest("bad pageToken".into()))?;
+    visible_job(&state, &principal, &job_id).await?;
+    let runs = state.node.state().job_runs(&job_id, before, limit + 1)?;
+    let mut body = json!({ "runs": runs.iter().take(limit).map(run_view).collect::<Vec<_>>() });
+    if runs.len() > limit {
+        body["nextPageToken"] = json!(runs[limit - 1].seq.to_string());
+    }
+    Ok(Json(body))
+}
+
+/// The caller's jobs, oldest first.
+pub async fn list(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = limit(&query)?;
+    state.node.read_barrier().await?;
+    let after = match &query.page_token {
+        Some(id) => {
+            Some(visible_job(&state, &principal, id).await.map_err(|_| ApiError::BadRequest("bad pageToken".into()))?)
+        }
+        None => None,
+    };
+    let jobs = state.node.state().jobs_of(&principal.user.id, after.as_ref(), limit + 1)?;
+    let mut body = json!({ "jobs": jobs.iter().take(limit).map(view).collect::<Vec<_>>() });
+    if jobs.len() > limit {
+        body["nextPageToken"] = json!(jobs[limit - 1].id);
+    }
+    Ok(Json(body))
+}
