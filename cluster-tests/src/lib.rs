@@ -17,6 +17,8 @@
 //!   log fails the test; on failure the log tails and the cluster directory are printed
 //!   (`RAFTBOX_KEEP=1` keeps the directory).
 
+pub mod receiver;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::env;
 use std::fmt;

@@ -10,6 +10,7 @@
 //! - `files_sync`: files cross nodes byte-identical; WebSocket hears other nodes' commits;
 //!   interrupted uploads resume through `status`.
 //! - `maintenance`: orphan blocks reclaimed, old versions expired, missed blocks replicated.
+//! - `jobs_exec`: webhooks fire once and on time, retry, recur, cancel, survive a killed worker.
 //! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
 //! - `snapshot_rejoin`: a wiped node rejoins through a snapshot and can lead.
 //! - `restart_durability`: SIGKILL of every node at once loses no acknowledged write.
@@ -21,6 +22,7 @@ mod blocks_durable;
 mod failover;
 mod files_sync;
 mod idempotency_across_nodes;
+mod jobs_exec;
 mod limiter_failure_modes;
 mod maintenance;
 mod restart_durability;

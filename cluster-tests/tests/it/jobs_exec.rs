@@ -1,0 +1,190 @@
+//! Invariants of job execution against a real local webhook receiver: a one-off webhook
+//! fires once, on time, with the documented headers; a failing target is retried
+//! `maxRetries` times, then the job is FAILED; a cron job fires repeatedly and stops when
+//! cancelled; `kill -9` of the node running a webhook leads to a re-claim after the lease,
+//! and the receiver applies the fire's effect once.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{ensure, Context as _, Result};
+use raftbox_cluster_tests::receiver::Receiver;
+use raftbox_cluster_tests::{create_token, create_user, within, Cluster, ClusterOptions, Deadline, Seed};
+use serde_json::{json, Value};
+
+const TEST_DEADLINE: Duration = Duration::from_secs(150);
+const LEASE_MS: u64 = 2_000;
+/// On an idle cluster a one-off job fires within this long after `runAt`.
+const ON_TIME_MS: u64 = 1_000;
+
+fn jobs_toml() -> String {
+    format!("[jobs]\nlease_ms = {LEASE_MS}\n")
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1_000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60,
+        ms % 1_000
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_fire_once_retry_recur_cancel_and_survive_a_killed_worker() {
+    let seed = Seed::new("jobs_exec::webhooks_fire_once_retry_recur_cancel_and_survive_a_killed_worker");
+    let options = ClusterOptions { extra_toml: jobs_toml(), ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+struct Api {
+    http: reqwest::Client,
+    url: String,
+    token: String,
+}
+
+impl Api {
+    async fn create(&self, body: Value) -> Result<String> {
+        let response =
+            self.http.post(format!("{}/v1/jobs", self.url)).bearer_auth(&self.token).json(&body).send().await?;
+        ensure!(response.status().as_u16() == 201, "create job: {}", response.status());
+        let body: Value = response.json().await?;
+        Ok(body["jobId"].as_str().context("jobId")?.to_owned())
+    }
+
+    async fn job(&self, id: &str) -> Result<Value> {
+        Ok(self.http.get(format!("{}/v1/jobs/{id}", self.url)).bearer_auth(&self.token).send().await?.json().await?)
+    }
+
+    async fn wait_status(&self, id: &str, status: &str) -> Result<Value> {
+        let wait = Deadline::after(Duration::from_secs(30), format!("job {id} {status}"));
+        loop {
+            let job = self.job(id).await?;
+            if job["status"] == status {
+                return Ok(job);
+            }
+            wait.tick(&format!("status {}", job["status"])).await?;
+        }
+    }
+
+    async fn runs(&self, id: &str) -> Result<Vec<Value>> {
+        let body: Value = self
+            .http
+            .get(format!("{}/v1/jobs/{id}/runs", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await?
+            .json()
+            .await?;
+        Ok(body["runs"].as_array().cloned().unwrap_or_default())
+    }
+}
+
+async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    let receiver = Receiver::start().await?;
+    let http = cluster.client();
+    let n1 = cluster.http_url(1);
+    let user = create_user(&http, &n1, cluster.admin_token(), &format!("jobs-{}", seed.value())).await?;
+    let user_id = user.body().and_then(|b| b["userId"].as_str()).context("user")?.to_owned();
+    let token = create_token(&http, &n1, cluster.admin_token(), &user_id, "t").await?;
+    let api = Api {
+        http: http.clone(),
+        url: cluster.http_url(2),
+        token: token.body().and_then(|b| b["token"].as_str()).context("token")?.to_owned(),
+    };
+
+    // One-off: fires once, on time, with the documented headers.
+    let run_at = now_ms() + 1_500;
+    let once = api
+        .create(json!({ "type": "webhook", "target": receiver.url("once"), "payload": { "n": 1 },
+                        "schedule": { "runAt": rfc3339(run_at) }, "maxRetries": 0 }))
+        .await?;
+    api.wait_status(&once, "SUCCEEDED").await?;
+    let calls = receiver.calls("once");
+    ensure!(calls.len() == 1, "one-off webhook called {} times", calls.len());
+    let call = &calls[0];
+    let late = call.received_ms.saturating_sub(run_at);
+    eprintln!("one-off webhook received {late} ms after runAt");
+    ensure!(call.received_ms + 50 >= run_at && late <= ON_TIME_MS, "received {late} ms after runAt");
+    let scheduled_for = call.body["scheduledFor"].as_str().context("scheduledFor")?;
+    ensure!(call.headers.get("idempotency-key") == Some(&format!("{once}:{scheduled_for}")), "{:?}", call.headers);
+    ensure!(call.headers.get("x-raftbox-job-id") == Some(&once), "job id header");
+    ensure!(
+        call.headers.contains_key("x-raftbox-fence-token") && call.headers.contains_key("x-raftbox-run-id"),
+        "headers"
+    );
+    ensure!(call.body["payload"] == json!({ "n": 1 }) && call.body["attempt"] == 1, "body {}", call.body);
+
+    // Failing target: 1 + maxRetries attempts, then FAILED.
+    receiver.fail("broken");
+    let failing = api
+        .create(json!({ "type": "webhook", "target": receiver.url("broken"), "payload": {},
+                        "schedule": { "runAt": rfc3339(now_ms()) }, "maxRetries": 2, "retryBackoffMs": 100 }))
+        .await?;
+    api.wait_status(&failing, "FAILED").await?;
+    ensure!(receiver.calls("broken").len() == 3, "{} calls to the failing target", receiver.calls("broken").len());
+    ensure!(api.runs(&failing).await?.len() == 3, "three runs recorded");
+    eprintln!("failing target: 3 attempts, then FAILED");
+
+    // Cron: fires every second; cancelled, it stops.
+    let cron = api
+        .create(json!({ "type": "webhook", "target": receiver.url("cron"), "payload": {},
+                        "schedule": { "cron": "* * * * * *", "timezone": "Europe/Berlin" }, "maxRetries": 0 }))
+        .await?;
+    let wait = Deadline::after(Duration::from_secs(20), "three cron fires");
+    while receiver.calls("cron").len() < 3 {
+        wait.tick(&format!("{} fires", receiver.calls("cron").len())).await?;
+    }
+    let response = http.delete(format!("{}/v1/jobs/{cron}", api.url)).bearer_auth(&api.token).send().await?;
+    ensure!(response.status().as_u16() == 200, "cancel: {}", response.status());
+    let at_cancel = receiver.calls("cron").len();
+    // At most an attempt already claimed may still call; then nothing for a few periods.
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let after = receiver.calls("cron").len();
+    ensure!(after <= at_cancel + 1, "cancelled cron job fired {} more times", after - at_cancel);
+    ensure!(api.job(&cron).await?["status"] == "CANCELLED", "cancelled");
+    eprintln!("cron job fired {at_cancel} times, then stopped when cancelled");
+
+    // kill -9 of the worker mid-webhook: re-claimed after the lease, the effect applied once.
+    receiver.delay("slow", 4_000);
+    let slow = api
+        .create(json!({ "type": "webhook", "target": receiver.url("slow"), "payload": {},
+                        "schedule": { "runAt": rfc3339(now_ms()) }, "maxRetries": 3, "timeoutSeconds": 10 }))
+        .await?;
+    let wait = Deadline::after(Duration::from_secs(20), "the slow webhook is called");
+    while receiver.calls("slow").is_empty() {
+        wait.tick("not called yet").await?;
+    }
+    let holder = api.job(&slow).await?["leaseOwner"].as_str().context("lease owner")?.to_owned();
+    let victim: u64 = holder.trim_start_matches("node").split('-').next().context("node id")?.parse()?;
+    cluster.kill9(victim)?;
+    let survivor = cluster.live_ids()[0];
+    let api = Api { url: cluster.http_url(survivor), ..api };
+    api.wait_status(&slow, "SUCCEEDED").await?;
+    let calls = receiver.calls("slow");
+    let keys: Vec<&String> = calls.iter().filter_map(|c| c.headers.get("idempotency-key")).collect();
+    ensure!(calls.len() >= 2 && keys.iter().all(|k| *k == keys[0]), "calls {}, keys {keys:?}", calls.len());
+    let fences: Vec<&String> = calls.iter().filter_map(|c| c.headers.get("x-raftbox-fence-token")).collect();
+    ensure!(fences.first() < fences.last(), "the re-claim carries a higher fence: {fences:?}");
+    ensure!(receiver.effects().get(keys[0]) == Some(&1), "the effect is applied once");
+    eprintln!("worker node {victim} killed mid-webhook: re-claimed, {} calls, one effect", calls.len());
+    Ok(())
+}
