@@ -24,6 +24,9 @@ enum Workload {
     Upload,
     /// Seeds `--files` files, then times a full `GET /v1/sync` from cursor 0.
     Sync,
+    /// Creates `--jobs` webhook jobs due at the same second and measures claims/s and the
+    /// lateness from due time to webhook receipt (a receiver runs in this process).
+    Jobs,
 }
 
 #[derive(clap::Args, Debug)]
@@ -50,6 +53,9 @@ pub struct BenchArgs {
     /// For `sync`: files to create before syncing.
     #[arg(long, default_value_t = 100_000)]
     files: usize,
+    /// For `jobs`: jobs due at the same second.
+    #[arg(long, default_value_t = 10_000)]
+    jobs: usize,
 }
 
 /// Bytes of one `upload` block.
@@ -90,6 +96,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     if let Workload::Sync = args.workload {
         return sync_bench(&client, &args, &token, &run_id).await;
+    }
+    if let Workload::Jobs = args.workload {
+        return jobs_bench(&client, &args, &token).await;
     }
     let shared_chunk = Arc::new(upload_one(&client, &args.endpoints[0], &token, run_id.as_bytes()).await?);
     println!("workload {:?}, {}s per level, endpoints {}", args.workload, args.seconds, args.endpoints.join(" "));
@@ -156,7 +165,7 @@ async fn client_loop(
             Workload::CreateUser => {
                 client.post(format!("{endpoint}/v1/admin/users")).json(&json!({ "name": format!("{prefix}-{seq}") }))
             }
-            Workload::Me | Workload::Sync => client.get(format!("{endpoint}/v1/me")),
+            Workload::Me | Workload::Sync | Workload::Jobs => client.get(format!("{endpoint}/v1/me")),
             Workload::Commit => {
                 client.post(format!("{endpoint}/v1/files/commit")).json(&commit_body(&prefix, seq, &shared_chunk))
             }
@@ -291,4 +300,87 @@ async fn sync_all(
             return Ok((changes, pages));
         }
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Creates `--jobs` webhook jobs due at one instant (far enough ahead for all creates to
+/// land), then waits for every webhook and reports claims/s and lateness percentiles.
+async fn jobs_bench(client: &reqwest::Client, args: &BenchArgs, token: &Arc<String>) -> anyhow::Result<()> {
+    use std::sync::Mutex;
+    let receipts: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(Vec::with_capacity(args.jobs)));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let target = format!("http://{}/hook", listener.local_addr()?);
+    let recorded = receipts.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let recorded = recorded.clone();
+            async move {
+                recorded.lock().unwrap_or_else(|e| e.into_inner()).push(now_ms());
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    // Creates run at a few thousand per second; leave time for all of them.
+    let lead_ms = 5_000 + (args.jobs as u64) / 2;
+    let due_ms = (now_ms() + lead_ms) / 1_000 * 1_000 + 1_000;
+    let run_at = raftbox_storage::schedule::format_utc(due_ms);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let creating = Instant::now();
+    let creators: Vec<_> = (0..64)
+        .map(|i| {
+            let (client, token, next, target, run_at) = (client.clone(), token.clone(), next.clone(), target.clone(), run_at.clone());
+            let endpoint = args.endpoints[i % args.endpoints.len()].trim_end_matches('/').to_string();
+            let total = args.jobs;
+            tokio::spawn(async move {
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
+                    let body = json!({ "type": "webhook", "target": target, "payload": {}, "schedule": { "runAt": run_at }, "maxRetries": 0 });
+                    let response = client.post(format!("{endpoint}/v1/jobs")).bearer_auth(token.as_str()).json(&body).send().await?;
+                    if response.status().as_u16() != 201 {
+                        bail!("create job: {}", response.status());
+                    }
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    for creator in creators {
+        creator.await??;
+    }
+    let created_s = creating.elapsed().as_secs_f64();
+    if now_ms() >= due_ms {
+        bail!("creating {} jobs took {created_s:.1} s, past their due time; use fewer --jobs", args.jobs);
+    }
+    println!("created {} webhook jobs due at {run_at} in {created_s:.1} s", args.jobs);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let received = receipts.lock().unwrap_or_else(|e| e.into_inner()).len();
+        if received >= args.jobs {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("only {received} of {} webhooks arrived within 10 minutes", args.jobs);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut lateness: Vec<u64> =
+        receipts.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|t| t.saturating_sub(due_ms)).collect();
+    lateness.sort_unstable();
+    let pct = |p: f64| lateness[((lateness.len() - 1) as f64 * p).round() as usize];
+    let span_ms = lateness.last().copied().unwrap_or(0).max(1);
+    println!(
+        "{} webhooks received: {:.0} claims/s (all fired within {span_ms} ms of due); lateness p50 {} ms, p99 {} ms, max {} ms",
+        lateness.len(),
+        lateness.len() as f64 * 1_000.0 / span_ms as f64,
+        pct(0.50),
+        pct(0.99),
+        span_ms
+    );
+    Ok(())
 }

@@ -14,7 +14,9 @@ use anyhow::{bail, Context};
 use futures::stream::{self, StreamExt as _, TryStreamExt as _};
 use indicatif::{ProgressBar, ProgressStyle};
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
+
+use crate::client::{problem, Api, Connection};
 
 /// FastCDC chunk sizes: small enough to dedupe edits, far below the 8 MiB block limit.
 const CHUNK_MIN_BYTES: usize = 256 * 1024;
@@ -25,15 +27,8 @@ const TRANSFERS_IN_FLIGHT: usize = 8;
 
 #[derive(clap::Args, Debug)]
 pub struct FilesArgs {
-    /// Any node's HTTP address.
-    #[arg(long, env = "RAFTBOX_URL", default_value = "http://127.0.0.1:7081", global = true)]
-    url: String,
-    /// Bearer token (or --token-file).
-    #[arg(long, env = "RAFTBOX_TOKEN", global = true, hide_env_values = true)]
-    token: Option<String>,
-    /// File holding the bearer token.
-    #[arg(long, env = "RAFTBOX_TOKEN_FILE", global = true)]
-    token_file: Option<PathBuf>,
+    #[command(flatten)]
+    connection: Connection,
     /// Device name used for conflicted copies (X-Device-Id).
     #[arg(long, env = "RAFTBOX_DEVICE", global = true)]
     device: Option<String>,
@@ -59,49 +54,6 @@ enum FilesCommand {
     Mv { from: String, to: String },
 }
 
-struct Api {
-    http: reqwest::Client,
-    url: String,
-    token: String,
-    device: Option<String>,
-}
-
-impl Api {
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request =
-            self.http.request(method, format!("{}{path}", self.url.trim_end_matches('/'))).bearer_auth(&self.token);
-        match &self.device {
-            Some(device) => request.header("x-device-id", device),
-            None => request,
-        }
-    }
-
-    /// Sends, and turns a problem+json answer into an error naming its detail.
-    async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<(StatusCode, Value)> {
-        let response = request.send().await.context("reach the cluster")?;
-        let status = response.status();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
-        Ok((status, body))
-    }
-
-    async fn current_version(&self, remote: &str) -> anyhow::Result<Option<Value>> {
-        let (status, body) =
-            self.send(self.request(reqwest::Method::GET, "/v1/files").query(&[("path", remote)])).await?;
-        match status {
-            StatusCode::OK => Ok(Some(body)),
-            StatusCode::NOT_FOUND => Ok(None),
-            _ => bail!("read {remote}: {}", problem(status, &body)),
-        }
-    }
-}
-
-fn problem(status: StatusCode, body: &Value) -> String {
-    match body["detail"].as_str() {
-        Some(detail) => format!("{status}: {detail}"),
-        None => status.to_string(),
-    }
-}
-
 fn progress(total: u64, what: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
@@ -122,14 +74,7 @@ fn chunk(data: &[u8]) -> Vec<(String, usize, usize)> {
 }
 
 pub async fn run(args: FilesArgs) -> anyhow::Result<()> {
-    let token = match (&args.token, &args.token_file) {
-        (Some(token), _) => token.clone(),
-        (None, Some(path)) => {
-            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?.trim().to_string()
-        }
-        (None, None) => bail!("a token is needed: --token, --token-file, RAFTBOX_TOKEN or RAFTBOX_TOKEN_FILE"),
-    };
-    let api = Api { http: reqwest::Client::new(), url: args.url.clone(), token, device: args.device.clone() };
+    let api = Api::new(&args.connection, args.device.clone())?;
     match args.command {
         FilesCommand::Put { local, remote } => put(&api, &local, &remote).await,
         FilesCommand::Get { remote, local } => get(&api, &remote, &local).await,

@@ -3,14 +3,18 @@
 //! - [`config`]: the node's configuration: TOML file, flags and environment, validated once.
 //! - [`serve`]: wiring of storage, Raft, gRPC and HTTP; signals and graceful shutdown.
 //! - [`bench`]: the benchmark client.
+//! - [`client`]: what the client subcommands share (connection flags, API calls).
 //! - [`files_client`]: `raftbox files`, the file-service client.
+//! - [`jobs_client`]: `raftbox jobs`, the job-service client.
 //! - [`executor`]: the job executor (claims, leases, webhooks, built-in and maintenance tasks).
 //! - [`maintenance`]: node-local background work: block replication and reclaiming.
 
 mod bench;
+mod client;
 mod config;
 mod executor;
 mod files_client;
+mod jobs_client;
 mod maintenance;
 mod serve;
 
@@ -30,6 +34,8 @@ enum Commands {
     Serve(config::ServeArgs),
     /// Store and fetch files on a running cluster (put, get, ls, history, restore, rm, mv).
     Files(files_client::FilesArgs),
+    /// Schedule and inspect jobs on a running cluster (create, get, ls, runs, cancel).
+    Jobs(jobs_client::JobsArgs),
     /// Measure write throughput and latency of a running cluster with N concurrent writers.
     Bench(bench::BenchArgs),
 }
@@ -50,5 +56,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Commands::Bench(args) => runtime.block_on(bench::run(args)),
         Commands::Files(args) => runtime.block_on(files_client::run(args)),
+        Commands::Jobs(args) => runtime.block_on(jobs_client::run(args)),
     }
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 mod blocks;
 mod files;
 mod guards;
+mod jobs;
 
 use std::sync::Arc;
 

@@ -1,0 +1,84 @@
+//! API tests of the job service: create (keyed), get, list, patch, cancel, runs, validation.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::{assert_problem, TestNode, ADMIN_TOKEN};
+
+fn job(schedule: Value) -> Value {
+    json!({ "type": "noop", "payload": {}, "schedule": schedule, "maxRetries": 1 })
+}
+
+async fn token(node: &TestNode, name: &str) -> String {
+    let user = node.create_user(name).await;
+    node.create_token(user["userId"].as_str().expect("id")).await
+}
+
+#[tokio::test]
+async fn create_get_list_patch_cancel() {
+    let node = TestNode::start().await;
+    let me = token(&node, "jo").await;
+    let body = job(json!({ "runAt": "2099-01-01T00:00:00Z" })).to_string();
+    let (status, _, created) =
+        node.call_with("POST", "/v1/jobs", Some(&me), Some(&body), &[("idempotency-key", "j1")]).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(
+        (created["status"].as_str(), created["nextRunAt"].as_str()),
+        (Some("SCHEDULED"), Some("2099-01-01T00:00:00.000Z"))
+    );
+    let (_, _, again) = node.call_with("POST", "/v1/jobs", Some(&me), Some(&body), &[("idempotency-key", "j1")]).await;
+    assert_eq!(again["jobId"], created["jobId"], "a retried create schedules no second job");
+    let id = created["jobId"].as_str().expect("id");
+    let (_, _, listed) = node.call("GET", "/v1/jobs", Some(&me), None).await;
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(1));
+    let patch =
+        json!({ "schedule": { "cron": "0 9 * * 1", "timezone": "Asia/Tokyo" }, "payload": { "k": 1 } }).to_string();
+    let (status, _, patched) = node.call("PATCH", &format!("/v1/jobs/{id}"), Some(&me), Some(&patch)).await;
+    assert_eq!(status, StatusCode::OK, "{patched}");
+    assert_eq!(patched["schedule"], json!({ "cron": "0 9 * * 1", "timezone": "Asia/Tokyo" }));
+    assert_eq!(patched["payload"], json!({ "k": 1 }));
+    assert!(patched["nextRunAt"].as_str().expect("next").ends_with(":00:00.000Z"));
+    // Another user cannot see it; an admin can.
+    let other = token(&node, "ki").await;
+    let (status, _, problem) = node.call("GET", &format!("/v1/jobs/{id}"), Some(&other), None).await;
+    assert_problem(status, &problem, StatusCode::NOT_FOUND, "not-found");
+    assert_eq!(node.call("GET", &format!("/v1/jobs/{id}"), Some(ADMIN_TOKEN), None).await.0, StatusCode::OK);
+    let (status, _, cancelled) = node.call("DELETE", &format!("/v1/jobs/{id}"), Some(&me), None).await;
+    assert_eq!((status, cancelled["status"].as_str()), (StatusCode::OK, Some("CANCELLED")));
+    let (status, _, problem) = node.call("DELETE", &format!("/v1/jobs/{id}"), Some(&me), None).await;
+    assert_problem(status, &problem, StatusCode::CONFLICT, "conflict");
+    let (status, _, problem) = node.call("PATCH", &format!("/v1/jobs/{id}"), Some(&me), Some(&patch)).await;
+    assert_problem(status, &problem, StatusCode::CONFLICT, "conflict");
+    let (status, _, runs) = node.call("GET", &format!("/v1/jobs/{id}/runs"), Some(&me), None).await;
+    assert_eq!((status, runs["runs"].clone()), (StatusCode::OK, json!([])));
+}
+
+#[tokio::test]
+async fn invalid_jobs_are_400() {
+    let node = TestNode::start().await;
+    let me = token(&node, "lu").await;
+    let cases = [
+        json!({ "type": "teleport", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0 }),
+        json!({ "type": "webhook", "target": "ftp://x", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0 }),
+        job(json!({ "cron": "not a cron", "timezone": "UTC" })),
+        job(json!({ "cron": "* * * * *", "timezone": "Atlantis/Capital" })),
+        job(json!({ "cron": "* * * * *" })),
+        job(json!({ "runAt": "2099-01-01T00:00:00+02:00" })),
+        job(json!({ "runAt": "tomorrow" })),
+        job(json!({})),
+        json!({ "type": "noop", "payload": [], "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0 }),
+        json!({ "type": "noop", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 101 }),
+        json!({ "type": "noop", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": -1 }),
+        json!({ "type": "noop", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" } }),
+        json!({ "type": "noop", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0, "timeoutSeconds": 901 }),
+        json!({ "type": "maintenance.purge_expired", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0 }),
+    ];
+    for case in cases {
+        let (status, _, problem) = node.call("POST", "/v1/jobs", Some(&me), Some(&case.to_string())).await;
+        assert_problem(status, &problem, StatusCode::BAD_REQUEST, "bad-request");
+    }
+    let (_, _, listed) = node.call("GET", "/v1/jobs", Some(&me), None).await;
+    assert_eq!(listed["jobs"], json!([]), "no invalid request created a job");
+    let (status, _, problem) = node.call("GET", "/v1/jobs/nope", Some(&me), None).await;
+    assert_problem(status, &problem, StatusCode::NOT_FOUND, "not-found");
+}
