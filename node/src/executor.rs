@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use raftbox_raft::RaftNode;
-use raftbox_storage::jobs::{Job, JobStatus, RunReport, RunStatus, Schedule, RETRY_BACKOFF_MS_MAX};
+use raftbox_storage::jobs::{Job, JobSpec, RunReport, RunStatus, Schedule, RETRY_BACKOFF_MS_MAX};
 use raftbox_storage::schedule::{format_utc, CronSchedule};
 use raftbox_storage::{Command, Outcome};
 use rand::Rng as _;
@@ -243,27 +243,19 @@ pub fn system_jobs(interval_s: u64) -> Vec<Job> {
     let first = cron.next_after(now_ms());
     ["purge_expired", "expire_versions", "collect_orphans", "expire_runs"]
         .into_iter()
-        .map(|task| Job {
-            id: format!("system-{task}"),
-            owner_user_id: "system".into(),
-            job_type: format!("maintenance.{task}"),
-            target: String::new(),
-            payload: json!({}),
-            schedule: Schedule::Cron(cron.clone()),
-            max_retries: 0,
-            retry_backoff_ms: 1_000,
-            timeout_s: 300,
-            status: JobStatus::Scheduled,
-            next_run_at_ms: first,
-            scheduled_for_ms: None,
-            attempts: 0,
-            lease_owner: None,
-            lease_expires_ms: None,
-            fence: 0,
-            runs: 0,
-            created_ms: 0,
-            updated_ms: 0,
-            last_error: None,
+        .map(|task| {
+            let spec = JobSpec {
+                id: format!("system-{task}"),
+                owner_user_id: "system".into(),
+                job_type: format!("maintenance.{task}"),
+                target: String::new(),
+                payload: json!({}),
+                schedule: Schedule::Cron(cron.clone()),
+                max_retries: 0,
+                retry_backoff_ms: 1_000,
+                timeout_s: 300,
+            };
+            Job::scheduled(spec, first)
         })
         .collect()
 }

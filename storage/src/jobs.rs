@@ -69,6 +69,48 @@ pub struct Job {
 
 impl Eq for Job {}
 
+/// What a client (or the node) decides about a new job; the rest starts empty.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobSpec {
+    pub id: String,
+    pub owner_user_id: String,
+    pub job_type: String,
+    pub target: String,
+    pub payload: serde_json::Value,
+    pub schedule: Schedule,
+    pub max_retries: u32,
+    pub retry_backoff_ms: u64,
+    pub timeout_s: u64,
+}
+
+impl Job {
+    /// A new SCHEDULED job, first due at `next_run_at_ms`.
+    pub fn scheduled(spec: JobSpec, next_run_at_ms: Option<u64>) -> Job {
+        Job {
+            id: spec.id,
+            owner_user_id: spec.owner_user_id,
+            job_type: spec.job_type,
+            target: spec.target,
+            payload: spec.payload,
+            schedule: spec.schedule,
+            max_retries: spec.max_retries,
+            retry_backoff_ms: spec.retry_backoff_ms,
+            timeout_s: spec.timeout_s,
+            status: JobStatus::Scheduled,
+            next_run_at_ms,
+            scheduled_for_ms: None,
+            attempts: 0,
+            lease_owner: None,
+            lease_expires_ms: None,
+            fence: 0,
+            runs: 0,
+            created_ms: 0,
+            updated_ms: 0,
+            last_error: None,
+        }
+    }
+}
+
 /// Largest retry delay, in ms (1 h).
 pub const RETRY_BACKOFF_MS_MAX: u64 = 3_600_000;
 

@@ -2,7 +2,7 @@
 //! re-scheduling, stale fences after a lease expired, cancel, patch, run expiry.
 
 use crate::command::{Batch, Command, Outcome, Rejection};
-use crate::jobs::{Job, JobPatch, JobStatus, RunReport, RunStatus, Schedule};
+use crate::jobs::{Job, JobPatch, JobSpec, JobStatus, RunReport, RunStatus, Schedule};
 use crate::schedule::CronSchedule;
 use crate::{Db, StateMachine};
 
@@ -22,7 +22,7 @@ fn job(id: &str, schedule: Schedule, max_retries: u32) -> Job {
         Schedule::Once { run_at_ms } => *run_at_ms,
         Schedule::Cron(_) => 1_000,
     };
-    Job {
+    let spec = JobSpec {
         id: id.into(),
         owner_user_id: "u".into(),
         job_type: "noop".into(),
@@ -32,18 +32,8 @@ fn job(id: &str, schedule: Schedule, max_retries: u32) -> Job {
         max_retries,
         retry_backoff_ms: 1_000,
         timeout_s: 30,
-        status: JobStatus::Scheduled,
-        next_run_at_ms: Some(next),
-        scheduled_for_ms: None,
-        attempts: 0,
-        lease_owner: None,
-        lease_expires_ms: None,
-        fence: 0,
-        runs: 0,
-        created_ms: 0,
-        updated_ms: 0,
-        last_error: None,
-    }
+    };
+    Job::scheduled(spec, Some(next))
 }
 
 fn claim(sm: &StateMachine, now: u64, worker: &str) -> Vec<Job> {

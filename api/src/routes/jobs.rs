@@ -4,7 +4,7 @@
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
 use axum::Json;
-use raftbox_storage::jobs::{Job, JobPatch, JobRun, JobStatus, Schedule};
+use raftbox_storage::jobs::{Job, JobPatch, JobRun, JobSpec, Schedule};
 use raftbox_storage::schedule::{format_utc, parse_utc, CronSchedule};
 use raftbox_storage::Command;
 use serde::Deserialize;
@@ -117,7 +117,7 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
         return Err(ApiError::BadRequest("retryBackoffMs is 1 to 3600000".into()));
     }
     let (schedule, next_run_at) = parse_schedule(&request.schedule, now_ms())?;
-    let job = Job {
+    let spec = JobSpec {
         id: uuid::Uuid::new_v4().to_string(),
         owner_user_id: principal.user.id.clone(),
         job_type: request.job_type,
@@ -127,18 +127,8 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
         max_retries,
         retry_backoff_ms,
         timeout_s,
-        status: JobStatus::Scheduled,
-        next_run_at_ms: Some(next_run_at),
-        scheduled_for_ms: None,
-        attempts: 0,
-        lease_owner: None,
-        lease_expires_ms: None,
-        fence: 0,
-        runs: 0,
-        created_ms: 0,
-        updated_ms: 0,
-        last_error: None,
     };
+    let job = Job::scheduled(spec, Some(next_run_at));
     let success =
         Success::created(json!({ "jobId": job.id, "nextRunAt": format_utc(next_run_at), "status": "SCHEDULED" }));
     keyed.write(&state, &principal, Command::CreateJob(Box::new(job)), success).await
