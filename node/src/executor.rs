@@ -127,16 +127,22 @@ async fn attempt(ctx: &Context, job: Job) {
         status,
         error,
         retry_at_ms: now_ms() + backoff_ms(job.retry_backoff_ms, job.attempts),
-        next_fire_ms: match &job.schedule {
-            Schedule::Cron(cron) => cron.next_after(now_ms().max(job.scheduled_for_ms.unwrap_or(0))),
-            Schedule::Once { .. } => None,
-        },
+        next_fire_ms: next_fire(&job.schedule, job.scheduled_for_ms, now_ms()),
         run_ttl_ms: ctx.config.run_retention_s * 1_000,
     };
     match ctx.node.write(Command::FinishRun(Box::new(report))).await {
         Ok(Outcome::Done) => tracing::debug!(job = %job.id, ?status, "attempt finished"),
         Ok(other) => tracing::info!(job = %job.id, outcome = ?other, "attempt report refused"),
         Err(e) => tracing::warn!(job = %job.id, error = %e, "attempt report lost; the lease will expire"),
+    }
+}
+
+/// A cron job's next fire after this one: the first after both the fire and now, so fires
+/// missed while the cluster was down coalesce into the one that just ran.
+fn next_fire(schedule: &Schedule, scheduled_for_ms: Option<u64>, now_ms: u64) -> Option<u64> {
+    match schedule {
+        Schedule::Cron(cron) => cron.next_after(now_ms.max(scheduled_for_ms.unwrap_or(0))),
+        Schedule::Once { .. } => None,
     }
 }
 
@@ -273,6 +279,17 @@ mod tests {
                 assert!((low..=high).contains(&delay), "attempt {attempts}: {delay}");
             }
         }
+    }
+
+    #[test]
+    fn missed_fires_coalesce_into_one() {
+        let hourly = Schedule::Cron(CronSchedule::parse("0 * * * *", "UTC").expect("cron"));
+        let hour = 3_600_000;
+        // The 01:00 fire ran at 05:30 (the cluster was down): 02:00–05:00 are not replayed.
+        assert_eq!(next_fire(&hourly, Some(hour), 5 * hour + hour / 2), Some(6 * hour));
+        // On time: the next hour.
+        assert_eq!(next_fire(&hourly, Some(hour), hour + 10), Some(2 * hour));
+        assert_eq!(next_fire(&Schedule::Once { run_at_ms: hour }, Some(hour), hour), None);
     }
 
     #[test]
