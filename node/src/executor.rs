@@ -39,7 +39,7 @@ pub struct JobsConfig {
 
 impl Default for JobsConfig {
     fn default() -> JobsConfig {
-        JobsConfig { lease_ms: 30_000, concurrency: 64, run_retention_s: 7 * 24 * 3600 }
+        JobsConfig { lease_ms: 30_000, concurrency: 256, run_retention_s: 7 * 24 * 3600 }
     }
 }
 
