@@ -10,6 +10,7 @@ use raftbox_storage::records::User;
 use raftbox_storage::Command;
 use serde::{Deserialize, Serialize};
 
+use super::new_id;
 use crate::auth::{generate_token, hash_token, Principal};
 use crate::idempotency::{Keyed, Success};
 use crate::{json, ApiError, AppState};
@@ -46,10 +47,6 @@ impl From<User> for UserView {
 pub struct TokenCreated {
     token: String,
     token_id: String,
-}
-
-fn new_id() -> String {
-    uuid::Uuid::new_v4().to_string()
 }
 
 /// `POST /v1/admin/users` (idempotency-keyed).

@@ -25,6 +25,7 @@ use raftbox_storage::{Command, Outcome};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::{new_id, page_limit, PAGE_DEFAULT, PAGE_MAX};
 use crate::auth::Principal;
 use crate::idempotency::Keyed;
 use crate::{json, ApiError, AppState};
@@ -33,9 +34,6 @@ use crate::{json, ApiError, AppState};
 pub const DEVICE_CHARS_MAX: usize = 64;
 /// Chunks in one file version, at most.
 pub const FILE_CHUNKS_MAX: usize = 100_000;
-/// Page size of lists: default and largest.
-pub const PAGE_DEFAULT: usize = 100;
-pub const PAGE_MAX: usize = 1_000;
 
 /// The namespace a call works in: the given one if the caller may use it, else the
 /// caller's personal namespace.
@@ -65,10 +63,6 @@ fn device(headers: &HeaderMap, principal: &Principal) -> Result<String, ApiError
             Ok(device.to_string())
         }
     }
-}
-
-fn new_id() -> String {
-    uuid::Uuid::new_v4().to_string()
 }
 
 /// A commit of no content at `path` on `base_version`, with fresh ids; callers fill in the
@@ -223,13 +217,6 @@ pub async fn get(
     })))
 }
 
-fn page_limit(limit: Option<usize>) -> Result<usize, ApiError> {
-    match limit.unwrap_or(PAGE_DEFAULT) {
-        0 => Err(ApiError::BadRequest("limit must be positive".into())),
-        n => Ok(n.min(PAGE_MAX)),
-    }
-}
-
 pub async fn history(
     State(state): State<AppState>,
     principal: Principal,
@@ -237,7 +224,7 @@ pub async fn history(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let namespace_id = namespace(&principal, query.namespace_id.as_deref())?;
     let path = parse_path(&query.path)?;
-    let limit = page_limit(query.limit)?;
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     let below = match &query.page_token {
         None => u64::MAX,
         Some(token) => token.parse::<u64>().map_err(|_| ApiError::BadRequest("bad pageToken".into()))?,
@@ -361,7 +348,7 @@ pub async fn list(
     if folder != "/" && (!folder.ends_with('/') || FilePath::parse(&folder[..folder.len() - 1]).is_err()) {
         return Err(ApiError::BadRequest("path must be a folder: '/' or an absolute path ending in '/'".into()));
     }
-    let limit = page_limit(query.limit)?;
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
     let mut entries: Vec<serde_json::Value> = Vec::new();
     let mut last_name: Option<String> = None;

@@ -10,6 +10,7 @@ use raftbox_storage::Command;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::{new_id, page_limit, PAGE_DEFAULT, PAGE_MAX};
 use crate::auth::Principal;
 use crate::idempotency::{Keyed, Success};
 use crate::{json, ApiError, AppState};
@@ -23,8 +24,6 @@ pub const TIMEOUT_S_MAX: u64 = 900;
 pub const RETRY_BACKOFF_MS_DEFAULT: u64 = 1_000;
 pub const TARGET_CHARS_MAX: usize = 2_048;
 pub const PAYLOAD_BYTES_MAX: usize = 64 * 1024;
-const PAGE_DEFAULT: usize = 100;
-const PAGE_MAX: usize = 1_000;
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -118,7 +117,7 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
     }
     let (schedule, next_run_at) = parse_schedule(&request.schedule, now_ms())?;
     let spec = JobSpec {
-        id: uuid::Uuid::new_v4().to_string(),
+        id: new_id(),
         owner_user_id: principal.user.id.clone(),
         job_type: request.job_type,
         target,
@@ -245,13 +244,6 @@ pub struct PageQuery {
     page_token: Option<String>,
 }
 
-fn limit(query: &PageQuery) -> Result<usize, ApiError> {
-    match query.limit.unwrap_or(PAGE_DEFAULT) {
-        0 => Err(ApiError::BadRequest("limit must be positive".into())),
-        n => Ok(n.min(PAGE_MAX)),
-    }
-}
-
 fn run_view(run: &JobRun) -> Value {
     json!({
         "runId": run.run_id, "scheduledFor": format_utc(run.scheduled_for_ms), "startedAt": format_utc(run.started_ms),
@@ -267,7 +259,7 @@ pub async fn runs(
     Path(job_id): Path<String>,
     Query(query): Query<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = limit(&query)?;
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     let before = query
         .page_token
         .as_deref()
@@ -289,7 +281,7 @@ pub async fn list(
     principal: Principal,
     Query(query): Query<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = limit(&query)?;
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
     let after = match &query.page_token {
         Some(id) => {

@@ -11,7 +11,24 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::AppState;
+use crate::{ApiError, AppState};
+
+/// Page size of lists (DESIGN.md §3): default and largest.
+pub const PAGE_DEFAULT: usize = 100;
+pub const PAGE_MAX: usize = 1_000;
+
+/// A requested page size: absent → `default`, 0 → 400, above `max` → `max`.
+pub(crate) fn page_limit(requested: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match requested.unwrap_or(default) {
+        0 => Err(ApiError::BadRequest("limit must be positive".into())),
+        n => Ok(n.min(max)),
+    }
+}
+
+/// A new identifier (uuid v4), generated before proposing so apply stays deterministic.
+pub(crate) fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
 
 /// Every route of the API.
 pub fn router() -> Router<AppState> {

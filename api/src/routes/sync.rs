@@ -73,10 +73,7 @@ pub async fn sync(
     principal: Principal,
     Query(query): Query<SyncQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let limit = match query.limit.unwrap_or(SYNC_PAGE_DEFAULT) {
-        0 => return Err(ApiError::BadRequest("limit must be positive".into())),
-        n => n.min(SYNC_PAGE_MAX),
-    };
+    let limit = super::page_limit(query.limit, SYNC_PAGE_DEFAULT, SYNC_PAGE_MAX)?;
     state.node.read_barrier().await?;
     let mut cursor = decode_cursor(&state, &principal, &query.cursor)?;
     let mut changes = Vec::new();
