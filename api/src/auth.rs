@@ -38,6 +38,12 @@ pub struct Principal {
 }
 
 impl Principal {
+    /// The caller's tenant, for tenant-scoped limits and job records: a property of the
+    /// authenticated user (never a client header). Every user is its own tenant.
+    pub fn tenant(&self) -> &str {
+        &self.user.id
+    }
+
     pub fn require_admin(&self) -> Result<(), ApiError> {
         if self.user.admin {
             Ok(())
@@ -46,9 +52,6 @@ impl Principal {
         }
     }
 }
-
-/// Header naming the caller's tenant, for tenant-scoped rate limits.
-pub const TENANT_HEADER: &str = "x-tenant-id";
 
 /// The hash of the request's bearer token, if it carries a well-formed one.
 pub fn bearer_hash(headers: &axum::http::HeaderMap) -> Option<[u8; 32]> {

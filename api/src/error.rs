@@ -74,7 +74,11 @@ impl ApiError {
 
 impl From<WriteError> for ApiError {
     fn from(error: WriteError) -> ApiError {
-        ApiError::Unavailable(error.to_string())
+        match error {
+            WriteError::TooLarge { .. } => ApiError::PayloadTooLarge(error.to_string()),
+            WriteError::Invalid(_) => ApiError::BadRequest(error.to_string()),
+            _ => ApiError::Unavailable(error.to_string()),
+        }
     }
 }
 

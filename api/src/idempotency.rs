@@ -4,12 +4,14 @@
 //! `Idempotency-Key`) and finishing with [`Keyed::write`] when its work is one Raft command —
 //! record and effect are then written in the same apply — or [`Keyed::run`] for multi-step
 //! work (an `IN_PROGRESS` record with a lease, then `DONE`). Scope = (principal, method and
-//! route, key); fingerprint = blake3 of the body.
+//! concrete path, key) — `/users/A/tokens` and `/users/B/tokens` are different scopes;
+//! fingerprint = blake3 of the body. A rejection the client can cure (422 `missing-chunks`)
+//! is not saved, so the retry after the cure runs.
 
 use std::future::Future;
 
 use axum::body::{to_bytes, Body, Bytes};
-use axum::extract::{FromRequest, MatchedPath, Request};
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use raftbox_storage::command::IdempotencyOutcome;
@@ -88,11 +90,8 @@ impl FromRequest<AppState> for Keyed {
 
     async fn from_request(request: Request, _state: &AppState) -> Result<Keyed, ApiError> {
         let key = request.headers().get(KEY_HEADER).map(parse_key).transpose()?;
-        let path = request
-            .extensions()
-            .get::<MatchedPath>()
-            .map_or_else(|| request.uri().path().to_string(), |p| p.as_str().to_string());
-        let route = format!("{} {path}", request.method());
+        // The concrete path, not the route template: a key is scoped to the resource.
+        let route = format!("{} {}", request.method(), request.uri().path());
         let body = to_bytes(request.into_body(), BODY_BYTES_MAX)
             .await
             .map_err(|e| ApiError::PayloadTooLarge(format!("request body: {e}")))?;

@@ -19,9 +19,14 @@ pub mod routes;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::Router;
 use raftbox_raft::RaftNode;
+use serde::Deserialize;
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
@@ -36,20 +41,53 @@ pub struct AppState {
 /// The API's part of the node configuration.
 #[derive(Debug, Clone, Default)]
 pub struct ApiConfig {
+    pub http: HttpConfig,
     pub idempotency: idempotency::IdempotencyConfig,
     pub rate_limiting: ratelimit::RateLimitingConfig,
     pub rate_limits: Vec<ratelimit::RateLimit>,
 }
 
-/// The complete router of a node: every route, rate-limited where configured.
-pub fn router(state: AppState) -> Router {
-    router_with(routes::router(), state)
+/// HTTP settings (node TOML `[http]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Every request but the notification channels (which bound themselves) answers within
+    /// this many ms, or 503.
+    pub request_timeout_ms: u64,
 }
 
-/// `routes` (the node's, possibly with more) behind the rate-limit middleware.
-pub fn router_with(routes: Router<AppState>, state: AppState) -> Router {
+impl Default for HttpConfig {
+    fn default() -> HttpConfig {
+        HttpConfig { request_timeout_ms: 60_000 }
+    }
+}
+
+/// The complete router of a node: every route, rate-limited where configured.
+pub fn router(state: AppState) -> Router {
+    router_with(Router::new(), state)
+}
+
+/// The node's routes plus `extra` (tests add some): every route but the notification
+/// channels under the request timeout, all behind the rate-limit middleware.
+pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
     let limiter = axum::middleware::from_fn_with_state(state.clone(), ratelimit::enforce);
-    routes.route_layer(limiter).with_state(state)
+    let timeout = axum::middleware::from_fn_with_state(state.clone(), request_timeout);
+    let bounded = routes::router().merge(extra).layer(timeout);
+    bounded.merge(routes::notify_router()).route_layer(limiter).with_state(state)
+}
+
+/// Answers 503 when the route has not answered within `[http] request_timeout_ms`. A write
+/// still in flight then may or may not happen, and the answer says so.
+async fn request_timeout(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let limit = Duration::from_millis(state.config.http.request_timeout_ms);
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Unavailable(format!(
+            "no answer within the request timeout ({} ms); a write in flight may or may not happen",
+            limit.as_millis()
+        ))
+        .into_response(),
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` resolves, then drains open requests.

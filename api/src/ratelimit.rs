@@ -18,7 +18,7 @@ use raftbox_storage::ratelimit::{Algorithm, Decision};
 use raftbox_storage::{Command, Outcome};
 use serde::Deserialize;
 
-use crate::auth::{bearer_hash, lookup, Principal, TENANT_HEADER};
+use crate::auth::{bearer_hash, lookup, Principal};
 use crate::{ApiError, AppState};
 
 /// What a limit counts requests by.
@@ -31,7 +31,7 @@ pub enum Scope {
     Token,
     /// The client's IP address.
     Ip,
-    /// The caller's tenant: the `X-Tenant-Id` header, else the user's personal namespace.
+    /// The caller's tenant (a property of the authenticated user).
     Tenant,
     /// Everyone together.
     Global,
@@ -50,16 +50,17 @@ pub enum Failure {
     Closed,
 }
 
-/// One configured limit (node TOML `[[rate_limits]]`).
-#[derive(Debug, Clone, Deserialize)]
+/// One configured limit, parsed and checked (node TOML `[[rate_limits]]`, see
+/// [`RateLimitConfig`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimit {
     pub name: String,
     pub scope: Scope,
     /// Path patterns: exact paths, or prefixes ending in `*` (`/v1/*`).
     pub routes: Vec<String>,
-    #[serde(flatten)]
+    /// Patterns of paths the limit does not cover although `routes` match them.
+    pub exclude: Vec<String>,
     pub algorithm: Algorithm,
-    #[serde(default)]
     pub failure: Failure,
 }
 
@@ -77,33 +78,134 @@ impl Default for RateLimitingConfig {
     }
 }
 
-impl RateLimit {
-    /// Checks the limit's own parameters.
-    pub fn validate(&self) -> Result<(), String> {
+/// Bounds on limit parameters, checked at config load, so a limiter's arithmetic, memory
+/// and waits stay bounded.
+pub const LIMIT_MAX: u64 = 1_000_000_000;
+pub const RATE_PER_S_MAX: u64 = 1_000_000;
+pub const WINDOW_MS_MAX: u64 = 30 * 24 * 3600 * 1000;
+/// A sliding log keeps one timestamp per admitted request in the window.
+pub const SLIDING_LOG_LIMIT_MAX: u64 = 10_000;
+/// A leaky bucket's queue makes a request wait at most this long.
+pub const LEAKY_QUEUE_WAIT_MS_MAX: u64 = 60_000;
+
+/// The names of the algorithms, for the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AlgorithmName {
+    #[default]
+    TokenBucket,
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+    LeakyBucket,
+}
+
+/// A limit as written in the TOML: `algorithm` defaults to `token_bucket`; the parameters
+/// are those of the algorithm (`capacity` + `refill_per_s`, `limit` + `window_ms`, or
+/// `capacity` + `drain_per_s`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    pub name: String,
+    pub scope: Scope,
+    pub routes: Vec<String>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    #[serde(default)]
+    pub algorithm: AlgorithmName,
+    pub capacity: Option<u64>,
+    pub refill_per_s: Option<u64>,
+    pub drain_per_s: Option<u64>,
+    pub limit: Option<u64>,
+    pub window_ms: Option<u64>,
+    #[serde(default)]
+    pub failure: Failure,
+}
+
+impl RateLimitConfig {
+    /// Checks the limit's parameters and builds it; the error names the limit and what is
+    /// wrong.
+    pub fn validate(self) -> Result<RateLimit, String> {
+        let name = self.name.clone();
+        let fail = |what: String| format!("rate limit {name:?}: {what}");
         if self.name.is_empty() || self.name.contains(['"', '|']) {
-            return Err(format!("rate limit name {:?} must be non-empty, without '\"' or '|'", self.name));
+            return Err(fail("the name must be non-empty, without '\"' or '|'".into()));
         }
         if self.routes.is_empty() {
-            return Err(format!("rate limit {}: routes must not be empty", self.name));
+            return Err(fail("routes must not be empty".into()));
         }
-        let positive = match self.algorithm {
-            Algorithm::TokenBucket { capacity, refill_per_s } => capacity > 0 && refill_per_s > 0,
-            Algorithm::LeakyBucket { capacity, drain_per_s } => capacity > 0 && drain_per_s > 0,
-            Algorithm::FixedWindow { limit, window_ms }
-            | Algorithm::SlidingLog { limit, window_ms }
-            | Algorithm::SlidingWindow { limit, window_ms } => limit > 0 && window_ms > 0,
+        let need = |value: Option<u64>, field: &str, min: u64, max: u64| -> Result<u64, String> {
+            let value = value.ok_or_else(|| fail(format!("{:?} needs {field}", self.algorithm)))?;
+            if !(min..=max).contains(&value) {
+                return Err(fail(format!("{field} must be {min} to {max}, not {value}")));
+            }
+            Ok(value)
         };
-        if !positive {
-            return Err(format!("rate limit {}: every parameter must be positive", self.name));
+        let algorithm = match self.algorithm {
+            AlgorithmName::TokenBucket => Algorithm::TokenBucket {
+                capacity: need(self.capacity, "capacity", 1, LIMIT_MAX)?,
+                refill_per_s: need(self.refill_per_s, "refill_per_s", 1, RATE_PER_S_MAX)?,
+            },
+            AlgorithmName::LeakyBucket => {
+                let capacity = need(self.capacity, "capacity", 1, LIMIT_MAX)?;
+                let drain_per_s = need(self.drain_per_s, "drain_per_s", 1, RATE_PER_S_MAX)?;
+                if capacity.saturating_mul(1_000) / drain_per_s > LEAKY_QUEUE_WAIT_MS_MAX {
+                    return Err(fail(format!(
+                        "capacity / drain_per_s is the longest queue wait; at most {} s",
+                        LEAKY_QUEUE_WAIT_MS_MAX / 1_000
+                    )));
+                }
+                Algorithm::LeakyBucket { capacity, drain_per_s }
+            }
+            AlgorithmName::FixedWindow => Algorithm::FixedWindow {
+                limit: need(self.limit, "limit", 1, LIMIT_MAX)?,
+                window_ms: need(self.window_ms, "window_ms", 1, WINDOW_MS_MAX)?,
+            },
+            AlgorithmName::SlidingWindow => Algorithm::SlidingWindow {
+                limit: need(self.limit, "limit", 1, LIMIT_MAX)?,
+                window_ms: need(self.window_ms, "window_ms", 1, WINDOW_MS_MAX)?,
+            },
+            AlgorithmName::SlidingLog => Algorithm::SlidingLog {
+                limit: need(self.limit, "limit", 1, SLIDING_LOG_LIMIT_MAX)?,
+                window_ms: need(self.window_ms, "window_ms", 1, WINDOW_MS_MAX)?,
+            },
+        };
+        let used: &[(&str, Option<u64>)] = &[
+            ("capacity", self.capacity),
+            ("refill_per_s", self.refill_per_s),
+            ("drain_per_s", self.drain_per_s),
+            ("limit", self.limit),
+            ("window_ms", self.window_ms),
+        ];
+        let wanted: &[&str] = match self.algorithm {
+            AlgorithmName::TokenBucket => &["capacity", "refill_per_s"],
+            AlgorithmName::LeakyBucket => &["capacity", "drain_per_s"],
+            _ => &["limit", "window_ms"],
+        };
+        if let Some((field, _)) = used.iter().find(|(field, value)| value.is_some() && !wanted.contains(field)) {
+            return Err(fail(format!("{field} does not apply to {:?}", self.algorithm)));
         }
-        Ok(())
-    }
-
-    fn matches(&self, path: &str) -> bool {
-        self.routes.iter().any(|pattern| match pattern.strip_suffix('*') {
-            Some(prefix) => path.starts_with(prefix),
-            None => path == pattern,
+        Ok(RateLimit {
+            name: self.name,
+            scope: self.scope,
+            routes: self.routes,
+            exclude: self.exclude,
+            algorithm,
+            failure: self.failure,
         })
+    }
+}
+
+fn pattern_matches(pattern: &str, path: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => path == pattern,
+    }
+}
+
+impl RateLimit {
+    fn matches(&self, path: &str) -> bool {
+        self.routes.iter().any(|p| pattern_matches(p, path)) && !self.exclude.iter().any(|p| pattern_matches(p, path))
     }
 }
 
@@ -142,6 +244,11 @@ pub async fn enforce(State(state): State<AppState>, mut request: Request, next: 
     };
     let (index, decision) = most_restrictive(&decisions);
     let mut response = if allowed {
+        // A leaky bucket admits into a queue: the request leaves at the drain rate.
+        let delay_ms = decisions.iter().map(|d| d.delay_ms).max().unwrap_or(0);
+        if delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        }
         next.run(request).await
     } else {
         ApiError::RateLimited { retry_after_s: decision.retry_after_ms.div_ceil(1_000).max(1) }.into_response()
@@ -169,7 +276,6 @@ fn applicable<'a>(state: &'a AppState, request: &Request, caller: Option<&Princi
     }
     let ip = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
     let endpoint = request.extensions().get::<MatchedPath>().map_or(path, |m| m.as_str());
-    let tenant = request.headers().get(TENANT_HEADER).and_then(|v| v.to_str().ok());
     limits
         .into_iter()
         .filter_map(|limit| {
@@ -177,10 +283,7 @@ fn applicable<'a>(state: &'a AppState, request: &Request, caller: Option<&Princi
                 Scope::User => format!("user:{}", caller?.user.id),
                 Scope::Token => format!("token:{}", caller?.token_id),
                 Scope::Ip => format!("ip:{}", ip.as_ref()?),
-                Scope::Tenant => match tenant {
-                    Some(t) => format!("tenant:{t}"),
-                    None => format!("tenant:{}", caller?.user.namespace_id),
-                },
+                Scope::Tenant => format!("tenant:{}", caller?.tenant()),
                 Scope::Global => "global".to_string(),
                 Scope::Endpoint => format!("endpoint:{} {endpoint}", request.method()),
             };
@@ -235,6 +338,7 @@ mod tests {
             name: "l".into(),
             scope: Scope::Global,
             routes: routes.iter().map(|r| r.to_string()).collect(),
+            exclude: vec!["/v1/blocks/*".into()],
             algorithm: Algorithm::TokenBucket { capacity: 1, refill_per_s: 1 },
             failure: Failure::Open,
         }
@@ -248,6 +352,7 @@ mod tests {
         assert!(l.matches("/healthz"));
         assert!(!l.matches("/healthz/x"));
         assert!(!l.matches("/readyz"));
+        assert!(!l.matches("/v1/blocks/abc"), "excluded");
     }
 
     #[test]
@@ -258,21 +363,44 @@ mod tests {
             remaining,
             reset_ms: 0,
             retry_after_ms,
+            delay_ms: 0,
         };
         assert_eq!(most_restrictive(&[d(true, 5, 0), d(true, 2, 0), d(true, 7, 0)]).0, 1);
         assert_eq!(most_restrictive(&[d(true, 0, 0), d(false, 0, 300), d(false, 0, 900)]).0, 2);
     }
 
+    fn parse(text: &str) -> Result<RateLimit, String> {
+        toml::from_str::<RateLimitConfig>(text).map_err(|e| e.to_string())?.validate()
+    }
+
     #[test]
     fn config_parses_from_toml() {
-        let parsed: RateLimit = toml::from_str(
+        let parsed = parse(
             "name = \"per-user\"\nscope = \"user\"\nroutes = [\"/v1/*\"]\nalgorithm = \"sliding_window\"\nlimit = 5\nwindow_ms = 1000\nfailure = \"closed\"",
         )
         .expect("parse");
         assert_eq!(parsed.algorithm, Algorithm::SlidingWindow { limit: 5, window_ms: 1000 });
         assert_eq!((parsed.scope, parsed.failure), (Scope::User, Failure::Closed));
-        assert!(parsed.validate().is_ok());
-        let zero = RateLimit { algorithm: Algorithm::FixedWindow { limit: 0, window_ms: 1 }, ..parsed };
-        assert!(zero.validate().is_err());
+        // The algorithm defaults to the token bucket.
+        let default =
+            parse("name = \"d\"\nscope = \"ip\"\nroutes = [\"/\"]\ncapacity = 10\nrefill_per_s = 2").expect("parse");
+        assert_eq!(default.algorithm, Algorithm::TokenBucket { capacity: 10, refill_per_s: 2 });
+    }
+
+    #[test]
+    fn bad_parameters_are_refused_with_a_reason() {
+        let base = "name = \"x\"\nscope = \"ip\"\nroutes = [\"/\"]\n";
+        for (params, says) in [
+            ("algorithm = \"fixed_window\"\nlimit = 0\nwindow_ms = 1", "limit must be"),
+            ("capacity = 10", "needs refill_per_s"),
+            ("capacity = 99999999999999999\nrefill_per_s = 1", "capacity must be"),
+            ("capacity = 10\nrefill_per_s = 1\nwindow_ms = 5", "does not apply"),
+            ("algorithm = \"sliding_log\"\nlimit = 100000\nwindow_ms = 1000", "limit must be"),
+            ("algorithm = \"leaky_bucket\"\ncapacity = 1000\ndrain_per_s = 1", "queue wait"),
+            ("algorithm = \"fixed_window\"\nlimit = 5\nwindow_ms = 999999999999", "window_ms must be"),
+        ] {
+            let error = parse(&format!("{base}{params}")).expect_err(params);
+            assert!(error.contains(says), "{params}: {error}");
+        }
     }
 }

@@ -621,6 +621,8 @@ impl Cluster {
         let admin_token = generate_token();
         let token_path = root.join("admin.token");
         write_private(&token_path, &format!("{admin_token}\n"))?;
+        let secret_path = root.join("cluster.secret");
+        write_private(&secret_path, &format!("{}\n", generate_token()))?;
 
         let count = usize::try_from(options.nodes).context("node count")?;
         let ports = free_ports(2 * count)?;
@@ -644,6 +646,7 @@ impl Cluster {
                 members: &members,
                 data_dir: &data_dir,
                 token_path: &token_path,
+                secret_path: &secret_path,
                 raft: &options.raft,
                 extra_toml: &options.extra_toml,
             });
@@ -1090,6 +1093,7 @@ struct NodeConfig<'a> {
     members: &'a [Member],
     data_dir: &'a Path,
     token_path: &'a Path,
+    secret_path: &'a Path,
     raft: &'a RaftTuning,
     extra_toml: &'a str,
 }
@@ -1100,12 +1104,13 @@ fn render_config(config: &NodeConfig<'_>) -> String {
     let raft = config.raft;
     let mut out = format!(
         "node_id = {}\ndata_dir = {}\nhttp_addr = {}\ngrpc_addr = {}\nadmin_token_file = {}\n\
-         bootstrap = {}\n",
+         cluster_secret_file = {}\nbootstrap = {}\n",
         member.id,
         toml_string(&config.data_dir.display().to_string()),
         toml_string(&member.http_addr),
         toml_string(&member.grpc_addr),
         toml_string(&config.token_path.display().to_string()),
+        toml_string(&config.secret_path.display().to_string()),
         member.id == 1,
     );
     for peer in config.members {
@@ -1385,6 +1390,7 @@ mod tests {
                 members: &members,
                 data_dir: Path::new("/tmp/x/node1/data"),
                 token_path: Path::new("/tmp/x/admin.token"),
+                secret_path: Path::new("/tmp/x/cluster.secret"),
                 raft: &raft,
                 extra_toml: "",
             })

@@ -1,10 +1,21 @@
-//! What the client subcommands share: the connection flags and a small API caller.
+//! What the client subcommands share: the connection flags and a small API caller that
+//! survives its own cluster's defaults — it waits out 429 and 503 answers as their
+//! `Retry-After` asks (bounded), and every POST carries an `Idempotency-Key`, so a retry after
+//! an unknown outcome has one effect.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use reqwest::StatusCode;
 use serde_json::Value;
+
+/// Retries of one request after 429 or 503, at most.
+const RETRIES_MAX: u32 = 10;
+/// Longest single wait between retries, whatever `Retry-After` says.
+const RETRY_WAIT_MAX: Duration = Duration::from_secs(30);
+/// Wait when a 429 or 503 names none.
+const RETRY_WAIT_DEFAULT: Duration = Duration::from_secs(1);
 
 /// Where and as whom the client subcommands talk to the cluster.
 #[derive(clap::Args, Debug)]
@@ -39,21 +50,46 @@ impl Api {
         Ok(Api { http: reqwest::Client::new(), url: connection.url.clone(), token, device })
     }
 
+    /// A request to `path`; a POST gets a fresh `Idempotency-Key`, which its retries keep.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let request =
+        let is_post = method == reqwest::Method::POST;
+        let mut request =
             self.http.request(method, format!("{}{path}", self.url.trim_end_matches('/'))).bearer_auth(&self.token);
+        if is_post {
+            request = request.header("idempotency-key", uuid::Uuid::new_v4().to_string());
+        }
         match &self.device {
             Some(device) => request.header("x-device-id", device),
             None => request,
         }
     }
 
-    /// Sends, and turns a problem+json answer into an error naming its detail.
+    /// Sends, waiting out 429 and 503 answers (see [`Api::send_raw`]), and parses the JSON
+    /// answer (problem+json included).
     pub async fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<(StatusCode, Value)> {
-        let response = request.send().await.context("reach the cluster")?;
+        let response = self.send_raw(request).await?;
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         Ok((status, body))
+    }
+
+    /// Sends; on 429 or 503 waits as `Retry-After` says (at most [`RETRY_WAIT_MAX`]) and tries
+    /// again, at most [`RETRIES_MAX`] times, then returns the last answer. Every request this
+    /// client retries is safe to repeat: reads, block PUTs (content-addressed), and POSTs
+    /// (which carry an idempotency key).
+    pub async fn send_raw(&self, request: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+        let mut retries = 0;
+        loop {
+            let attempt = request.try_clone().context("a request with a streamed body cannot be retried")?;
+            let response = attempt.send().await.context("reach the cluster")?;
+            let status = response.status();
+            let busy = status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE;
+            if !busy || retries >= RETRIES_MAX {
+                return Ok(response);
+            }
+            retries += 1;
+            tokio::time::sleep(retry_wait(response.headers(), retries)).await;
+        }
     }
 
     pub async fn current_version(&self, remote: &str) -> anyhow::Result<Option<Value>> {
@@ -67,9 +103,41 @@ impl Api {
     }
 }
 
+/// How long to wait before retry number `retry`: the answer's `Retry-After` seconds if it
+/// names them, else a backoff doubling from [`RETRY_WAIT_DEFAULT`]; never above
+/// [`RETRY_WAIT_MAX`], with up to 25 % jitter so clients that were refused together do not
+/// return together.
+fn retry_wait(headers: &reqwest::header::HeaderMap, retry: u32) -> Duration {
+    let asked = headers
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let base = asked.unwrap_or_else(|| RETRY_WAIT_DEFAULT * 2u32.saturating_pow(retry.saturating_sub(1)));
+    let base = base.min(RETRY_WAIT_MAX);
+    base + base.mul_f64(rand::random::<f64>() * 0.25)
+}
+
 pub fn problem(status: StatusCode, body: &Value) -> String {
     match body["detail"].as_str() {
         Some(detail) => format!("{status}: {detail}"),
         None => status.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_waits_follow_retry_after_within_bounds() {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::RETRY_AFTER, "2".parse().expect("value"));
+        let wait = retry_wait(&headers, 1);
+        assert!(wait >= Duration::from_secs(2) && wait <= Duration::from_millis(2_500), "{wait:?}");
+        headers.insert(reqwest::header::RETRY_AFTER, "3600".parse().expect("value"));
+        assert!(retry_wait(&headers, 1) <= RETRY_WAIT_MAX.mul_f64(1.25));
+        let none = reqwest::header::HeaderMap::new();
+        assert!(retry_wait(&none, 3) >= Duration::from_secs(4));
     }
 }

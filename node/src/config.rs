@@ -7,12 +7,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use raftbox_api::idempotency::IdempotencyConfig;
-use raftbox_api::ratelimit::{RateLimit, RateLimitingConfig};
-use raftbox_api::ApiConfig;
+use raftbox_api::ratelimit::{RateLimitConfig, RateLimitingConfig};
+use raftbox_api::{ApiConfig, HttpConfig};
 
 use crate::executor::JobsConfig;
 use crate::maintenance::FilesConfig;
-use raftbox_raft::{NodeInfo, RaftSettings};
+use raftbox_raft::{ClusterSecret, NodeInfo, RaftSettings};
 use serde::Deserialize;
 
 /// `raftbox serve` flags; each also reads an environment variable.
@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// File holding the admin bearer token; the cluster makes sure an admin user has it.
     #[arg(long, env = "RAFTBOX_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<PathBuf>,
+    /// File holding the cluster secret that every node-to-node call carries (the same on
+    /// every node; 16+ visible ASCII characters; keep it mode 0600).
+    #[arg(long, env = "RAFTBOX_CLUSTER_SECRET_FILE")]
+    pub cluster_secret_file: Option<PathBuf>,
     /// Initialize the cluster on first start (set on exactly one node).
     #[arg(long, env = "RAFTBOX_BOOTSTRAP")]
     pub bootstrap: bool,
@@ -49,6 +53,7 @@ struct FileConfig {
     http_addr: Option<SocketAddr>,
     grpc_addr: Option<SocketAddr>,
     admin_token_file: Option<PathBuf>,
+    cluster_secret_file: Option<PathBuf>,
     #[serde(default)]
     bootstrap: bool,
     #[serde(default)]
@@ -56,11 +61,13 @@ struct FileConfig {
     #[serde(default)]
     raft: RaftConfig,
     #[serde(default)]
+    http: HttpConfig,
+    #[serde(default)]
     idempotency: IdempotencyConfig,
     #[serde(default)]
     rate_limiting: RateLimitingConfig,
     #[serde(default)]
-    rate_limits: Vec<RateLimit>,
+    rate_limits: Vec<RateLimitConfig>,
     #[serde(default)]
     files: FilesConfig,
     #[serde(default)]
@@ -84,6 +91,7 @@ struct RaftConfig {
     snapshot_logs_since_last: Option<u64>,
     logs_to_keep: Option<u64>,
     write_timeout_ms: Option<u64>,
+    max_clock_offset_ms: Option<u64>,
 }
 
 /// A validated node configuration.
@@ -94,6 +102,7 @@ pub struct Config {
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub admin_token_file: Option<PathBuf>,
+    pub cluster_secret: ClusterSecret,
     pub bootstrap: bool,
     pub members: BTreeMap<u64, NodeInfo>,
     pub raft: RaftSettings,
@@ -112,10 +121,17 @@ impl Config {
             }
             None => FileConfig::default(),
         };
-        Config::merge(file, args)
+        let secret_file = args.cluster_secret_file.clone().or_else(|| file.cluster_secret_file.clone()).context(
+            "cluster_secret_file is required (config or --cluster-secret-file): without a secret anyone who reaches \
+             the gRPC port could act as a node",
+        )?;
+        let text = std::fs::read_to_string(&secret_file)
+            .with_context(|| format!("read cluster secret {}", secret_file.display()))?;
+        let secret = ClusterSecret::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", secret_file.display()))?;
+        Config::merge(file, args, secret)
     }
 
-    fn merge(file: FileConfig, args: ServeArgs) -> anyhow::Result<Config> {
+    fn merge(file: FileConfig, args: ServeArgs, cluster_secret: ClusterSecret) -> anyhow::Result<Config> {
         let node_id = args.node_id.or(file.node_id).context("node_id is required (config or --node-id)")?;
         let data_dir = args.data_dir.or(file.data_dir).context("data_dir is required (config or --data-dir)")?;
         let mut members = BTreeMap::new();
@@ -142,6 +158,7 @@ impl Config {
             logs_to_keep: file.raft.logs_to_keep.unwrap_or(d.logs_to_keep),
             write_timeout_ms: file.raft.write_timeout_ms.unwrap_or(d.write_timeout_ms),
             bootstrap_wait_ms: d.bootstrap_wait_ms,
+            max_clock_offset_ms: file.raft.max_clock_offset_ms.unwrap_or(d.max_clock_offset_ms),
         };
         if raft.heartbeat_ms == 0 || raft.heartbeat_ms >= raft.election_timeout_min_ms {
             bail!("raft.heartbeat_ms must be positive and below raft.election_timeout_min_ms");
@@ -152,34 +169,55 @@ impl Config {
         if raft.snapshot_logs_since_last == 0 {
             bail!("raft.snapshot_logs_since_last must be positive");
         }
+        in_range("raft.write_timeout_ms", raft.write_timeout_ms, 100, 600_000)?;
+        in_range("raft.max_clock_offset_ms", raft.max_clock_offset_ms, 10, 3_600_000)?;
+        in_range("http.request_timeout_ms", file.http.request_timeout_ms, 1_000, 3_600_000)?;
         let mut names = BTreeSet::new();
-        for limit in &file.rate_limits {
-            limit.validate().map_err(anyhow::Error::msg)?;
-            if !names.insert(limit.name.as_str()) {
+        let mut rate_limits = Vec::new();
+        for limit in file.rate_limits {
+            if !names.insert(limit.name.clone()) {
                 bail!("rate limit name {:?} appears twice", limit.name);
             }
+            rate_limits.push(limit.validate().map_err(anyhow::Error::msg)?);
         }
-        if file.idempotency.ttl_s == 0 || file.idempotency.lease_s == 0 {
-            bail!("idempotency.ttl_s and idempotency.lease_s must be positive");
-        }
+        in_range("rate_limiting.decision_timeout_ms", file.rate_limiting.decision_timeout_ms, 1, 60_000)?;
+        in_range("idempotency.ttl_s", file.idempotency.ttl_s, 1, 365 * 24 * 3600)?;
+        in_range("idempotency.lease_s", file.idempotency.lease_s, 1, 24 * 3600)?;
+        in_range("jobs.lease_ms", file.jobs.lease_ms, 100, 3_600_000)?;
+        in_range("jobs.concurrency", u64::from(file.jobs.concurrency), 1, 65_536)?;
+        in_range("jobs.run_retention_s", file.jobs.run_retention_s, 1, 365 * 24 * 3600)?;
+        in_range("files.version_retention_s", file.files.version_retention_s, 0, 100 * 365 * 24 * 3600)?;
+        in_range("files.orphan_grace_s", file.files.orphan_grace_s, 0, 365 * 24 * 3600)?;
+        in_range("files.maintenance_interval_s", file.files.maintenance_interval_s, 1, 24 * 3600)?;
+        in_range("files.replicator_round_chunks", file.files.replicator_round_chunks as u64, 1, 1_000_000)?;
         Ok(Config {
             node_id,
             data_dir,
             http_addr: args.http_addr.or(file.http_addr).unwrap_or(own.http_addr),
             grpc_addr: args.grpc_addr.or(file.grpc_addr).unwrap_or(own.grpc_addr),
             admin_token_file: args.admin_token_file.or(file.admin_token_file),
+            cluster_secret,
             bootstrap: args.bootstrap || file.bootstrap,
             members,
             raft,
             files: file.files,
             jobs: file.jobs,
             api: ApiConfig {
+                http: file.http,
                 idempotency: file.idempotency,
                 rate_limiting: file.rate_limiting,
-                rate_limits: file.rate_limits,
+                rate_limits,
             },
         })
     }
+}
+
+/// `value` of the setting `name` is within `min..=max`, or a clear start-up error.
+fn in_range(name: &str, value: u64, min: u64, max: u64) -> anyhow::Result<()> {
+    if !(min..=max).contains(&value) {
+        bail!("{name} must be {min} to {max}, not {value}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -194,6 +232,7 @@ mod tests {
             http_addr: None,
             grpc_addr: None,
             admin_token_file: None,
+            cluster_secret_file: None,
             bootstrap: false,
         }
     }
@@ -214,7 +253,8 @@ mod tests {
     "#;
 
     fn check(text: &str, args: ServeArgs) -> anyhow::Result<Config> {
-        Config::merge(toml::from_str(text)?, args)
+        let secret = ClusterSecret::parse("config-tests-cluster-secret").expect("secret");
+        Config::merge(toml::from_str(text)?, args, secret)
     }
 
     #[test]
@@ -257,5 +297,12 @@ mod tests {
         assert!(check(&bad_timing, args()).unwrap_err().to_string().contains("heartbeat_ms"));
         assert!(check("nodeid = 1", args()).is_err(), "unknown keys are errors");
         assert!(check("data_dir = \"/x\"", args()).unwrap_err().to_string().contains("node_id"));
+        let huge_limit = format!(
+            "{THREE}\n[[rate_limits]]\nname = \"u\"\nscope = \"user\"\nroutes = [\"/v1/*\"]\n\
+             capacity = 9223372036854775807\nrefill_per_s = 5"
+        );
+        assert!(check(&huge_limit, args()).unwrap_err().to_string().contains("capacity must be"));
+        let no_timeout = format!("{THREE}\n[http]\nrequest_timeout_ms = 0");
+        assert!(check(&no_timeout, args()).unwrap_err().to_string().contains("request_timeout_ms"));
     }
 }

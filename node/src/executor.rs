@@ -12,8 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use raftbox_raft::RaftNode;
-use raftbox_storage::jobs::{Job, JobSpec, RunReport, RunStatus, Schedule, RETRY_BACKOFF_MS_MAX};
-use raftbox_storage::schedule::{format_utc, CronSchedule};
+use raftbox_storage::jobs::{
+    Job, JobSpec, RunReport, RunResult, RunStatus, Schedule, RESULT_EXCERPT_BYTES_MAX, RETRY_BACKOFF_MS_MAX,
+};
+use raftbox_storage::paths::cut;
+use raftbox_storage::schedule::format_utc;
 use raftbox_storage::{Command, Outcome};
 use rand::Rng as _;
 use serde::Deserialize;
@@ -24,6 +27,10 @@ use crate::maintenance::FilesConfig;
 
 /// How often the executor looks at its local state for due work.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Records one maintenance command handles, at most (each is one bounded Raft command).
+const MAINTENANCE_BATCH_RECORDS: u32 = 1_000;
+/// Commands one maintenance run issues, at most, before it leaves the rest to the next run.
+const MAINTENANCE_ROUNDS_MAX: u32 = 1_000;
 
 /// Executor settings (node TOML `[jobs]`).
 #[derive(Debug, Clone, Deserialize)]
@@ -104,7 +111,9 @@ async fn claim(ctx: &Arc<Context>, free: usize) {
     }
 }
 
-/// One attempt: start (fenced), execute with lease renewal, report (fenced).
+/// One attempt: start (fenced), execute with lease renewal, report (fenced). The state
+/// machine decides what follows (a retry, the next fire by the job's current schedule, or
+/// the end), so a PATCH made meanwhile governs.
 async fn attempt(ctx: &Context, job: Job) {
     let run_id = uuid::Uuid::new_v4().to_string();
     let start = Command::StartRun {
@@ -112,6 +121,7 @@ async fn attempt(ctx: &Context, job: Job) {
         fence: job.fence,
         run_id: run_id.clone(),
         worker: ctx.worker.clone(),
+        run_ttl_ms: ctx.config.run_retention_s.saturating_mul(1_000),
     };
     match ctx.node.write(start).await {
         Ok(Outcome::Done) => {}
@@ -119,30 +129,20 @@ async fn attempt(ctx: &Context, job: Job) {
         Err(e) => return tracing::warn!(job = %job.id, error = %e, "attempt not started; the lease will expire"),
     }
     let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, ctx.config.lease_ms));
-    let (status, error) = execute(ctx, &job, &run_id).await;
+    let ran = execute(ctx, &job, &run_id).await;
     renewer.abort();
     let report = RunReport {
         job_id: job.id.clone(),
         fence: job.fence,
-        status,
-        error,
+        status: ran.status,
+        error: ran.error,
+        result: ran.result,
         retry_at_ms: now_ms() + backoff_ms(job.retry_backoff_ms, job.attempts),
-        next_fire_ms: next_fire(&job.schedule, job.scheduled_for_ms, now_ms()),
-        run_ttl_ms: ctx.config.run_retention_s * 1_000,
     };
     match ctx.node.write(Command::FinishRun(Box::new(report))).await {
-        Ok(Outcome::Done) => tracing::debug!(job = %job.id, ?status, "attempt finished"),
+        Ok(Outcome::Done) => tracing::debug!(job = %job.id, status = ?ran.status, "attempt finished"),
         Ok(other) => tracing::info!(job = %job.id, outcome = ?other, "attempt report refused"),
         Err(e) => tracing::warn!(job = %job.id, error = %e, "attempt report lost; the lease will expire"),
-    }
-}
-
-/// A cron job's next fire after this one: the first after both the fire and now, so fires
-/// missed while the cluster was down coalesce into the one that just ran.
-fn next_fire(schedule: &Schedule, scheduled_for_ms: Option<u64>, now_ms: u64) -> Option<u64> {
-    match schedule {
-        Schedule::Cron(cron) => cron.next_after(now_ms.max(scheduled_for_ms.unwrap_or(0))),
-        Schedule::Once { .. } => None,
     }
 }
 
@@ -165,35 +165,52 @@ async fn renew(node: RaftNode, job_id: String, fence: u64, lease_ms: u64) {
     }
 }
 
-async fn execute(ctx: &Context, job: &Job, run_id: &str) -> (RunStatus, Option<String>) {
+/// What an attempt came to.
+struct Ran {
+    status: RunStatus,
+    error: Option<String>,
+    result: Option<RunResult>,
+}
+
+async fn execute(ctx: &Context, job: &Job, run_id: &str) -> Ran {
     let timeout = Duration::from_secs(job.timeout_s.max(1));
     let work = async {
         match job.job_type.as_str() {
             "webhook" => webhook(ctx, job, run_id).await,
-            "noop" => Ok(()),
-            "fail" => Err("the fail task always fails".to_string()),
+            "noop" => Ok(summary("ok")),
+            "fail" => Err(("the fail task always fails".to_string(), None)),
             "sleep" => {
                 let ms = job.payload.get("ms").and_then(|v| v.as_u64()).unwrap_or(0);
                 tokio::time::sleep(Duration::from_millis(ms)).await;
-                Ok(())
+                Ok(summary(&format!("slept {ms} ms")))
             }
-            kind if kind.starts_with("maintenance.") => maintain(ctx, kind).await,
-            other => Err(format!("unknown job type {other:?}")),
+            kind if kind.starts_with("maintenance.") => maintain(ctx, kind).await.map_err(|e| (e, None)),
+            other => Err((format!("unknown job type {other:?}"), None)),
         }
     };
     match tokio::time::timeout(timeout, work).await {
-        Ok(Ok(())) => (RunStatus::Succeeded, None),
-        Ok(Err(error)) => (RunStatus::Failed, Some(error)),
-        Err(_) => (RunStatus::TimedOut, Some(format!("timed out after {} s", job.timeout_s))),
+        Ok(Ok(result)) => Ran { status: RunStatus::Succeeded, error: None, result: Some(result) },
+        Ok(Err((error, result))) => Ran { status: RunStatus::Failed, error: Some(error), result },
+        Err(_) => Ran {
+            status: RunStatus::TimedOut,
+            error: Some(format!("timed out after {} s", job.timeout_s)),
+            result: None,
+        },
     }
 }
 
-async fn webhook(ctx: &Context, job: &Job, run_id: &str) -> Result<(), String> {
+fn summary(text: &str) -> RunResult {
+    RunResult { http_status: None, excerpt: text.to_string() }
+}
+
+/// The call a webhook job makes. Its result keeps the HTTP status and the first
+/// [`RESULT_EXCERPT_BYTES_MAX`] bytes of the answer (read no further).
+async fn webhook(ctx: &Context, job: &Job, run_id: &str) -> Result<RunResult, (String, Option<RunResult>)> {
     let scheduled_for = format_utc(job.scheduled_for_ms.unwrap_or(0));
     let body = json!({
         "jobId": job.id, "runId": run_id, "scheduledFor": scheduled_for, "attempt": job.attempts, "payload": job.payload,
     });
-    let response = ctx
+    let mut response = ctx
         .http
         .post(&job.target)
         .header("Idempotency-Key", format!("{}:{scheduled_for}", job.id))
@@ -203,50 +220,66 @@ async fn webhook(ctx: &Context, job: &Job, run_id: &str) -> Result<(), String> {
         .json(&body)
         .send()
         .await
-        .map_err(|e| format!("call {}: {e}", job.target))?;
+        .map_err(|e| (format!("call {}: {e}", job.target), None))?;
     let status = response.status();
+    let mut head = Vec::new();
+    while head.len() < RESULT_EXCERPT_BYTES_MAX {
+        match response.chunk().await {
+            Ok(Some(chunk)) => head.extend_from_slice(&chunk),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let text = String::from_utf8_lossy(&head);
+    let result =
+        RunResult { http_status: Some(status.as_u16()), excerpt: cut(&text, RESULT_EXCERPT_BYTES_MAX).to_string() };
     if status.is_success() {
-        Ok(())
+        Ok(result)
     } else {
-        Err(format!("{} answered {status}", job.target))
+        Err((format!("{} answered {status}", job.target), Some(result)))
     }
 }
 
 /// The node's own periodic work, run as built-in jobs so it is claimed once cluster-wide.
-async fn maintain(ctx: &Context, kind: &str) -> Result<(), String> {
-    let now = now_ms();
-    let command = match kind {
-        "maintenance.purge_expired" => Command::PurgeExpired { max_records: 1_000 },
-        "maintenance.expire_versions" => Command::ExpireVersions {
-            created_before_ms: now.saturating_sub(ctx.files.version_retention_s * 1_000),
-            max_versions: 1_000,
-        },
-        "maintenance.collect_orphans" => Command::CollectOrphans {
-            orphaned_before_ms: now.saturating_sub(ctx.files.orphan_grace_s * 1_000),
-            max_chunks: 1_000,
-        },
-        "maintenance.expire_runs" => Command::ExpireRuns { before_ms: now, max_runs: 1_000 },
-        other => return Err(format!("unknown maintenance task {other:?}")),
-    };
-    match ctx.node.write(command).await.map_err(|e| e.to_string())? {
-        Outcome::Purged { records: n } | Outcome::Collected { removed: n } if n > 0 => {
-            tracing::info!(removed = n, "maintenance: {kind}");
-            Ok(())
+/// Each command is bounded; the task repeats it while the state machine reports more due, so
+/// maintenance keeps up with any load.
+async fn maintain(ctx: &Context, kind: &str) -> Result<RunResult, String> {
+    let mut total = 0;
+    for _ in 0..MAINTENANCE_ROUNDS_MAX {
+        let now = now_ms();
+        let command = match kind {
+            "maintenance.purge_expired" => Command::PurgeExpired { max_records: MAINTENANCE_BATCH_RECORDS },
+            "maintenance.expire_versions" => Command::ExpireVersions {
+                superseded_before_ms: now.saturating_sub(ctx.files.version_retention_s.saturating_mul(1_000)),
+                max_versions: MAINTENANCE_BATCH_RECORDS,
+            },
+            "maintenance.collect_orphans" => Command::CollectOrphans {
+                orphaned_before_ms: now.saturating_sub(ctx.files.orphan_grace_s.saturating_mul(1_000)),
+                max_chunks: MAINTENANCE_BATCH_RECORDS,
+            },
+            "maintenance.expire_runs" => Command::ExpireRuns { before_ms: now, max_runs: MAINTENANCE_BATCH_RECORDS },
+            other => return Err(format!("unknown maintenance task {other:?}")),
+        };
+        let (n, more) = match ctx.node.write(command).await.map_err(|e| e.to_string())? {
+            Outcome::Purged { records, more } => (records, more),
+            Outcome::Collected { removed, more } => (removed, more),
+            other => return Err(format!("unexpected outcome {other:?}")),
+        };
+        total += n;
+        if !more {
+            break;
         }
-        _ => Ok(()),
     }
+    if total > 0 {
+        tracing::info!(removed = total, "maintenance: {kind}");
+    }
+    Ok(summary(&format!("removed {total}")))
 }
 
-/// The built-in recurring maintenance jobs, firing every `interval_s`.
+/// The built-in recurring maintenance jobs, firing every `interval_s` (any interval: they
+/// use an interval schedule, not cron).
 pub fn system_jobs(interval_s: u64) -> Vec<Job> {
-    let expr = if interval_s < 60 {
-        format!("*/{} * * * * *", interval_s.max(1))
-    } else {
-        format!("0 */{} * * * *", (interval_s / 60).clamp(1, 59))
-    };
-    let cron = CronSchedule::parse(&expr, "UTC")
-        .unwrap_or_else(|_| CronSchedule { expr: "0 * * * * *".into(), timezone: "UTC".into() });
-    let first = cron.next_after(now_ms());
+    let every_ms = interval_s.max(1).saturating_mul(1_000);
+    let first = now_ms().saturating_add(every_ms);
     ["purge_expired", "expire_versions", "collect_orphans", "expire_runs"]
         .into_iter()
         .map(|task| {
@@ -256,12 +289,12 @@ pub fn system_jobs(interval_s: u64) -> Vec<Job> {
                 job_type: format!("maintenance.{task}"),
                 target: String::new(),
                 payload: json!({}),
-                schedule: Schedule::Cron(cron.clone()),
+                schedule: Schedule::Interval { every_ms },
                 max_retries: 0,
                 retry_backoff_ms: 1_000,
                 timeout_s: 300,
             };
-            Job::scheduled(spec, first)
+            Job::scheduled(spec, Some(first))
         })
         .collect()
 }
@@ -282,22 +315,12 @@ mod tests {
     }
 
     #[test]
-    fn missed_fires_coalesce_into_one() {
-        let hourly = Schedule::Cron(CronSchedule::parse("0 * * * *", "UTC").expect("cron"));
-        let hour = 3_600_000;
-        // The 01:00 fire ran at 05:30 (the cluster was down): 02:00–05:00 are not replayed.
-        assert_eq!(next_fire(&hourly, Some(hour), 5 * hour + hour / 2), Some(6 * hour));
-        // On time: the next hour.
-        assert_eq!(next_fire(&hourly, Some(hour), hour + 10), Some(2 * hour));
-        assert_eq!(next_fire(&Schedule::Once { run_at_ms: hour }, Some(hour), hour), None);
-    }
-
-    #[test]
     fn system_jobs_follow_the_interval() {
         let jobs = system_jobs(60);
         assert_eq!(jobs.len(), 4);
         assert!(jobs.iter().all(|j| j.owner_user_id == "system" && j.next_run_at_ms.is_some()));
-        let Schedule::Cron(cron) = &system_jobs(1)[0].schedule else { panic!("cron") };
-        assert_eq!(cron.expr, "*/1 * * * * *");
+        for interval_s in [1, 45, 60, 7_200] {
+            assert_eq!(system_jobs(interval_s)[0].schedule, Schedule::Interval { every_ms: interval_s * 1_000 });
+        }
     }
 }

@@ -2,13 +2,15 @@
 //!
 //! `put` splits a file with content-defined chunking (FastCDC), asks which chunks the
 //! cluster lacks, uploads only those (concurrently, with a progress bar on a terminal) and
-//! commits; `get` downloads only the chunks the local copy does not already contain. Any
-//! node's address works.
+//! commits; `get` downloads only the chunks the local copy does not already contain. Both
+//! stream: the file is read (or written) a chunk at a time, with at most
+//! [`TRANSFERS_IN_FLIGHT`] + [`CHUNKS_QUEUED`] chunks in memory, whatever its size. Any node's
+//! address works.
 
-use std::collections::HashMap;
-use std::io::IsTerminal as _;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{IsTerminal as _, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use futures::stream::{self, StreamExt as _, TryStreamExt as _};
@@ -24,6 +26,10 @@ const CHUNK_AVG_BYTES: usize = 1024 * 1024;
 const CHUNK_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Chunks uploaded or downloaded at once.
 const TRANSFERS_IN_FLIGHT: usize = 8;
+/// Chunks read ahead of the uploads, at most.
+const CHUNKS_QUEUED: usize = 2;
+/// Hashes asked about in one status call (well under the API's request limits).
+const STATUS_BATCH_HASHES: usize = 5_000;
 
 #[derive(clap::Args, Debug)]
 pub struct FilesArgs {
@@ -66,11 +72,39 @@ fn progress(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// Content-defined chunks of `data`: (hash, offset, length).
-fn chunk(data: &[u8]) -> Vec<(String, usize, usize)> {
-    fastcdc::v2020::FastCDC::new(data, CHUNK_MIN_BYTES, CHUNK_AVG_BYTES, CHUNK_MAX_BYTES)
-        .map(|c| (blake3::hash(&data[c.offset..c.offset + c.length]).to_hex().to_string(), c.offset, c.length))
-        .collect()
+/// One content-defined chunk of a file: its hash (hex), where it is and how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Chunk {
+    hash: String,
+    offset: u64,
+    length: usize,
+}
+
+/// The content-defined chunks of `source`, read a chunk at a time; `each` sees every chunk
+/// with its bytes.
+fn chunks_of<R: Read>(
+    source: R,
+    mut each: impl FnMut(&Chunk, Vec<u8>) -> anyhow::Result<()>,
+) -> anyhow::Result<Vec<Chunk>> {
+    let mut out = Vec::new();
+    for found in fastcdc::v2020::StreamCDC::new(source, CHUNK_MIN_BYTES, CHUNK_AVG_BYTES, CHUNK_MAX_BYTES) {
+        let found = found.context("read for chunking")?;
+        let chunk =
+            Chunk { hash: blake3::hash(&found.data).to_hex().to_string(), offset: found.offset, length: found.length };
+        each(&chunk, found.data)?;
+        out.push(chunk);
+    }
+    Ok(out)
+}
+
+/// The chunks of the file at `path` (hashes only; nothing kept in memory).
+async fn chunk_file(path: &Path) -> anyhow::Result<Vec<Chunk>> {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let file = File::open(&path).with_context(|| format!("open {}", path.display()))?;
+        chunks_of(std::io::BufReader::new(file), |_, _| Ok(()))
+    })
+    .await?
 }
 
 pub async fn run(args: FilesArgs) -> anyhow::Result<()> {
@@ -113,47 +147,42 @@ pub async fn run(args: FilesArgs) -> anyhow::Result<()> {
     }
 }
 
-async fn put(api: &Api, local: &Path, remote: &str) -> anyhow::Result<()> {
-    let data = Arc::new(std::fs::read(local).with_context(|| format!("read {}", local.display()))?);
-    let chunks = chunk(&data);
-    let hashes: Vec<&String> = chunks.iter().map(|c| &c.0).collect();
-    let (status, answer) =
-        api.send(api.request(reqwest::Method::POST, "/v1/blocks/status").json(&json!({ "hashes": hashes }))).await?;
-    if status != StatusCode::OK {
-        bail!("ask which chunks are missing: {}", problem(status, &answer));
-    }
-    let missing: Vec<String> = serde_json::from_value(answer["missing"].clone())?;
-    let todo: Vec<&(String, usize, usize)> = chunks.iter().filter(|c| missing.contains(&c.0)).collect();
-    let bytes: u64 = todo.iter().map(|c| c.2 as u64).sum();
-    let bar = progress(bytes, "upload");
-    stream::iter(todo.into_iter().map(|(hash, offset, length)| {
-        let (data, bar) = (data.clone(), bar.clone());
-        async move {
-            let body = data[*offset..*offset + *length].to_vec();
-            let (status, answer) =
-                api.send(api.request(reqwest::Method::PUT, &format!("/v1/blocks/{hash}")).body(body)).await?;
-            if status != StatusCode::CREATED {
-                bail!("upload chunk {hash}: {}", problem(status, &answer));
-            }
-            bar.inc(*length as u64);
-            anyhow::Ok(())
+/// The hashes among `hashes` the cluster lacks (asked in batches).
+async fn missing(api: &Api, hashes: &[String]) -> anyhow::Result<HashSet<String>> {
+    let mut missing = HashSet::new();
+    for batch in hashes.chunks(STATUS_BATCH_HASHES) {
+        let request = api.request(reqwest::Method::POST, "/v1/blocks/status").json(&json!({ "hashes": batch }));
+        let (status, answer) = api.send(request).await?;
+        if status != StatusCode::OK {
+            bail!("ask which chunks are missing: {}", problem(status, &answer));
         }
-    }))
-    .buffer_unordered(TRANSFERS_IN_FLIGHT)
-    .try_collect::<Vec<()>>()
-    .await?;
-    bar.finish_and_clear();
+        let found: Vec<String> = serde_json::from_value(answer["missing"].clone())?;
+        missing.extend(found);
+    }
+    Ok(missing)
+}
+
+async fn put(api: &Api, local: &Path, remote: &str) -> anyhow::Result<()> {
+    let before = std::fs::metadata(local).with_context(|| format!("read {}", local.display()))?;
+    let chunks = chunk_file(local).await?;
+    let hashes: Vec<String> = chunks.iter().map(|c| c.hash.clone()).collect();
+    let missing = missing(api, &hashes).await?;
+    let bytes: u64 = chunks.iter().filter(|c| missing.contains(&c.hash)).map(|c| c.length as u64).sum();
+    let uploaded = upload(api, local, &missing, progress(bytes, "upload")).await?;
+    let after = std::fs::metadata(local)?;
+    if after.len() != before.len() || after.modified()? != before.modified()? {
+        bail!("{} changed while it was uploaded; nothing was committed", local.display());
+    }
     let base = api.current_version(remote).await?.map_or(0, |f| f["version"].as_u64().unwrap_or(0));
-    let mtime = std::fs::metadata(local)?.modified()?.duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
-    let body = json!({ "path": remote, "chunks": hashes, "baseVersion": base, "size": data.len(), "mtime": mtime });
+    let mtime = before.modified()?.duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
+    let body = json!({ "path": remote, "chunks": hashes, "baseVersion": base, "size": before.len(), "mtime": mtime });
     let (status, answer) = api.send(api.request(reqwest::Method::POST, "/v1/files/commit").json(&body)).await?;
     match status {
         StatusCode::CREATED => println!(
-            "{remote}: version {} ({} bytes, {} chunks, {} uploaded)",
+            "{remote}: version {} ({} bytes, {} chunks, {uploaded} uploaded)",
             answer["version"],
-            data.len(),
+            before.len(),
             chunks.len(),
-            missing.len()
         ),
         StatusCode::OK => println!("{remote}: unchanged (version {})", answer["version"]),
         StatusCode::CONFLICT => bail!(
@@ -166,54 +195,126 @@ async fn put(api: &Api, local: &Path, remote: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Uploads the chunks of `local` whose hash is in `wanted`, each once: a reader thread chunks
+/// the file again and hands over at most [`CHUNKS_QUEUED`] chunks ahead of the
+/// [`TRANSFERS_IN_FLIGHT`] uploads. Returns how many chunks went up.
+async fn upload(api: &Api, local: &Path, wanted: &HashSet<String>, bar: ProgressBar) -> anyhow::Result<usize> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<(String, Vec<u8>)>(CHUNKS_QUEUED);
+    let path = local.to_path_buf();
+    let wanted_by_reader = wanted.clone();
+    let reader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let file = File::open(&path).with_context(|| format!("open {}", path.display()))?;
+        let mut sent = HashSet::new();
+        chunks_of(std::io::BufReader::new(file), |chunk, data| {
+            if wanted_by_reader.contains(&chunk.hash) && sent.insert(chunk.hash.clone()) {
+                // The uploads stopped (an error): stop reading too.
+                tx.blocking_send((chunk.hash.clone(), data)).map_err(|_| anyhow::anyhow!("upload stopped"))?;
+            }
+            Ok(())
+        })
+        .map(|_| ())
+    });
+    let uploads = tokio_stream::wrappers::ReceiverStream::new(rx)
+        .map(|(hash, data)| {
+            let bar = bar.clone();
+            async move {
+                let length = data.len() as u64;
+                let request = api.request(reqwest::Method::PUT, &format!("/v1/blocks/{hash}")).body(data);
+                let (status, answer) = api.send(request).await?;
+                if status != StatusCode::CREATED {
+                    bail!("upload chunk {hash}: {}", problem(status, &answer));
+                }
+                bar.inc(length);
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(TRANSFERS_IN_FLIGHT)
+        .try_fold(0usize, |n, ()| async move { Ok(n + 1) })
+        .await;
+    let read = reader.await?;
+    let uploaded = uploads?;
+    read?;
+    bar.finish_and_clear();
+    if uploaded != wanted.len() {
+        bail!("{} changed while it was uploaded: {uploaded} of {} chunks found", local.display(), wanted.len());
+    }
+    Ok(uploaded)
+}
+
 async fn get(api: &Api, remote: &str, local: &Path) -> anyhow::Result<()> {
     let file = api.current_version(remote).await?.with_context(|| format!("no file at {remote}"))?;
     let wanted: Vec<String> = serde_json::from_value(file["chunks"].clone())?;
-    // Chunks the local copy already has are reused, not downloaded.
-    let existing = std::fs::read(local).unwrap_or_default();
-    let mut have: HashMap<String, Vec<u8>> = HashMap::new();
-    for (hash, offset, length) in chunk(&existing) {
-        have.insert(hash, existing[offset..offset + length].to_vec());
-    }
-    let mut lacking: Vec<String> = wanted.iter().filter(|h| !have.contains_key(*h)).cloned().collect();
-    lacking.dedup();
+    // Chunks the local copy already has are read from it, not downloaded.
+    let have: HashMap<String, Chunk> = match chunk_file(local).await {
+        Ok(chunks) => chunks.into_iter().map(|c| (c.hash.clone(), c)).collect(),
+        Err(_) => HashMap::new(),
+    };
+    let lacking: HashSet<&String> = wanted.iter().filter(|h| !have.contains_key(*h)).collect();
     let bar = progress(file["size"].as_u64().unwrap_or(0), "download");
-    let fetched: Vec<(String, Vec<u8>)> = stream::iter(lacking.iter().map(|hash| {
-        let bar = bar.clone();
+    let tmp = local.with_extension("raftbox-partial");
+    let mut out = File::create(&tmp).with_context(|| format!("create {}", tmp.display()))?;
+    let mut old = File::open(local).ok();
+    let mut pieces = stream::iter(wanted.iter().map(|hash| {
+        let local_copy = have.get(hash).cloned();
         async move {
-            let response = api.request(reqwest::Method::GET, &format!("/v1/blocks/{hash}")).send().await?;
-            if response.status() != StatusCode::OK {
-                bail!("download chunk {hash}: {}", response.status());
+            match local_copy {
+                Some(chunk) => anyhow::Ok(Piece::Local(chunk)),
+                None => download(api, hash).await.map(Piece::Fetched),
             }
-            let bytes = response.bytes().await?.to_vec();
-            if blake3::hash(&bytes).to_hex().as_str() != hash {
-                bail!("chunk {hash} arrived corrupted");
-            }
-            bar.inc(bytes.len() as u64);
-            anyhow::Ok((hash.clone(), bytes))
         }
     }))
-    .buffer_unordered(TRANSFERS_IN_FLIGHT)
-    .try_collect()
-    .await?;
-    bar.finish_and_clear();
-    have.extend(fetched);
-    let mut out = Vec::with_capacity(file["size"].as_u64().unwrap_or(0) as usize);
-    for hash in &wanted {
-        out.extend_from_slice(have.get(hash).with_context(|| format!("chunk {hash} missing"))?);
+    .buffered(TRANSFERS_IN_FLIGHT);
+    let mut written = 0u64;
+    while let Some(piece) = pieces.try_next().await? {
+        let bytes = match piece {
+            Piece::Fetched(bytes) => bytes,
+            Piece::Local(chunk) => read_at(old.as_mut().context("the local copy vanished")?, &chunk)?,
+        };
+        out.write_all(&bytes).with_context(|| format!("write {}", tmp.display()))?;
+        written += bytes.len() as u64;
+        bar.inc(bytes.len() as u64);
     }
-    let tmp = local.with_extension("raftbox-partial");
-    std::fs::write(&tmp, &out).with_context(|| format!("write {}", tmp.display()))?;
+    out.sync_all()?;
+    drop(out);
     std::fs::rename(&tmp, local).with_context(|| format!("move into {}", local.display()))?;
+    bar.finish_and_clear();
     println!(
-        "{remote} → {}: version {}, {} bytes, {} of {} chunks downloaded",
+        "{remote} → {}: version {}, {written} bytes, {} of {} chunks downloaded",
         local.display(),
         file["version"],
-        out.len(),
         lacking.len(),
         wanted.len()
     );
     Ok(())
+}
+
+/// A chunk of the file being assembled: downloaded, or to be read from the old local copy.
+enum Piece {
+    Fetched(Vec<u8>),
+    Local(Chunk),
+}
+
+fn read_at(file: &mut File, chunk: &Chunk) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = vec![0; chunk.length];
+    file.seek(SeekFrom::Start(chunk.offset))?;
+    file.read_exact(&mut bytes)?;
+    if blake3::hash(&bytes).to_hex().as_str() != chunk.hash {
+        bail!("the local copy changed while it was read");
+    }
+    Ok(bytes)
+}
+
+/// One block, hash-checked.
+async fn download(api: &Api, hash: &str) -> anyhow::Result<Vec<u8>> {
+    let response = api.send_raw(api.request(reqwest::Method::GET, &format!("/v1/blocks/{hash}"))).await?;
+    if response.status() != StatusCode::OK {
+        bail!("download chunk {hash}: {}", response.status());
+    }
+    let bytes = response.bytes().await?.to_vec();
+    if blake3::hash(&bytes).to_hex().as_str() != hash {
+        bail!("chunk {hash} arrived corrupted");
+    }
+    Ok(bytes)
 }
 
 async fn ls(api: &Api, folder: &str) -> anyhow::Result<()> {
@@ -271,16 +372,20 @@ async fn history(api: &Api, remote: &str) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    fn chunks(data: &[u8]) -> Vec<Chunk> {
+        chunks_of(data, |_, _| Ok(())).expect("chunk")
+    }
+
     #[test]
     fn an_edit_changes_few_chunks() {
         let mut data = vec![0u8; 8_000_000];
         blake3::Hasher::new().update(b"seed").finalize_xof().fill(&mut data);
-        let before = chunk(&data);
+        let before = chunks(&data);
         assert!(before.len() >= 4, "{} chunks", before.len());
-        assert!(before.iter().all(|c| c.2 <= CHUNK_MAX_BYTES));
+        assert!(before.iter().all(|c| c.length <= CHUNK_MAX_BYTES));
         data.splice(4_000_000..4_000_000, b"an insertion in the middle".iter().copied());
-        let after = chunk(&data);
-        let unchanged = after.iter().filter(|c| before.iter().any(|b| b.0 == c.0)).count();
+        let after = chunks(&data);
+        let unchanged = after.iter().filter(|c| before.iter().any(|b| b.hash == c.hash)).count();
         assert!(unchanged + 2 >= after.len(), "{unchanged} of {} chunks kept", after.len());
     }
 }

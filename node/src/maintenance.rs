@@ -11,9 +11,6 @@ use raftbox_raft::RaftNode;
 use raftbox_storage::blocks::BlockHash;
 use serde::Deserialize;
 
-/// Index entries the replicator checks per round, at most.
-const REPLICATOR_SCAN_MAX: usize = 10_000;
-
 /// File-service maintenance settings (node TOML `[files]`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -24,47 +21,76 @@ pub struct FilesConfig {
     pub orphan_grace_s: u64,
     /// How often maintenance runs, in seconds.
     pub maintenance_interval_s: u64,
+    /// Chunk-index entries the block replicator checks per round.
+    pub replicator_round_chunks: usize,
 }
 
 impl Default for FilesConfig {
     fn default() -> FilesConfig {
-        FilesConfig { version_retention_s: 30 * 24 * 3600, orphan_grace_s: 24 * 3600, maintenance_interval_s: 60 }
+        FilesConfig {
+            version_retention_s: 30 * 24 * 3600,
+            orphan_grace_s: 24 * 3600,
+            maintenance_interval_s: 60,
+            replicator_round_chunks: 10_000,
+        }
     }
 }
 
 /// Runs every `maintenance_interval_s` until `stopped` resolves.
 pub async fn run(node: RaftNode, config: FilesConfig, stopped: impl std::future::Future<Output = ()>) {
     let mut ticks = tokio::time::interval(Duration::from_secs(config.maintenance_interval_s.max(1)));
+    let mut replicator = Replicator { cursor: None, round: config.replicator_round_chunks.max(1) };
     tokio::pin!(stopped);
     loop {
         tokio::select! {
             _ = &mut stopped => return,
             _ = ticks.tick() => {}
         }
-        replicate(&node).await;
+        replicator.round(&node).await;
         reclaim(&node, &config).await;
     }
 }
 
-/// Fetches indexed blocks this node lacks (it was down, or a PUT reached only a majority).
-async fn replicate(node: &RaftNode) {
-    let hashes = match node.state().chunk_hashes(None, REPLICATOR_SCAN_MAX) {
-        Ok(hashes) => hashes,
-        Err(e) => return tracing::warn!(error = %e, "replicator: read the chunk index"),
-    };
-    let store = node.blocks().store().clone();
-    let lacking: Vec<BlockHash> = hashes.into_iter().filter(|h| !store.has(h)).collect();
-    for hash in lacking {
-        match node.blocks().get(hash).await {
-            Ok(Some(_)) => tracing::debug!(%hash, "replicator: fetched block"),
-            Ok(None) => tracing::warn!(%hash, "replicator: no peer holds an indexed block"),
-            Err(e) => tracing::warn!(%hash, error = %e, "replicator: fetch failed"),
+/// Walks the chunk index a round at a time, fetching the blocks this node lacks (it was down,
+/// its disk was replaced, or a PUT reached only a majority); the cursor survives rounds, so
+/// every entry is visited however large the index.
+struct Replicator {
+    cursor: Option<BlockHash>,
+    round: usize,
+}
+
+impl Replicator {
+    async fn round(&mut self, node: &RaftNode) {
+        let hashes = match node.state().chunk_hashes(self.cursor.as_ref(), self.round) {
+            Ok(hashes) => hashes,
+            Err(e) => return tracing::warn!(error = %e, "replicator: read the chunk index"),
+        };
+        // A short round reached the end of the index: the next starts over.
+        self.cursor = if hashes.len() < self.round { None } else { hashes.last().copied() };
+        let store = node.blocks().store().clone();
+        let lacking: Vec<BlockHash> = hashes.into_iter().filter(|h| !store.has(h)).collect();
+        let mut fetched = 0;
+        for hash in lacking {
+            match node.blocks().get(hash).await {
+                Ok(Some(_)) => fetched += 1,
+                Ok(None) => tracing::warn!(%hash, "replicator: no peer holds an indexed block"),
+                Err(e) => tracing::warn!(%hash, error = %e, "replicator: fetch failed"),
+            }
+        }
+        if fetched > 0 {
+            tracing::info!(fetched, "replicator: fetched blocks this node lacked");
         }
     }
 }
 
-/// Deletes block files the chunk index no longer names, once older than the grace period.
+/// Deletes block files the chunk index no longer names, once older than the grace period —
+/// after a read barrier, so the index consulted is at least as new as the cluster's when the
+/// round began (a restarted node still catching up would otherwise see registered blocks as
+/// unindexed).
 async fn reclaim(node: &RaftNode, config: &FilesConfig) {
+    if let Err(e) = node.read_barrier().await {
+        return tracing::debug!(error = %e, "reclaimer: state not confirmed current; skipping this round");
+    }
     let store = node.blocks().store().clone();
     let state = node.state().clone();
     let grace = Duration::from_secs(config.orphan_grace_s);

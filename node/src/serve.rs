@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use raftbox_api::AppState;
-use raftbox_raft::{RaftGrpc, RaftNode, RaftServiceServer, WriteError};
+use raftbox_raft::{RaftNode, WriteError};
 use raftbox_storage::blocks::BlockStore;
 use raftbox_storage::{Command, Db, Outcome};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::config::Config;
 use crate::{executor, maintenance};
@@ -32,7 +31,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let db = Db::open(&config.data_dir.join("db")).context("open database")?;
     let blocks = std::sync::Arc::new(BlockStore::open(&config.data_dir.join("blocks")).context("open block store")?);
-    let node = RaftNode::start(config.node_id, db, blocks, config.raft.clone()).await.context("start raft")?;
+    let node = RaftNode::start(config.node_id, db, blocks, config.raft.clone(), config.cluster_secret.clone())
+        .await
+        .context("start raft")?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -45,14 +46,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         TcpListener::bind(config.grpc_addr).await.with_context(|| format!("bind gRPC {}", config.grpc_addr))?;
     let http_listener =
         TcpListener::bind(config.http_addr).await.with_context(|| format!("bind HTTP {}", config.http_addr))?;
-    let service = RaftServiceServer::new(RaftGrpc::new(node.clone()))
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
-    let grpc = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(TcpIncoming::from(grpc_listener).with_nodelay(Some(true)), stopped()),
-    );
+    let grpc = tokio::spawn(raftbox_raft::serve(grpc_listener, node.clone(), stopped()));
     let state = AppState { node: node.clone(), config: std::sync::Arc::new(config.api.clone()) };
     let http = tokio::spawn(raftbox_api::serve(http_listener, state, stopped()));
     tokio::spawn(maintenance::run(node.clone(), config.files.clone(), stopped()));

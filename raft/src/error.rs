@@ -12,6 +12,12 @@ pub enum WriteError {
     /// This node is shutting down.
     #[error("node is shutting down")]
     ShuttingDown,
+    /// The commands encode to more than one log entry may hold; nothing was proposed.
+    #[error("the request makes a log entry of {bytes} bytes; at most {max} are allowed")]
+    TooLarge { bytes: usize, max: usize },
+    /// The commands could not be encoded; nothing was proposed.
+    #[error("invalid command: {0}")]
+    Invalid(String),
 }
 
 /// Why a node could not start.

@@ -6,13 +6,17 @@
 //! - [`proposer`]: client-write batching and leader forwarding.
 //! - [`blocks`]: block transfer between nodes (majority-durable puts, fetch from peers).
 //! - [`node`]: a running node: write, linearizable read barrier, bootstrap.
+//! - [`secret`]: the cluster secret every node-to-node call carries.
+//! - [`clock`]: the clock-offset check that keeps a node with a wrong clock from leading.
 
 pub mod blocks;
+pub mod clock;
 pub mod error;
 pub mod log_store;
 pub mod network;
 pub mod node;
 pub mod proposer;
+pub mod secret;
 pub mod service;
 pub mod state_machine;
 pub mod types;
@@ -22,8 +26,9 @@ pub mod pb {
     tonic::include_proto!("raftbox.raft");
 }
 
+pub use clock::ClockHealth;
 pub use error::{StartError, WriteError};
 pub use node::{RaftNode, RaftSettings};
-pub use pb::raft_service_server::RaftServiceServer;
-pub use service::RaftGrpc;
+pub use secret::ClusterSecret;
+pub use service::{serve, RaftGrpc};
 pub use types::{NodeId, NodeInfo, RaftMetrics};

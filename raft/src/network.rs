@@ -3,13 +3,17 @@
 //!
 //! Every call has a deadline; channels connect lazily with a connect timeout and HTTP/2
 //! keep-alive, so a dead peer never hangs a call. Transport failures become
-//! `RPCError::Unreachable`, which makes openraft back off.
+//! `RPCError::Unreachable`, which makes openraft back off. Every call carries the cluster
+//! secret; messages are bounded by [`MESSAGE_BYTES_MAX`], and an AppendEntries that would
+//! exceed [`APPEND_BYTES_MAX`] asks openraft to send fewer entries.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -17,11 +21,13 @@ use openraft::raft::{
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_client::RaftServiceClient;
 use crate::pb::{RaftMessage, RaftReply};
+use crate::secret::ClusterSecret;
 use crate::types::{NodeId, NodeInfo, TypeConfig};
 
 /// How long establishing a TCP connection to a peer may take.
@@ -30,16 +36,35 @@ pub const CONNECT_TIMEOUT_MS: u64 = 500;
 /// interval + timeout.
 pub const KEEPALIVE_INTERVAL_MS: u64 = 1_000;
 pub const KEEPALIVE_TIMEOUT_MS: u64 = 2_000;
+/// Largest encoded log entry (one batch of commands), in bytes. The proposer keeps batches
+/// under it and refuses a single command above it.
+pub const ENTRY_BYTES_MAX: usize = 16 << 20;
+/// Largest AppendEntries request openraft is let to send at once (several entries), in
+/// bytes; above it openraft is asked to send fewer entries.
+pub const APPEND_BYTES_MAX: usize = 2 * ENTRY_BYTES_MAX;
+/// Largest gRPC message between nodes, either way, in bytes: an AppendEntries of
+/// [`APPEND_BYTES_MAX`] or a block of `BLOCK_BYTES_MAX`, with room for framing.
+pub const MESSAGE_BYTES_MAX: usize = APPEND_BYTES_MAX + (1 << 20);
+
+const _: () = assert!(MESSAGE_BYTES_MAX > raftbox_storage::blocks::BLOCK_BYTES_MAX + (64 << 10));
+
+/// A client of a peer's `RaftService` whose every call carries the cluster secret.
+pub type PeerClient = RaftServiceClient<InterceptedService<Channel, ClusterSecret>>;
 
 /// A cache of one lazily-connected channel per peer address.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Peers {
     channels: Arc<Mutex<HashMap<String, Channel>>>,
+    secret: ClusterSecret,
 }
 
 impl Peers {
+    pub fn new(secret: ClusterSecret) -> Peers {
+        Peers { channels: Arc::default(), secret }
+    }
+
     /// A client for the peer at `grpc_addr` (host:port); connects on first use.
-    pub fn client(&self, grpc_addr: &str) -> Result<RaftServiceClient<Channel>, tonic::transport::Error> {
+    pub fn client(&self, grpc_addr: &str) -> Result<PeerClient, tonic::transport::Error> {
         let channel = {
             let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
             match channels.get(grpc_addr) {
@@ -57,12 +82,14 @@ impl Peers {
                 }
             }
         };
-        Ok(RaftServiceClient::new(channel).max_decoding_message_size(usize::MAX).max_encoding_message_size(usize::MAX))
+        Ok(RaftServiceClient::with_interceptor(channel, self.secret.clone())
+            .max_decoding_message_size(MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(MESSAGE_BYTES_MAX))
     }
 }
 
 /// Builds one [`PeerNetwork`] per replication target.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct NetworkFactory {
     pub peers: Peers,
 }
@@ -107,6 +134,19 @@ impl PeerNetwork {
         E: std::error::Error + DeserializeOwned,
     {
         let json = serde_json::to_vec(request).map_err(|e| network(&e))?;
+        self.call_encoded(method, json, timeout).await
+    }
+
+    async fn call_encoded<Resp, E>(
+        &self,
+        method: Method,
+        json: Vec<u8>,
+        timeout: Duration,
+    ) -> RpcResult<Resp, RaftError<NodeId, E>>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
         let mut client = self.peers.client(&self.addr).map_err(|e| network(&e))?;
         let mut message = tonic::Request::new(RaftMessage { json });
         message.set_timeout(timeout);
@@ -140,7 +180,12 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
-        self.call(Method::AppendEntries, &rpc, option.hard_ttl()).await
+        let json = serde_json::to_vec(&rpc).map_err(|e| network(&e))?;
+        if json.len() > APPEND_BYTES_MAX && rpc.entries.len() > 1 {
+            let fewer = (rpc.entries.len() / 2) as u64;
+            return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(fewer)));
+        }
+        self.call_encoded(Method::AppendEntries, json, option.hard_ttl()).await
     }
 
     async fn install_snapshot(

@@ -8,15 +8,18 @@ use std::time::Duration;
 use openraft::{Config, SnapshotPolicy};
 use raftbox_storage::blocks::BlockStore;
 use raftbox_storage::{Command, Db, Outcome, StateMachine};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::blocks::Blocks;
+use crate::clock::{watch_clock, ClockHealth};
 use crate::error::{StartError, WriteError};
 use crate::log_store::LogStore;
 use crate::network::{NetworkFactory, Peers};
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{ReadIndexRequest, StatusRequest};
 use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
+use crate::secret::ClusterSecret;
 use crate::state_machine::StateMachineStore;
 use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
 
@@ -35,6 +38,9 @@ pub struct RaftSettings {
     /// How long a bootstrapping node waits for its peers to come up before initializing
     /// anyway.
     pub bootstrap_wait_ms: u64,
+    /// Largest tolerated offset of this node's clock from the other members', in ms; beyond
+    /// it the node does not lead (see [`crate::clock`]).
+    pub max_clock_offset_ms: u64,
 }
 
 impl Default for RaftSettings {
@@ -47,6 +53,7 @@ impl Default for RaftSettings {
             logs_to_keep: 1_000,
             write_timeout_ms: 5_000,
             bootstrap_wait_ms: 10_000,
+            max_clock_offset_ms: 500,
         }
     }
 }
@@ -63,6 +70,8 @@ struct Inner {
     state: StateMachine,
     proposer: Proposer,
     peers: Peers,
+    secret: ClusterSecret,
+    clock: watch::Receiver<ClockHealth>,
     settings: RaftSettings,
 }
 
@@ -80,6 +89,7 @@ impl RaftNode {
         db: Db,
         blocks: Arc<BlockStore>,
         settings: RaftSettings,
+        secret: ClusterSecret,
     ) -> Result<RaftNode, StartError> {
         let config = Config {
             cluster_name: "raftbox".into(),
@@ -88,22 +98,38 @@ impl RaftNode {
             election_timeout_max: settings.election_timeout_max_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(settings.snapshot_logs_since_last),
             max_in_snapshot_log_to_keep: settings.logs_to_keep,
+            // Elections are enabled once the clock check finds this node's clock agreeing.
+            enable_elect: false,
             ..Default::default()
         }
         .validate()?;
         let state = StateMachine::new(db.clone());
         let sm_store = StateMachineStore::new(state.clone())?;
-        let peers = Peers::default();
+        let peers = Peers::new(secret.clone());
         let network = NetworkFactory { peers: peers.clone() };
         let raft = Raft::new(id, Arc::new(config), network, LogStore::new(db), sm_store).await?;
+        let (clock_tx, clock) = watch::channel(ClockHealth { ok: None, offsets_ms: Default::default() });
+        tokio::spawn(watch_clock(id, raft.clone(), peers.clone(), settings.max_clock_offset_ms, clock_tx));
         let proposer = Proposer::spawn(ProposerContext {
             node_id: id,
             raft: raft.clone(),
             peers: peers.clone(),
             write_timeout: Duration::from_millis(settings.write_timeout_ms),
+            clock: clock.clone(),
         });
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
-        Ok(RaftNode { inner: Arc::new(Inner { id, blocks, raft, state, proposer, peers, settings }) })
+        let inner = Inner { id, blocks, raft, state, proposer, peers, secret, clock, settings };
+        Ok(RaftNode { inner: Arc::new(inner) })
+    }
+
+    /// The cluster secret this node's calls carry and its server demands.
+    pub fn secret(&self) -> &ClusterSecret {
+        &self.inner.secret
+    }
+
+    /// What the last clock check found.
+    pub fn clock(&self) -> ClockHealth {
+        self.inner.clock.borrow().clone()
     }
 
     pub fn id(&self) -> NodeId {
@@ -133,23 +159,21 @@ impl RaftNode {
         self.inner.raft.metrics().borrow().clone()
     }
 
-    /// Applies one command through the leader (batched with concurrent ones).
+    /// Applies one command through the leader (batched with concurrent ones), within the
+    /// write timeout.
     pub async fn write(&self, command: Command) -> Result<Outcome, WriteError> {
         let mut outcomes = self.inner.proposer.submit(vec![command]).await?;
         outcomes.pop().ok_or_else(|| WriteError::Unknown("no outcome for the command".into()))
     }
 
     /// Returns once this node has applied everything committed before the call: a read of
-    /// the local state after it is linearizable.
+    /// the local state after it is linearizable. Bounded by the write timeout.
     pub async fn read_barrier(&self) -> Result<(), WriteError> {
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
         loop {
             let (leader, addr) = wait_for_leader(&self.inner.raft, deadline).await?;
             let index = if leader == self.inner.id {
-                match self.inner.raft.ensure_linearizable().await {
-                    Ok(_) => return Ok(()),
-                    Err(_) => None,
-                }
+                self.read_index_until(deadline).await
             } else {
                 self.remote_read_index(&addr, deadline).await
             };
@@ -172,11 +196,29 @@ impl RaftNode {
         }
     }
 
+    /// On the leader: confirms leadership with a quorum and returns the index a linearizable
+    /// read must see applied; `None` if it cannot by `deadline` (e.g. it lost its quorum).
+    async fn read_index_until(&self, deadline: Instant) -> Option<u64> {
+        let confirmed = tokio::time::timeout_at(deadline, self.inner.raft.get_read_log_id()).await;
+        match confirmed {
+            Ok(Ok((read_log_id, _applied))) => Some(read_log_id.map_or(0, |id| id.index)),
+            _ => None,
+        }
+    }
+
+    /// The read index this node hands a follower, if it is the leader and can confirm it
+    /// within the write timeout.
+    pub async fn confirmed_read_index(&self) -> Option<u64> {
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
+        self.read_index_until(deadline).await
+    }
+
     async fn remote_read_index(&self, addr: &str, deadline: Instant) -> Option<u64> {
         let mut client = self.inner.peers.client(addr).ok()?;
         let mut request = tonic::Request::new(ReadIndexRequest {});
         request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-        match client.read_index(request).await.ok()?.into_inner().result? {
+        let reply = tokio::time::timeout_at(deadline, client.read_index(request)).await.ok()?.ok()?;
+        match reply.into_inner().result? {
             ReadIndexResult::Index(index) => Some(index),
             ReadIndexResult::NotLeader(_) => None,
         }
@@ -212,11 +254,25 @@ impl RaftNode {
             }
             tokio::time::sleep(BOOTSTRAP_POLL).await;
         }
+        if !self.wait_for_clock_check(deadline).await {
+            tracing::warn!("this node's clock is off from its peers'; not initializing (another node must bootstrap)");
+            return Ok(());
+        }
         tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initializing the cluster");
         if let Err(e) = self.inner.raft.initialize(members).await {
             tracing::warn!(error = %e, "initialize refused");
         }
         Ok(())
+    }
+
+    /// Waits (until `deadline`, or at least one clock check) for this node's first clock
+    /// check; whether the clock may lead.
+    async fn wait_for_clock_check(&self, deadline: Instant) -> bool {
+        let mut clock = self.inner.clock.clone();
+        let deadline = deadline.max(Instant::now() + 2 * crate::clock::CLOCK_CHECK_INTERVAL);
+        let checked = tokio::time::timeout_at(deadline, clock.wait_for(|health| health.ok.is_some())).await;
+        let may_lead = matches!(checked, Ok(Ok(health)) if health.may_lead());
+        may_lead
     }
 
     /// Whether the peer belongs to an initialized cluster; `None` if it did not answer.

@@ -4,21 +4,27 @@
 //! [`Batch`] (one log entry, one fsync) and the outcomes fanned back out. On the leader the
 //! batch is stamped with the leader's clock and proposed; on a follower it is forwarded to the
 //! leader as one `Forward` RPC, where it joins the leader's own queue.
+//!
+//! Every wait is bounded: a submission answers by its deadline (`write_timeout` after it was
+//! submitted). A submission still queued at its deadline is dropped unproposed (`Unavailable`:
+//! surely not applied); one proposed or forwarded whose answer does not come in time is
+//! `Unknown` (it may still apply) — never retried blindly.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
 use raftbox_storage::{Batch, Command, Outcome};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::clock::{now_ms, ClockHealth};
 use crate::error::WriteError;
-use crate::network::Peers;
+use crate::network::{Peers, ENTRY_BYTES_MAX};
 use crate::pb::forward_reply::Result as ForwardResult;
 use crate::pb::ForwardRequest;
 use crate::types::{NodeId, Raft};
 
-/// Commands waiting for the next batch, at most (back-pressure beyond this).
+/// Submissions waiting for the next batch, at most (back-pressure beyond this).
 pub const QUEUE_UNITS_MAX: usize = 16_384;
 /// Commands in one log entry, at most.
 pub const BATCH_COMMANDS_MAX: usize = 4_096;
@@ -26,9 +32,12 @@ pub const BATCH_COMMANDS_MAX: usize = 4_096;
 /// of the cluster changes) before trying again.
 const LEADER_RETRY_DELAY: Duration = Duration::from_millis(50);
 
-/// Submitted commands and where their outcomes go.
+/// Submitted commands, their encoded size, their deadline and where their outcomes go.
 struct Unit {
     commands: Vec<Command>,
+    /// The commands as a JSON array (what a forward sends; its length bounds the entry).
+    encoded: Vec<u8>,
+    deadline: Instant,
     reply: oneshot::Sender<Result<Vec<Outcome>, WriteError>>,
 }
 
@@ -39,45 +48,79 @@ pub(crate) struct ProposerContext {
     pub raft: Raft,
     pub peers: Peers,
     pub write_timeout: Duration,
+    pub clock: watch::Receiver<ClockHealth>,
 }
 
 /// Handle to the node's proposer task.
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Unit>,
+    write_timeout: Duration,
 }
 
 impl Proposer {
     pub(crate) fn spawn(ctx: ProposerContext) -> Proposer {
         let (tx, rx) = mpsc::channel(QUEUE_UNITS_MAX);
+        let write_timeout = ctx.write_timeout;
         tokio::spawn(run(ctx, rx));
-        Proposer { tx }
+        Proposer { tx, write_timeout }
     }
 
     /// Applies `commands` (atomically, in order, within one log entry) and returns one outcome
-    /// per command.
+    /// per command, within the write timeout.
     pub async fn submit(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, WriteError> {
+        let encoded = serde_json::to_vec(&commands).map_err(|e| WriteError::Invalid(format!("encode: {e}")))?;
+        if encoded.len() > ENTRY_BYTES_MAX {
+            return Err(WriteError::TooLarge { bytes: encoded.len(), max: ENTRY_BYTES_MAX });
+        }
+        let deadline = Instant::now() + self.write_timeout;
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Unit { commands, reply }).await.map_err(|_| WriteError::ShuttingDown)?;
-        rx.await.map_err(|_| WriteError::ShuttingDown)?
+        let unit = Unit { commands, encoded, deadline, reply };
+        match tokio::time::timeout_at(deadline, self.tx.send(unit)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(WriteError::ShuttingDown),
+            Err(_) => return Err(WriteError::Unavailable("the proposer queue stayed full".into())),
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(WriteError::ShuttingDown),
+            Err(_) => Err(WriteError::Unknown(format!("no answer within {} ms", self.write_timeout.as_millis()))),
+        }
     }
 }
 
 async fn run(ctx: ProposerContext, mut rx: mpsc::Receiver<Unit>) {
-    while let Some(first) = rx.recv().await {
-        let mut count = first.commands.len();
-        let mut units = vec![first];
-        while count < BATCH_COMMANDS_MAX {
-            match rx.try_recv() {
-                Ok(unit) => {
-                    count += unit.commands.len();
-                    units.push(unit);
-                }
-                Err(_) => break,
+    let mut next: Option<Unit> = None;
+    loop {
+        let first = match next.take() {
+            Some(unit) => unit,
+            None => match rx.recv().await {
+                Some(unit) => unit,
+                None => return,
+            },
+        };
+        let mut units = Vec::new();
+        let (mut count, mut bytes) = (0, 0);
+        for unit in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            if unit.reply.is_closed() || unit.deadline <= Instant::now() {
+                // The submitter gave up (and answered itself): never proposed.
+                let _ = unit.reply.send(Err(WriteError::Unavailable("not proposed before its deadline".into())));
+                continue;
             }
+            let full = count + unit.commands.len() > BATCH_COMMANDS_MAX || bytes + unit.encoded.len() > ENTRY_BYTES_MAX;
+            if full && !units.is_empty() {
+                next = Some(unit);
+                break;
+            }
+            count += unit.commands.len();
+            bytes += unit.encoded.len();
+            units.push(unit);
         }
-        let commands: Vec<Command> = units.iter().flat_map(|u| u.commands.iter().cloned()).collect();
-        let result = commit(&ctx, commands).await;
+        if units.is_empty() {
+            continue;
+        }
+        let deadline = units.iter().map(|u| u.deadline).max().unwrap_or_else(Instant::now);
+        let result = commit(&ctx, &units, deadline).await;
         fan_out(units, result);
     }
 }
@@ -99,71 +142,124 @@ fn fan_out(units: Vec<Unit>, result: Result<Vec<Outcome>, WriteError>) {
     }
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
-/// Proposes on the leader, or forwards to it; retries only where the write surely did not
-/// happen (no leader yet, or the peer said it is not the leader).
-async fn commit(ctx: &ProposerContext, commands: Vec<Command>) -> Result<Vec<Outcome>, WriteError> {
-    let deadline = Instant::now() + ctx.write_timeout;
+/// Proposes on the leader, or forwards to it, by `deadline`; retries only where the write
+/// surely did not happen (no leader yet, the peer said it is not the leader, or the request
+/// never left this node).
+async fn commit(ctx: &ProposerContext, units: &[Unit], deadline: Instant) -> Result<Vec<Outcome>, WriteError> {
     loop {
         let (leader, addr) = wait_for_leader(&ctx.raft, deadline).await?;
         if leader == ctx.node_id {
-            let batch = Batch { now_ms: now_ms(), commands };
-            return match ctx.raft.client_write(batch).await {
-                Ok(response) => Ok(response.data),
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
-                    Err(WriteError::Unknown("leadership changed during the write".into()))
-                }
-                Err(e) => Err(WriteError::Unknown(e.to_string())),
-            };
+            if !ctx.clock.borrow().may_lead() {
+                return Err(WriteError::Unavailable(
+                    "this node's clock is off from the cluster; it does not lead".into(),
+                ));
+            }
+            let commands = units.iter().flat_map(|u| u.commands.iter().cloned()).collect();
+            return propose(&ctx.raft, Batch { now_ms: now_ms(), commands }, deadline).await;
         }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        match forward(&ctx.peers, &addr, &commands, remaining).await? {
+        let encoded = join_encoded(units);
+        match forward(&ctx.peers, &addr, encoded, deadline).await? {
             Some(outcomes) => return Ok(outcomes),
             None => {
                 // Not applied: let the node learn of a new leader, then try again.
                 let mut metrics = ctx.raft.metrics();
                 let _ = tokio::time::timeout(LEADER_RETRY_DELAY, metrics.changed()).await;
                 if Instant::now() >= deadline {
-                    return Err(WriteError::Unavailable(format!("leader {leader} unreachable")));
+                    return Err(WriteError::Unavailable(format!("leader {leader} could not be reached in time")));
                 }
             }
         }
     }
 }
 
-/// Sends commands to the leader. `Ok(None)`: not applied, the peer is not (or no longer) the
-/// leader or could not be reached at all.
+/// One `client_write` on this (leader) node, bounded by `deadline`: a leader that lost its
+/// quorum never commits, and the entry it appended may still commit later, so that is
+/// `Unknown`.
+async fn propose(raft: &Raft, batch: Batch, deadline: Instant) -> Result<Vec<Outcome>, WriteError> {
+    match tokio::time::timeout_at(deadline, raft.client_write(batch)).await {
+        Ok(Ok(response)) => Ok(response.data),
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
+            // Refused before it was appended: the leadership had already moved.
+            Err(WriteError::Unavailable("leadership moved before the write was appended".into()))
+        }
+        Ok(Err(e)) => Err(WriteError::Unknown(e.to_string())),
+        Err(_) => Err(WriteError::Unknown("no quorum acknowledged the write before the deadline".into())),
+    }
+}
+
+/// The units' commands as one JSON array, from their already encoded arrays.
+fn join_encoded(units: &[Unit]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(units.iter().map(|u| u.encoded.len()).sum::<usize>() + 2);
+    out.push(b'[');
+    for unit in units {
+        // Each is `[...]`; its inside joins the others.
+        let inner = &unit.encoded[1..unit.encoded.len() - 1];
+        if inner.is_empty() {
+            continue;
+        }
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        out.extend_from_slice(inner);
+    }
+    out.push(b']');
+    out
+}
+
+/// Sends commands to the leader. `Ok(None)`: not applied — the peer is not (or no longer)
+/// the leader, or the request never left this node.
 async fn forward(
     peers: &Peers,
     addr: &str,
-    commands: &[Command],
-    timeout: Duration,
+    commands: Vec<u8>,
+    deadline: Instant,
 ) -> Result<Option<Vec<Outcome>>, WriteError> {
-    let encoded = serde_json::to_vec(commands).map_err(|e| WriteError::Unknown(e.to_string()))?;
-    let mut client = peers.client(addr).map_err(|e| WriteError::Unavailable(e.to_string()))?;
-    let mut request = tonic::Request::new(ForwardRequest { commands: encoded });
-    request.set_timeout(timeout);
-    let reply = match client.forward(request).await {
-        Ok(reply) => reply.into_inner(),
-        Err(status) if never_sent(&status) => return Ok(None),
-        Err(status) => return Err(WriteError::Unknown(format!("forward to leader: {}", status.message()))),
+    let Ok(mut client) = peers.client(addr) else { return Ok(None) };
+    let mut request = tonic::Request::new(ForwardRequest { commands });
+    request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+    let reply = match tokio::time::timeout_at(deadline, client.forward(request)).await {
+        Ok(Ok(reply)) => reply.into_inner(),
+        Ok(Err(status)) if never_sent(&status) => return Ok(None),
+        Ok(Err(status)) => return Err(WriteError::Unknown(format!("forward to the leader: {}", status.message()))),
+        Err(_) => return Err(WriteError::Unknown("the leader did not answer before the deadline".into())),
     };
     match reply.result {
         Some(ForwardResult::Outcomes(bytes)) => {
             serde_json::from_slice(&bytes).map(Some).map_err(|e| WriteError::Unknown(e.to_string()))
         }
         Some(ForwardResult::NotLeader(_)) => Ok(None),
+        Some(ForwardResult::Unavailable(message)) => Err(WriteError::Unavailable(message)),
         Some(ForwardResult::Unknown(message)) => Err(WriteError::Unknown(message)),
         None => Err(WriteError::Unknown("empty forward reply".into())),
     }
 }
 
-/// A connection that was refused never carried the request.
-fn never_sent(status: &tonic::Status) -> bool {
-    status.code() == tonic::Code::Unavailable && format!("{status:?}").contains("onnect")
+/// Whether a failed call provably never reached the peer: the connection could not be
+/// established (refused, unreachable, timed out while connecting). Decided from the error's
+/// kind, never its text; anything else — a reset after sending, a deadline — is unknown.
+pub(crate) fn never_sent(status: &tonic::Status) -> bool {
+    use std::error::Error as _;
+    use std::io::ErrorKind;
+    let mut source = status.source();
+    let mut connecting = false;
+    while let Some(error) = source {
+        if let Some(transport) = error.downcast_ref::<tonic::transport::Error>() {
+            // tonic reports a failed connect as a transport error whose source is the connector's.
+            connecting |=
+                transport.source().is_some_and(|s| s.is::<tonic::transport::Error>() || s.is::<std::io::Error>());
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::AddrNotAvailable
+                    | ErrorKind::NetworkUnreachable
+                    | ErrorKind::HostUnreachable
+            ) || (connecting && io.kind() == ErrorKind::TimedOut);
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Waits until the node knows a leader; returns its id and gRPC address.
@@ -186,5 +282,59 @@ pub(crate) async fn wait_for_leader(raft: &Raft, deadline: Instant) -> Result<(N
             Ok(Ok(())) | Err(_) => {}
             Ok(Err(_)) => return Err(WriteError::ShuttingDown),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoded_arrays_join_into_one() {
+        let unit = |json: &str| Unit {
+            commands: Vec::new(),
+            encoded: json.as_bytes().to_vec(),
+            deadline: Instant::now(),
+            reply: oneshot::channel().0,
+        };
+        let joined = join_encoded(&[unit("[1,2]"), unit("[]"), unit("[3]")]);
+        assert_eq!(String::from_utf8(joined).expect("utf-8"), "[1,2,3]");
+        assert_eq!(join_encoded(&[unit("[]")]), b"[]");
+    }
+
+    fn peers() -> Peers {
+        Peers::new(crate::secret::ClusterSecret::parse("proposer-tests-secret").expect("secret"))
+    }
+
+    async fn status_error(addr: &str) -> tonic::Status {
+        let mut client = peers().client(addr).expect("client");
+        let mut request = tonic::Request::new(crate::pb::StatusRequest {});
+        request.set_timeout(Duration::from_secs(2));
+        client.status(request).await.expect_err("no server answers")
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_never_sent_the_request() {
+        // Bind and drop: nothing listens on that port now.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+        let status = status_error(&addr.to_string()).await;
+        assert!(never_sent(&status), "refused connect: {status:?}");
+    }
+
+    #[tokio::test]
+    async fn a_connection_dropped_after_accepting_is_unknown() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                // Read what the client sends, then hang up: the request may have arrived.
+                let mut buf = [0u8; 4096];
+                let _ = tokio::time::timeout(Duration::from_millis(200), socket.readable()).await;
+                let _ = socket.try_read(&mut buf);
+                drop(socket);
+            }
+        });
+        let status = status_error(&addr.to_string()).await;
+        assert!(!never_sent(&status), "a reset after the connection was accepted: {status:?}");
     }
 }

@@ -1,15 +1,19 @@
-//! The server side of the node-to-node gRPC protocol.
+//! The server side of the node-to-node gRPC protocol, and [`serve`], which runs it behind
+//! the cluster-secret check with bounded message sizes.
 
 use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::Command;
 use serde::Serialize;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::error::WriteError;
+use crate::network::MESSAGE_BYTES_MAX;
 use crate::node::RaftNode;
 use crate::pb::forward_reply::Result as ForwardResult;
 use crate::pb::raft_reply::Result as ReplyResult;
-use crate::pb::raft_service_server::RaftService;
+use crate::pb::raft_service_server::{RaftService, RaftServiceServer};
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{
     BlockData, BlockRequest, ForwardReply, ForwardRequest, PutBlockReply, RaftMessage, RaftReply, ReadIndexReply,
@@ -67,7 +71,7 @@ impl RaftService for RaftGrpc {
         let commands: Vec<Command> = serde_json::from_slice(&request.get_ref().commands)
             .map_err(|e| Status::invalid_argument(format!("decode commands: {e}")))?;
         let leader = self.node.raft().current_leader().await;
-        let result = if leader != Some(self.node.id()) {
+        let result = if leader != Some(self.node.id()) || !self.node.clock().may_lead() {
             ForwardResult::NotLeader(leader.unwrap_or(0))
         } else {
             match self.node.proposer().submit(commands).await {
@@ -75,16 +79,21 @@ impl RaftService for RaftGrpc {
                     serde_json::to_vec(&outcomes).map_err(|e| Status::internal(format!("encode outcomes: {e}")))?,
                 ),
                 Err(WriteError::ShuttingDown) => return Err(Status::unavailable("leader is shutting down")),
-                Err(e) => ForwardResult::Unknown(e.to_string()),
+                Err(e @ (WriteError::Unavailable(_) | WriteError::TooLarge { .. } | WriteError::Invalid(_))) => {
+                    ForwardResult::Unavailable(e.to_string())
+                }
+                Err(e @ WriteError::Unknown(_)) => ForwardResult::Unknown(e.to_string()),
             }
         };
         Ok(Response::new(ForwardReply { result: Some(result) }))
     }
 
+    /// The leader's read index, after it confirmed its leadership with a quorum (bounded by
+    /// the write timeout); a node that cannot confirm says it is not the leader.
     async fn read_index(&self, _request: Request<ReadIndexRequest>) -> Result<Response<ReadIndexReply>, Status> {
-        let result = match self.node.raft().get_read_log_id().await {
-            Ok((read_log_id, _applied)) => ReadIndexResult::Index(read_log_id.map(|id| id.index).unwrap_or(0)),
-            Err(_) => ReadIndexResult::NotLeader(self.node.raft().current_leader().await.unwrap_or(0)),
+        let result = match self.node.confirmed_read_index().await {
+            Some(index) => ReadIndexResult::Index(index),
+            None => ReadIndexResult::NotLeader(self.node.raft().current_leader().await.unwrap_or(0)),
         };
         Ok(Response::new(ReadIndexReply { result: Some(result) }))
     }
@@ -114,6 +123,22 @@ impl RaftService for RaftGrpc {
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         let initialized = self.node.raft().is_initialized().await.map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(Response::new(StatusReply { initialized, node_id: self.node.id() }))
+        Ok(Response::new(StatusReply { initialized, node_id: self.node.id(), now_ms: crate::clock::now_ms() }))
     }
+}
+
+/// Serves the node's `RaftService` on `listener` until `shutdown` resolves. Every call must
+/// carry the cluster secret (checked before the message is decoded); messages either way are
+/// bounded by [`MESSAGE_BYTES_MAX`].
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    node: RaftNode,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let service = RaftServiceServer::new(RaftGrpc::new(node.clone()))
+        .max_decoding_message_size(MESSAGE_BYTES_MAX)
+        .max_encoding_message_size(MESSAGE_BYTES_MAX);
+    let checked = InterceptedService::new(service, node.secret().check());
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder().add_service(checked).serve_with_incoming_shutdown(incoming, shutdown).await
 }

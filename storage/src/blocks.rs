@@ -17,9 +17,22 @@ use crate::StorageError;
 /// Largest block accepted, in bytes (8 MiB).
 pub const BLOCK_BYTES_MAX: usize = 8 << 20;
 
-/// A BLAKE3-256 block hash; displayed and parsed as 64 lowercase hex characters.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+/// A BLAKE3-256 block hash; displayed, parsed and serialized as 64 lowercase hex characters.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockHash(pub [u8; 32]);
+
+impl serde::Serialize for BlockHash {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for BlockHash {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<BlockHash, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
 
 impl BlockHash {
     pub fn of(bytes: &[u8]) -> BlockHash {
@@ -27,7 +40,13 @@ impl BlockHash {
     }
 
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = String::with_capacity(64);
+        for byte in self.0 {
+            out.push(DIGITS[usize::from(byte >> 4)] as char);
+            out.push(DIGITS[usize::from(byte & 0x0f)] as char);
+        }
+        out
     }
 }
 
@@ -185,6 +204,10 @@ mod tests {
         assert_eq!(hex.to_uppercase().parse::<BlockHash>(), Err(BadHash));
         assert_eq!(hex[..63].parse::<BlockHash>(), Err(BadHash));
         assert_eq!(format!("{}g", &hex[..63]).parse::<BlockHash>(), Err(BadHash));
+        let json = serde_json::to_string(&hash).expect("serialize");
+        assert_eq!(json, format!("\"{hex}\""));
+        assert_eq!(serde_json::from_str::<BlockHash>(&json).expect("deserialize"), hash);
+        assert!(serde_json::from_str::<BlockHash>("\"ab\"").is_err());
     }
 
     #[test]

@@ -98,11 +98,10 @@ pub enum Command {
     /// Moves (renames) a file: its content becomes a new version at `to` and `from` gets a
     /// tombstone, in one apply, so both changes sync.
     MoveFile(Box<FileMove>),
-    /// Deletes versions that stopped being current and were created at or before
-    /// `created_before_ms` (never a current version), at most `max_versions`, dropping their
-    /// chunk references.
+    /// Deletes versions that stopped being current at or before `superseded_before_ms`
+    /// (never a current version), at most `max_versions`, dropping their chunk references.
     ExpireVersions {
-        created_before_ms: u64,
+        superseded_before_ms: u64,
         max_versions: u32,
     },
     /// Removes chunk-index entries unreferenced since at or before `orphaned_before_ms`, at
@@ -126,12 +125,14 @@ pub enum Command {
         lease_ms: u64,
         max_jobs: u32,
     },
-    /// The fence holder starts an attempt (a run record is written).
+    /// The fence holder starts an attempt (a run record is written, kept `run_ttl_ms` after
+    /// it ends however it ends).
     StartRun {
         job_id: String,
         fence: u64,
         run_id: String,
         worker: String,
+        run_ttl_ms: u64,
     },
     /// The fence holder extends its lease.
     RenewLease {
@@ -233,16 +234,21 @@ pub enum Outcome {
     },
     /// Idempotency completion and release, which have no result of their own.
     Done,
+    /// Expired guard records removed; `more`: some kind hit the command's bound, so more
+    /// may be due.
     Purged {
         records: u64,
+        more: bool,
     },
     /// Jobs this claim took, as they are after the claim.
     JobsClaimed {
         jobs: Vec<Job>,
     },
-    /// Versions expired / orphan chunks removed from the index.
+    /// Versions expired / orphan chunks / runs removed; `more`: the command's bound was
+    /// reached, so more may be due.
     Collected {
         removed: u64,
+        more: bool,
     },
     /// A commit made (or, on an identical retry, had made) this version; `unchanged`: the
     /// content already was the current version's, nothing was written.
@@ -280,4 +286,12 @@ pub enum Rejection {
     /// A commit names chunks absent from the chunk index.
     #[error("missing chunks")]
     MissingChunks(Vec<BlockHash>),
+}
+
+impl Rejection {
+    /// A rejection the client can cure and then retry with the same request (upload the
+    /// missing chunks): not saved under an idempotency key, so the retry runs.
+    pub fn is_curable(&self) -> bool {
+        matches!(self, Rejection::MissingChunks(_))
+    }
 }

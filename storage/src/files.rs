@@ -1,15 +1,19 @@
-//! Files and versions: the commit apply (conflict rules, refcounts, change feed) and the read
-//! queries behind the metadata and sync API.
+//! Files and versions: the commit apply (conflict rules, conflicted copies, the change feed),
+//! moves, version expiry, and the read queries behind the metadata and sync API.
 
-use rocksdb::IteratorMode;
-
+use crate::chunks::{self, Delta};
 use crate::command::{ConflictedCopy, FileCommit, FileMove, Outcome, Rejection};
-use crate::records::{Chunk, FileRecord, VersionRecord};
+use crate::keys::Expiring;
+use crate::paths::{device_label, FilePath};
+use crate::records::{ConflictRecord, FileRecord, VersionRecord};
 use crate::state::{StateMachine, Txn};
 use crate::{keys, StorageError};
 
-/// How many conflicted-copy names are tried before giving up.
-const CONFLICT_COPIES_MAX: u32 = 1_000;
+/// Numbered conflicted-copy names tried (`<device>`, `<device> 2`, …) before the copy is
+/// named by its (random, fresh) file id instead, so naming never runs out.
+const CONFLICT_COPIES_NUMBERED: u64 = 1_000;
+/// How long a conflicting commit's answer is kept for its retries, in ms (24 h).
+pub const CONFLICT_RECORD_TTL_MS: u64 = 24 * 3600 * 1000;
 
 fn file_at(txn: &Txn<'_>, namespace_id: &str, path: &str) -> Result<Option<FileRecord>, StorageError> {
     let Some(id) = txn.get::<String>("file path", &keys::file_path(namespace_id, path))? else { return Ok(None) };
@@ -17,12 +21,7 @@ fn file_at(txn: &Txn<'_>, namespace_id: &str, path: &str) -> Result<Option<FileR
 }
 
 pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, StorageError> {
-    let mut missing = Vec::new();
-    for hash in &c.chunks {
-        if txn.get_raw(&keys::chunk(&hash.0))?.is_none() && !missing.contains(hash) {
-            missing.push(*hash);
-        }
-    }
+    let missing = chunks::missing(txn, &c.chunks)?;
     if !missing.is_empty() {
         return Ok(Outcome::Rejected(Rejection::MissingChunks(missing)));
     }
@@ -38,28 +37,59 @@ pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, Stora
         return Ok(Outcome::FileCommitted { file_id: id, version, unchanged: false });
     }
     if let Some(f) = &file {
-        // A retry of a commit that already made version base + 1.
-        if c.base_version < current {
-            if let Some(made) = txn.get::<VersionRecord>("version", &keys::version(&f.id, c.base_version + 1))? {
-                if made.chunks == c.chunks && made.deleted == c.deleted && made.path == c.path {
-                    return Ok(Outcome::FileCommitted {
-                        file_id: f.id.clone(),
-                        version: made.version,
-                        unchanged: false,
-                    });
-                }
-            }
-        }
-        let latest = txn.get::<VersionRecord>("version", &keys::version(&f.id, current))?;
-        if latest.is_some_and(|v| v.chunks == c.chunks && v.deleted == c.deleted) {
-            return Ok(Outcome::FileCommitted { file_id: f.id.clone(), version: current, unchanged: true });
+        if let Some(earlier) = earlier_answer(txn, c, f)? {
+            return Ok(earlier);
         }
     }
     if c.deleted {
         return Ok(Outcome::FileConflict { current_version: current, copy: None });
     }
+    let record_id = conflict_id(c);
+    if let Some(record) = txn.get::<ConflictRecord>("conflict", &Expiring::Conflict.record(&record_id))? {
+        if record.expires_ms > txn.now_ms {
+            return Ok(Outcome::FileConflict { current_version: record.current_version, copy: Some(record.copy) });
+        }
+        txn.delete(Expiring::Conflict.index(record.expires_ms, &record_id));
+    }
     let copy = conflicted_copy(txn, c)?;
+    let expires_ms = txn.now_ms.saturating_add(CONFLICT_RECORD_TTL_MS);
+    let record = ConflictRecord { current_version: current, copy: copy.clone(), expires_ms };
+    txn.put(Expiring::Conflict.record(&record_id), &record);
+    txn.put_raw(Expiring::Conflict.index(expires_ms, &record_id), Vec::new());
     Ok(Outcome::FileConflict { current_version: current, copy: Some(copy) })
+}
+
+/// A stale commit that needs no new version: the retry of a commit that already made
+/// version `base + 1`, or content identical to the current version's.
+fn earlier_answer(txn: &Txn<'_>, c: &FileCommit, f: &FileRecord) -> Result<Option<Outcome>, StorageError> {
+    if c.base_version < f.current_version {
+        if let Some(made) = txn.get::<VersionRecord>("version", &keys::version(&f.id, c.base_version + 1))? {
+            if made.chunks == c.chunks && made.deleted == c.deleted && made.path == c.path {
+                let outcome = Outcome::FileCommitted { file_id: f.id.clone(), version: made.version, unchanged: false };
+                return Ok(Some(outcome));
+            }
+        }
+    }
+    let latest = txn.get::<VersionRecord>("version", &keys::version(&f.id, f.current_version))?;
+    if latest.is_some_and(|v| v.chunks == c.chunks && v.deleted == c.deleted) {
+        return Ok(Some(Outcome::FileCommitted { file_id: f.id.clone(), version: f.current_version, unchanged: true }));
+    }
+    Ok(None)
+}
+
+/// Identifies a conflicting commit by what a retry repeats: namespace, path, base version,
+/// device and chunks.
+fn conflict_id(c: &FileCommit) -> Vec<u8> {
+    let mut hasher = blake3::Hasher::new();
+    for part in [c.namespace_id.as_bytes(), c.path.as_str().as_bytes(), c.device.as_bytes()] {
+        hasher.update(&(part.len() as u64).to_be_bytes());
+        hasher.update(part);
+    }
+    hasher.update(&c.base_version.to_be_bytes());
+    for hash in &c.chunks {
+        hasher.update(&hash.0);
+    }
+    hasher.finalize().as_bytes().to_vec()
 }
 
 pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, StorageError> {
@@ -99,19 +129,33 @@ pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, Stor
     Ok(Outcome::FileCommitted { file_id: id, version, unchanged: false })
 }
 
-/// Stores the client's content as a new file under the first free conflicted-copy name.
+/// Stores the client's content as a new file under the first free conflicted-copy name:
+/// `<device>`, `<device> 2`, … and past those `<device> <copy file id>` (a fresh random id,
+/// so free). Should even that name be live, the content becomes its new version: whatever
+/// the names in the namespace, the client's content is kept.
 fn conflicted_copy(txn: &mut Txn<'_>, c: &FileCommit) -> Result<ConflictedCopy, StorageError> {
-    for n in 1..=CONFLICT_COPIES_MAX {
-        let Ok(path) = c.path.conflicted_copy(&c.device, n) else { break };
+    let device = device_label(&c.device);
+    for n in 1..=CONFLICT_COPIES_NUMBERED {
+        let path = c.path.conflicted_copy(&if n == 1 { device.clone() } else { format!("{device} {n}") });
         let existing = file_at(txn, &c.namespace_id, path.as_str())?;
-        if existing.as_ref().is_some_and(|f| !f.deleted) {
-            continue;
+        if existing.as_ref().is_none_or(|f| f.deleted) {
+            return keep_copy(txn, c, path, existing);
         }
-        let id = existing.as_ref().map_or(c.copy_file_id.clone(), |f| f.id.clone());
-        let version = write_version(txn, c, &id, existing.as_ref(), &path)?;
-        return Ok(ConflictedCopy { path, file_id: id, version });
     }
-    Err(StorageError::Corrupt(format!("no free conflicted-copy name for {}", c.path)))
+    let path = c.path.conflicted_copy(&format!("{device} {}", c.copy_file_id));
+    let existing = file_at(txn, &c.namespace_id, path.as_str())?;
+    keep_copy(txn, c, path, existing)
+}
+
+fn keep_copy(
+    txn: &mut Txn<'_>,
+    c: &FileCommit,
+    path: FilePath,
+    existing: Option<FileRecord>,
+) -> Result<ConflictedCopy, StorageError> {
+    let id = existing.as_ref().map_or(c.copy_file_id.clone(), |f| f.id.clone());
+    let version = write_version(txn, c, &id, existing.as_ref(), &path)?;
+    Ok(ConflictedCopy { path, file_id: id, version })
 }
 
 /// Appends a version: version record, file record, path index, change feed, cursor and
@@ -121,21 +165,22 @@ fn write_version(
     c: &FileCommit,
     file_id: &str,
     previous: Option<&FileRecord>,
-    path: &crate::paths::FilePath,
+    path: &FilePath,
 ) -> Result<u64, StorageError> {
     let cursor_key = keys::namespace_cursor(&c.namespace_id);
-    let seq = txn.get::<u64>("namespace cursor", &cursor_key)?.unwrap_or(0) + 1;
+    let seq = txn.get::<u64>("namespace cursor", &cursor_key)?.unwrap_or(0).saturating_add(1);
     txn.put(cursor_key, &seq);
-    let version = previous.map_or(1, |f| f.current_version + 1);
+    let version = previous.map_or(1, |f| f.current_version.saturating_add(1));
     if let Some(previous) = previous {
         txn.delete(keys::change(&c.namespace_id, previous.seq));
-        let superseded: VersionRecord = txn
-            .get("version", &keys::version(&previous.id, previous.current_version))?
-            .ok_or_else(|| StorageError::Corrupt(format!("file {} lacks its current version", previous.id)))?;
-        txn.put_raw(keys::superseded(superseded.created_ms, &previous.id, superseded.version), Vec::new());
+        txn.put_raw(keys::superseded(txn.now_ms, &previous.id, previous.current_version), Vec::new());
     } else {
         txn.put(keys::file_path(&c.namespace_id, path.as_str()), &file_id.to_string());
     }
+    debug_assert!(
+        txn.get_raw(&keys::version(file_id, version))?.is_none(),
+        "version {version} of {file_id} is written once (version = previous + 1)"
+    );
     txn.put(keys::change(&c.namespace_id, seq), &file_id.to_string());
     let record = VersionRecord {
         version,
@@ -158,41 +203,22 @@ fn write_version(
         seq,
     };
     txn.put(keys::file(file_id), &file);
-    add_references(txn, &c.chunks, 1)?;
+    chunks::reference(txn, &c.chunks, Delta::Add)?;
     Ok(version)
 }
 
-/// Adds `delta` (+1 or −1) to the refcount of each distinct chunk, keeping the orphan index
-/// in step (a chunk enters it when its refcount reaches 0, and leaves it on first use).
-fn add_references(txn: &mut Txn<'_>, chunks: &[crate::blocks::BlockHash], delta: i64) -> Result<(), StorageError> {
-    let mut seen = Vec::new();
-    for hash in chunks {
-        if seen.contains(hash) {
-            continue;
-        }
-        seen.push(*hash);
-        let key = keys::chunk(&hash.0);
-        let mut chunk: Chunk = txn.get("chunk", &key)?.ok_or_else(|| StorageError::Corrupt(format!("chunk {hash}")))?;
-        if chunk.refcount == 0 {
-            txn.delete(keys::orphan(chunk.orphan_since_ms, &hash.0));
-        }
-        chunk.refcount = chunk
-            .refcount
-            .checked_add_signed(delta)
-            .ok_or_else(|| StorageError::Corrupt(format!("refcount of {hash}")))?;
-        if chunk.refcount == 0 {
-            chunk.orphan_since_ms = txn.now_ms;
-            txn.put_raw(keys::orphan(chunk.orphan_since_ms, &hash.0), Vec::new());
-        }
-        txn.put(key, &chunk);
-    }
-    Ok(())
-}
-
-pub(crate) fn expire_versions(txn: &mut Txn<'_>, created_before_ms: u64, max: usize) -> Result<Outcome, StorageError> {
-    let (start, end) = keys::superseded_until(created_before_ms);
+/// Deletes up to `max` versions that stopped being current at or before
+/// `superseded_before_ms` (never a current version), dropping their chunk references.
+pub(crate) fn expire_versions(
+    txn: &mut Txn<'_>,
+    superseded_before_ms: u64,
+    max: usize,
+) -> Result<Outcome, StorageError> {
+    let (start, end) = keys::superseded_until(superseded_before_ms);
+    let due = txn.committed_keys(&start, &end, max)?;
+    let more = due.len() == max;
     let mut removed = 0;
-    for index_key in txn.committed_keys(&start, &end, max)? {
+    for index_key in due {
         txn.delete(index_key.clone());
         let Some((_, rest)) = keys::parse_timed(&index_key) else { continue };
         let Some((file_id, version)) = rest.split_last_chunk::<8>() else { continue };
@@ -204,27 +230,11 @@ pub(crate) fn expire_versions(txn: &mut Txn<'_>, created_before_ms: u64, max: us
         let version_key = keys::version(&file_id, version);
         if let Some(record) = txn.get::<VersionRecord>("version", &version_key)? {
             txn.delete(version_key);
-            add_references(txn, &record.chunks, -1)?;
+            chunks::reference(txn, &record.chunks, Delta::Drop)?;
             removed += 1;
         }
     }
-    Ok(Outcome::Collected { removed })
-}
-
-pub(crate) fn collect_orphans(txn: &mut Txn<'_>, orphaned_before_ms: u64, max: usize) -> Result<Outcome, StorageError> {
-    let (start, end) = keys::orphans_until(orphaned_before_ms);
-    let mut removed = 0;
-    for index_key in txn.committed_keys(&start, &end, max)? {
-        txn.delete(index_key.clone());
-        let Some((_, hash)) = keys::parse_timed(&index_key) else { continue };
-        let Ok(hash) = <[u8; 32]>::try_from(hash) else { continue };
-        let key = keys::chunk(&hash);
-        if txn.get::<Chunk>("chunk", &key)?.is_some_and(|c| c.refcount == 0) {
-            txn.delete(key);
-            removed += 1;
-        }
-    }
-    Ok(Outcome::Collected { removed })
+    Ok(Outcome::Collected { removed, more })
 }
 
 /// A change of the feed: the file and its latest version.
@@ -298,57 +308,6 @@ impl StateMachine {
             if let Some(found) = self.file(&file_id)? {
                 out.push(found);
             }
-        }
-        Ok(out)
-    }
-
-    /// Up to `limit` chunk hashes of the index after `after` (for the block replicator).
-    pub fn chunk_hashes(
-        &self,
-        after: Option<&crate::blocks::BlockHash>,
-        limit: usize,
-    ) -> Result<Vec<crate::blocks::BlockHash>, StorageError> {
-        let (mut start, end) = keys::chunk_range();
-        if let Some(after) = after {
-            start = keys::chunk(&after.0);
-            start.push(0);
-        }
-        let rows = self.scan::<Chunk>("chunk", &start, &end, limit)?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(key, _)| key.get(1..).and_then(|h| h.try_into().ok()).map(crate::blocks::BlockHash))
-            .collect())
-    }
-
-    /// Keys of `[start, end)`, at most `limit`.
-    pub(crate) fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StorageError> {
-        let mut out = Vec::new();
-        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
-        for item in self.db().rocks().iterator_cf(self.db().cf(crate::cf::STATE), mode) {
-            let (key, _) = item?;
-            if *key >= *end || out.len() >= limit {
-                break;
-            }
-            out.push(key.into_vec());
-        }
-        Ok(out)
-    }
-
-    pub(crate) fn scan<T: serde::de::DeserializeOwned>(
-        &self,
-        what: &'static str,
-        start: &[u8],
-        end: &[u8],
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, T)>, StorageError> {
-        let mut out = Vec::new();
-        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
-        for item in self.db().rocks().iterator_cf(self.db().cf(crate::cf::STATE), mode) {
-            let (key, value) = item?;
-            if *key >= *end || out.len() >= limit {
-                break;
-            }
-            out.push((key.into_vec(), serde_json::from_slice(&value).map_err(StorageError::decode(what))?));
         }
         Ok(out)
     }

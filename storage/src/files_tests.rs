@@ -141,23 +141,23 @@ fn old_versions_expire_refcounts_drop_and_orphans_are_collected() {
     apply(&sm, commit("/f", &["b"], 1, "d", "2"));
     assert_eq!(
         apply(&sm, Command::CollectOrphans { orphaned_before_ms: 0, max_chunks: 10 }),
-        Outcome::Collected { removed: 0 }
+        Outcome::Collected { removed: 0, more: false }
     );
     // Version 1 (created at 1) expires; version 2 is current and never does.
     assert_eq!(
-        apply(&sm, Command::ExpireVersions { created_before_ms: 10, max_versions: 10 }),
-        Outcome::Collected { removed: 1 }
+        apply(&sm, Command::ExpireVersions { superseded_before_ms: 10, max_versions: 10 }),
+        Outcome::Collected { removed: 1, more: false }
     );
     assert_eq!(sm.versions("file-1").expect("history").len(), 1);
     assert_eq!(sm.chunk(&h("a")).expect("read").expect("chunk").refcount, 0);
     assert_eq!(sm.chunk(&h("b")).expect("read").expect("chunk").refcount, 1);
     assert_eq!(
-        apply(&sm, Command::ExpireVersions { created_before_ms: 10, max_versions: 10 }),
-        Outcome::Collected { removed: 0 }
+        apply(&sm, Command::ExpireVersions { superseded_before_ms: 10, max_versions: 10 }),
+        Outcome::Collected { removed: 0, more: false }
     );
     assert_eq!(
         apply(&sm, Command::CollectOrphans { orphaned_before_ms: 10, max_chunks: 10 }),
-        Outcome::Collected { removed: 1 }
+        Outcome::Collected { removed: 1, more: false }
     );
     assert!(sm.chunk(&h("a")).expect("read").is_none());
     assert!(sm.chunk(&h("b")).expect("read").is_some(), "a referenced chunk is never collected");
@@ -187,4 +187,95 @@ fn move_tombstones_the_source_and_creates_the_target() {
     assert_eq!(sm.file_at("ns", "/new").expect("read").expect("new").1.chunks, vec![h("a")]);
     assert_eq!(sm.chunk(&h("a")).expect("read").expect("chunk").refcount, 3);
     assert!(matches!(apply(&sm, request("/new2", 2)), Outcome::Rejected(Rejection::NotFound(_))));
+}
+
+fn copy_of(outcome: &Outcome) -> ConflictedCopy {
+    match outcome {
+        Outcome::FileConflict { copy: Some(copy), .. } => copy.clone(),
+        other => panic!("a conflict with a copy expected, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_conflict_on_a_long_name_keeps_both_versions() {
+    // The request that stopped the cluster: a legal 236-character name, edited on one base
+    // by two devices. The copy's stem is shortened to fit 255 bytes.
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    let path = format!("/{}.txt", "x".repeat(232));
+    apply(&sm, commit(&path, &["a"], 0, "laptop", "1"));
+    let copy = copy_of(&apply(&sm, commit(&path, &["b"], 0, "phone", "2")));
+    assert!(copy.path.as_str().len() <= 256 && copy.path.as_str().ends_with("(conflicted copy, phone).txt"));
+    assert_eq!(sm.file_at("ns", copy.path.as_str()).expect("read").expect("copy").1.chunks, vec![h("b")]);
+}
+
+#[test]
+fn hostile_device_names_are_sanitised_in_copy_names() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b", "c", "d"]);
+    apply(&sm, commit("/f.txt", &["a"], 0, "laptop", "1"));
+    for (device, chunk, expected) in
+        [("tab\there", "b", "tab_here"), ("a//b", "c", "a__b"), ("\u{1b}[31m", "d", "_[31m")]
+    {
+        let copy = copy_of(&apply(&sm, commit("/f.txt", &[chunk], 0, device, chunk)));
+        assert_eq!(copy.path.as_str(), format!("/f (conflicted copy, {expected}).txt"));
+    }
+}
+
+#[test]
+fn conflicted_copy_numbering_never_runs_out() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["base"]);
+    apply(&sm, commit("/f", &["base"], 0, "d", "0"));
+    let mut paths = std::collections::BTreeSet::new();
+    for i in 1..=1_002u32 {
+        let name = format!("c{i}");
+        apply(&sm, Command::RegisterChunk { hash: h(&name), size: 1 });
+        let copy = copy_of(&apply(&sm, commit("/f", &[name.as_str()], 0, "phone", &i.to_string())));
+        assert!(paths.insert(copy.path.clone()), "copy {i} reused {}", copy.path);
+    }
+    assert!(paths.contains(&FilePath::parse("/f (conflicted copy, phone 1000)").expect("path")));
+    assert!(paths.contains(&FilePath::parse("/f (conflicted copy, phone copy-1002)").expect("path")));
+}
+
+#[test]
+fn a_retried_conflicting_commit_gets_the_same_answer_and_no_second_copy() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b", "c"]);
+    apply(&sm, commit("/f.txt", &["a"], 0, "laptop", "1"));
+    apply(&sm, commit("/f.txt", &["b"], 1, "laptop", "2"));
+    let first = apply(&sm, commit("/f.txt", &["c"], 1, "phone", "3"));
+    // Even after the file moved on, the retry (fresh ids, as the API makes them) gets the
+    // answer the first attempt got.
+    apply(&sm, commit("/f.txt", &["a"], 2, "laptop", "4"));
+    let retry = apply(&sm, commit("/f.txt", &["c"], 1, "phone", "5"));
+    assert_eq!(retry, first);
+    assert_eq!(sm.changes("ns", 0, 100).expect("feed").len(), 2, "the file and one copy");
+    // Another device, or other content, is another conflict.
+    assert_ne!(copy_of(&apply(&sm, commit("/f.txt", &["c"], 1, "tablet", "6"))), copy_of(&first));
+}
+
+#[test]
+fn retention_counts_from_when_a_version_was_superseded() {
+    // A version created at 1 and superseded at 5_000 is kept until 5_000 + retention.
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    apply(&sm, commit("/f", &["a"], 0, "d", "1"));
+    sm.apply(b"m", Some(&Batch { now_ms: 5_000, commands: vec![commit("/f", &["b"], 1, "d", "2")] })).expect("apply");
+    let expire = |before| Command::ExpireVersions { superseded_before_ms: before, max_versions: 10 };
+    assert_eq!(apply(&sm, expire(4_999)), Outcome::Collected { removed: 0, more: false });
+    assert_eq!(apply(&sm, expire(5_000)), Outcome::Collected { removed: 1, more: false });
+}
+
+#[test]
+fn expiry_reports_more_when_its_bound_is_reached() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a"]);
+    for version in 0..5 {
+        apply(&sm, commit("/f", &["a"], version, "d", &version.to_string()));
+    }
+    let expire = Command::ExpireVersions { superseded_before_ms: 10, max_versions: 2 };
+    assert_eq!(apply(&sm, expire.clone()), Outcome::Collected { removed: 2, more: true });
+    assert_eq!(apply(&sm, expire.clone()), Outcome::Collected { removed: 2, more: true });
+    assert_eq!(apply(&sm, expire), Outcome::Collected { removed: 0, more: false });
 }

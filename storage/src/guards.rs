@@ -6,7 +6,9 @@
 
 use crate::command::{Command, IdempotencyOutcome, Outcome, RateCheck};
 use crate::keys::Expiring;
-use crate::records::{IdempotencyRecord, IdempotencyResult, IdempotencyStatus, RateRecord, SavedResponse};
+use crate::records::{
+    ConflictRecord, IdempotencyRecord, IdempotencyResult, IdempotencyStatus, RateRecord, SavedResponse,
+};
 use crate::state::{apply_command, Txn};
 use crate::StorageError;
 
@@ -63,6 +65,10 @@ pub(crate) fn idempotent(
         return Ok(Outcome::Idempotency(earlier));
     }
     let outcome = apply_command(txn, command)?;
+    if matches!(&outcome, Outcome::Rejected(rejection) if rejection.is_curable()) {
+        // Nothing changed, and the same request will succeed once the client cured it.
+        return Ok(Outcome::Idempotency(IdempotencyOutcome::Applied { outcome: Box::new(outcome) }));
+    }
     let result = match (&outcome, on_success) {
         (Outcome::Rejected(rejection), _) => IdempotencyResult::Rejected(rejection.clone()),
         (_, Some(response)) => IdempotencyResult::Response(response.clone()),
@@ -173,15 +179,19 @@ pub(crate) fn rate_check(txn: &mut Txn<'_>, checks: &[RateCheck]) -> Result<Outc
 
 pub(crate) fn purge_expired(txn: &mut Txn<'_>, max_records: usize) -> Result<Outcome, StorageError> {
     let mut purged = 0;
-    for kind in [Expiring::Idempotency, Expiring::Processed, Expiring::Rate] {
+    let mut more = false;
+    for kind in Expiring::ALL {
         let (start, end) = kind.index_range();
-        for index_key in txn.committed_keys(&start, &end, max_records)? {
+        let index = txn.committed_keys(&start, &end, max_records)?;
+        let mut due = 0;
+        for index_key in index {
             let Some((expires_ms, id)) = Expiring::parse_index(&index_key) else {
                 continue;
             };
             if expires_ms > txn.now_ms {
                 break;
             }
+            due += 1;
             let record_key = kind.record(id);
             if record_expiry(txn, kind, &record_key)? == Some(expires_ms) {
                 txn.delete(record_key);
@@ -189,8 +199,9 @@ pub(crate) fn purge_expired(txn: &mut Txn<'_>, max_records: usize) -> Result<Out
             }
             txn.delete(index_key.clone());
         }
+        more |= due == max_records;
     }
-    Ok(Outcome::Purged { records: purged })
+    Ok(Outcome::Purged { records: purged, more })
 }
 
 /// The expiry a record currently has (it may have been renewed since an index entry).
@@ -199,6 +210,7 @@ fn record_expiry(txn: &Txn<'_>, kind: Expiring, key: &[u8]) -> Result<Option<u64
         Expiring::Idempotency => txn.get::<IdempotencyRecord>("idempotency record", key)?.map(|r| r.expires_ms),
         Expiring::Processed => txn.get::<u64>("processed message", key)?,
         Expiring::Rate => txn.get::<RateRecord>("rate state", key)?.map(|r| r.idle_at_ms),
+        Expiring::Conflict => txn.get::<ConflictRecord>("conflict", key)?.map(|r| r.expires_ms),
     })
 }
 

@@ -113,8 +113,14 @@ fn abandoned_lease_is_taken_over_and_release_forgets() {
 fn expired_records_are_purged_and_the_key_runs_again() {
     let (_dir, sm) = open();
     apply(&sm, 0, keyed(6, 1, create_user("u1", "a")));
-    assert_eq!(apply(&sm, 999, Command::PurgeExpired { max_records: 100 }), Outcome::Purged { records: 0 });
-    assert_eq!(apply(&sm, 1_000, Command::PurgeExpired { max_records: 100 }), Outcome::Purged { records: 1 });
+    assert_eq!(
+        apply(&sm, 999, Command::PurgeExpired { max_records: 100 }),
+        Outcome::Purged { records: 0, more: false }
+    );
+    assert_eq!(
+        apply(&sm, 1_000, Command::PurgeExpired { max_records: 100 }),
+        Outcome::Purged { records: 1, more: false }
+    );
     let again = apply(&sm, 1_001, keyed(6, 1, create_user("u2", "b")));
     assert!(matches!(again, Outcome::Idempotency(IdempotencyOutcome::Applied { .. })));
 }
@@ -131,7 +137,7 @@ fn processed_messages_skip_duplicates_until_expiry() {
     assert!(matches!(apply(&sm, 0, once("u1", "a")), Outcome::UserCreated { .. }));
     assert_eq!(apply(&sm, 50, once("u2", "b")), Outcome::Duplicate);
     assert!(sm.user("u2").expect("read").is_none());
-    assert_eq!(apply(&sm, 100, Command::PurgeExpired { max_records: 10 }), Outcome::Purged { records: 1 });
+    assert_eq!(apply(&sm, 100, Command::PurgeExpired { max_records: 10 }), Outcome::Purged { records: 1, more: false });
     assert!(matches!(apply(&sm, 101, once("u3", "c")), Outcome::UserCreated { .. }));
 }
 
@@ -158,6 +164,57 @@ fn idle_rate_state_is_purged() {
     apply(&sm, 0, Command::RateCheck { checks: vec![check.clone()] });
     apply(&sm, 500, Command::RateCheck { checks: vec![check] });
     // Idle (bucket full again) 2 s after the last check, at 2500.
-    assert_eq!(apply(&sm, 2_499, Command::PurgeExpired { max_records: 10 }), Outcome::Purged { records: 0 });
-    assert_eq!(apply(&sm, 2_500, Command::PurgeExpired { max_records: 10 }), Outcome::Purged { records: 1 });
+    assert_eq!(
+        apply(&sm, 2_499, Command::PurgeExpired { max_records: 10 }),
+        Outcome::Purged { records: 0, more: false }
+    );
+    assert_eq!(
+        apply(&sm, 2_500, Command::PurgeExpired { max_records: 10 }),
+        Outcome::Purged { records: 1, more: false }
+    );
+}
+
+#[test]
+fn a_curable_rejection_is_not_saved_under_the_key() {
+    use crate::blocks::BlockHash;
+    use crate::command::FileCommit;
+    use crate::paths::FilePath;
+    let (_dir, sm) = open();
+    let chunk = BlockHash::of(b"late chunk");
+    let commit = |ids: &str| {
+        Command::CommitFile(Box::new(FileCommit {
+            namespace_id: "ns".into(),
+            path: FilePath::parse("/f").expect("path"),
+            chunks: vec![chunk],
+            size: 1,
+            mtime_ms: 0,
+            base_version: 0,
+            deleted: false,
+            device: "d".into(),
+            new_file_id: format!("file-{ids}"),
+            copy_file_id: format!("copy-{ids}"),
+        }))
+    };
+    let keyed_commit = |ids: &str| Command::Idempotent {
+        scope: [9; 32],
+        fingerprint: [1; 32],
+        ttl_ms: 10_000,
+        on_success: None,
+        command: Box::new(commit(ids)),
+    };
+    let Outcome::Idempotency(IdempotencyOutcome::Applied { outcome }) = apply(&sm, 1, keyed_commit("1")) else {
+        panic!("applied expected")
+    };
+    assert_eq!(*outcome, Outcome::Rejected(Rejection::MissingChunks(vec![chunk])));
+    // The client uploads the chunk and retries with the same key: now it commits.
+    apply(&sm, 2, Command::RegisterChunk { hash: chunk, size: 1 });
+    let Outcome::Idempotency(IdempotencyOutcome::Applied { outcome }) = apply(&sm, 3, keyed_commit("2")) else {
+        panic!("the retry runs")
+    };
+    assert_eq!(*outcome, Outcome::FileCommitted { file_id: "file-2".into(), version: 1, unchanged: false });
+    // And that success is saved: a third try replays it.
+    assert!(matches!(
+        apply(&sm, 4, keyed_commit("3")),
+        Outcome::Idempotency(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(_) })
+    ));
 }

@@ -16,8 +16,33 @@ use crate::{keys, StorageError};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Schedule {
-    Once { run_at_ms: u64 },
+    Once {
+        run_at_ms: u64,
+    },
     Cron(CronSchedule),
+    /// Every `every_ms`, counted from the first fire (the node's own maintenance jobs).
+    Interval {
+        every_ms: u64,
+    },
+}
+
+impl Schedule {
+    /// The fire after the fire of `fired_ms`, decided at `now_ms` (when it finished or was
+    /// given up): the first fire after both, so fires missed meanwhile coalesce into one.
+    /// `None`: no further fire. A one-off job fires again only if its `runAt` was changed
+    /// (a PATCH while the fire ran governs the next fire).
+    pub fn next_after_fire(&self, fired_ms: u64, now_ms: u64) -> Option<u64> {
+        let after = fired_ms.max(now_ms);
+        match self {
+            Schedule::Once { run_at_ms } => (*run_at_ms != fired_ms).then_some(*run_at_ms),
+            Schedule::Cron(cron) => cron.next_after(after),
+            Schedule::Interval { every_ms } => {
+                let every = (*every_ms).max(1);
+                let periods = (after - fired_ms) / every + 1;
+                Some(fired_ms.saturating_add(periods.saturating_mul(every)))
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,6 +148,18 @@ pub enum RunStatus {
     TimedOut,
 }
 
+/// What an attempt produced, beside its status: for a webhook the HTTP status and the start
+/// of the response body (at most [`RESULT_EXCERPT_BYTES_MAX`] bytes, lossy UTF-8); for a
+/// built-in task a short summary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub http_status: Option<u16>,
+    pub excerpt: String,
+}
+
+/// Longest excerpt of a webhook's response kept in a run record, in bytes.
+pub const RESULT_EXCERPT_BYTES_MAX: usize = 256;
+
 /// One attempt (append-only; the ledger of what ran).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobRun {
@@ -137,6 +174,9 @@ pub struct JobRun {
     pub finished_ms: Option<u64>,
     pub status: RunStatus,
     pub error: Option<String>,
+    pub result: Option<RunResult>,
+    /// How long the record is kept once the run ended (however it ended).
+    pub ttl_ms: u64,
 }
 
 /// A worker's report of an attempt.
@@ -146,12 +186,9 @@ pub struct RunReport {
     pub fence: u64,
     pub status: RunStatus,
     pub error: Option<String>,
+    pub result: Option<RunResult>,
     /// When to retry if attempts remain (backoff with jitter, computed by the worker).
     pub retry_at_ms: u64,
-    /// For a cron job: the next fire after now (missed fires coalesce into it).
-    pub next_fire_ms: Option<u64>,
-    /// How long finished runs are kept.
-    pub run_ttl_ms: u64,
 }
 
 /// Changes a PATCH makes (already validated; `next_run_at_ms` recomputed by the caller).
@@ -217,6 +254,7 @@ pub(crate) fn patch(txn: &mut Txn<'_>, job_id: &str, patch: &JobPatch) -> Result
         job.max_retries = max_retries;
     }
     if let Some(schedule) = &patch.schedule {
+        // While a fire runs, the new schedule governs the fire after it (see `end_fire`).
         job.schedule = schedule.clone();
         if job.status == JobStatus::Scheduled {
             job.next_run_at_ms = patch.next_run_at_ms;
@@ -234,6 +272,7 @@ pub(crate) fn cancel(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, Storage
     if before.status.is_final() {
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} is {:?}", before.status))));
     }
+    end_run(txn, &before, RunStatus::Failed, "the job was cancelled during the run")?;
     let mut job = before.clone();
     job.status = JobStatus::Cancelled;
     job.next_run_at_ms = None;
@@ -248,7 +287,9 @@ fn not_found(job_id: &str) -> Outcome {
     Outcome::Rejected(Rejection::NotFound(format!("job {job_id}")))
 }
 
-/// Claims up to `max` jobs: due SCHEDULED jobs, then jobs whose lease expired.
+/// Claims up to `max` jobs: due SCHEDULED jobs, then jobs whose lease expired. The attempt
+/// whose lease expired counts: a job without retries left is not run again but ends its fire
+/// (FAILED, or the next fire of a recurring job).
 pub(crate) fn claim(txn: &mut Txn<'_>, worker: &str, lease_ms: u64, max: usize) -> Result<Outcome, StorageError> {
     let now = txn.now_ms;
     let (start, end) = keys::job_due_until(now);
@@ -276,16 +317,25 @@ pub(crate) fn claim(txn: &mut Txn<'_>, worker: &str, lease_ms: u64, max: usize) 
         }
         let mut job = before.clone();
         if expired {
-            abandon_run(txn, &job)?;
+            end_run(txn, &job, RunStatus::TimedOut, "lease expired: the worker stopped reporting")?;
+            if job.attempts > job.max_retries {
+                job.lease_owner = None;
+                job.lease_expires_ms = None;
+                job.updated_ms = now;
+                job.last_error = Some("lease expired after the last attempt".into());
+                end_fire(&mut job, now, false);
+                store(txn, Some(&before), &job);
+                continue;
+            }
         }
         if job.scheduled_for_ms.is_none() {
             job.scheduled_for_ms = job.next_run_at_ms;
         }
         job.status = JobStatus::Claimed;
-        job.attempts += 1;
-        job.fence += 1;
+        job.attempts = job.attempts.saturating_add(1);
+        job.fence = job.fence.saturating_add(1);
         job.lease_owner = Some(worker.to_string());
-        job.lease_expires_ms = Some(now + lease_ms);
+        job.lease_expires_ms = Some(now.saturating_add(lease_ms));
         job.updated_ms = now;
         store(txn, Some(&before), &job);
         claimed.push(job);
@@ -293,18 +343,41 @@ pub(crate) fn claim(txn: &mut Txn<'_>, worker: &str, lease_ms: u64, max: usize) 
     Ok(Outcome::JobsClaimed { jobs: claimed })
 }
 
-/// The run of a holder whose lease expired ends as TIMED_OUT.
-fn abandon_run(txn: &mut Txn<'_>, job: &Job) -> Result<(), StorageError> {
+/// Ends the job's current run, if one is still RUNNING under the job's fence, with `status`
+/// and `error`; its record then expires like any finished run.
+fn end_run(txn: &mut Txn<'_>, job: &Job, status: RunStatus, error: &str) -> Result<(), StorageError> {
     let key = keys::job_run(&job.id, job.runs);
     if let Some(mut run) = txn.get::<JobRun>("job run", &key)? {
         if run.status == RunStatus::Running && run.fence == job.fence {
-            run.status = RunStatus::TimedOut;
-            run.finished_ms = Some(txn.now_ms);
-            run.error = Some("lease expired".into());
-            txn.put(key, &run);
+            run.status = status;
+            run.error = Some(error.to_string());
+            close_run(txn, key, run);
         }
     }
     Ok(())
+}
+
+/// Writes a run that just ended, with its finish time and its expiry index entry.
+fn close_run(txn: &mut Txn<'_>, key: Vec<u8>, mut run: JobRun) {
+    let now = txn.now_ms;
+    run.finished_ms = Some(now);
+    txn.put_raw(keys::job_run_expiry(now.saturating_add(run.ttl_ms), &key), Vec::new());
+    txn.put(key, &run);
+}
+
+/// Ends the current fire: the job goes back to SCHEDULED at its next fire (by its current
+/// schedule, so a PATCH made while the fire ran governs), or ends SUCCEEDED / FAILED.
+fn end_fire(job: &mut Job, now: u64, succeeded: bool) {
+    let fired = job.scheduled_for_ms.or(job.next_run_at_ms).unwrap_or(now);
+    let next = job.schedule.next_after_fire(fired, now);
+    job.status = match next {
+        Some(_) => JobStatus::Scheduled,
+        None if succeeded => JobStatus::Succeeded,
+        None => JobStatus::Failed,
+    };
+    job.next_run_at_ms = next;
+    job.scheduled_for_ms = None;
+    job.attempts = 0;
 }
 
 fn stale(job: &Job, fence: u64) -> Option<Outcome> {
@@ -318,14 +391,18 @@ pub(crate) fn start(
     fence: u64,
     run_id: &str,
     worker: &str,
+    run_ttl_ms: u64,
 ) -> Result<Outcome, StorageError> {
     let Some(before) = load(txn, job_id)? else { return Ok(not_found(job_id)) };
     if let Some(rejected) = stale(&before, fence) {
         return Ok(rejected);
     }
+    if before.status == JobStatus::Running {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} already runs under fence {fence}"))));
+    }
     let mut job = before.clone();
     job.status = JobStatus::Running;
-    job.runs += 1;
+    job.runs = job.runs.saturating_add(1);
     job.updated_ms = txn.now_ms;
     let run = JobRun {
         run_id: run_id.to_string(),
@@ -339,6 +416,8 @@ pub(crate) fn start(
         finished_ms: None,
         status: RunStatus::Running,
         error: None,
+        result: None,
+        ttl_ms: run_ttl_ms,
     };
     txn.put(keys::job_run(job_id, run.seq), &run);
     store(txn, Some(&before), &job);
@@ -351,7 +430,7 @@ pub(crate) fn renew(txn: &mut Txn<'_>, job_id: &str, fence: u64, lease_ms: u64) 
         return Ok(rejected);
     }
     let mut job = before.clone();
-    job.lease_expires_ms = Some(txn.now_ms + lease_ms);
+    job.lease_expires_ms = Some(txn.now_ms.saturating_add(lease_ms));
     store(txn, Some(&before), &job);
     Ok(Outcome::Done)
 }
@@ -364,13 +443,11 @@ pub(crate) fn finish(txn: &mut Txn<'_>, report: &RunReport) -> Result<Outcome, S
     let now = txn.now_ms;
     let run_key = keys::job_run(&before.id, before.runs);
     if let Some(mut run) = txn.get::<JobRun>("job run", &run_key)? {
-        if run.fence == report.fence {
-            run.status = report.status;
-            run.finished_ms = Some(now);
+        if run.fence == report.fence && run.status == RunStatus::Running {
+            run.status = if report.status == RunStatus::Running { RunStatus::Failed } else { report.status };
             run.error = report.error.clone();
-            let expires = now.saturating_add(report.run_ttl_ms);
-            txn.put(keys::job_run_expiry(expires, &run_key), &());
-            txn.put(run_key, &run);
+            run.result = report.result.clone();
+            close_run(txn, run_key, run);
         }
     }
     let mut job = before.clone();
@@ -379,41 +456,29 @@ pub(crate) fn finish(txn: &mut Txn<'_>, report: &RunReport) -> Result<Outcome, S
     job.updated_ms = now;
     job.last_error = report.error.clone();
     let succeeded = report.status == RunStatus::Succeeded;
-    let retries_left = job.attempts <= job.max_retries;
-    match (&job.schedule, succeeded, retries_left) {
-        (_, false, true) => {
-            job.status = JobStatus::Scheduled;
-            job.next_run_at_ms = Some(report.retry_at_ms);
-        }
-        (Schedule::Once { .. }, true, _) => finish_fire(&mut job, JobStatus::Succeeded, None),
-        (Schedule::Once { .. }, false, false) => finish_fire(&mut job, JobStatus::Failed, None),
-        (Schedule::Cron(_), _, _) => match report.next_fire_ms {
-            Some(next) => finish_fire(&mut job, JobStatus::Scheduled, Some(next)),
-            None => finish_fire(&mut job, if succeeded { JobStatus::Succeeded } else { JobStatus::Failed }, None),
-        },
+    if !succeeded && job.attempts <= job.max_retries {
+        job.status = JobStatus::Scheduled;
+        job.next_run_at_ms = Some(report.retry_at_ms);
+    } else {
+        end_fire(&mut job, now, succeeded);
     }
     store(txn, Some(&before), &job);
     Ok(Outcome::Done)
 }
 
-fn finish_fire(job: &mut Job, status: JobStatus, next: Option<u64>) {
-    job.status = status;
-    job.next_run_at_ms = next;
-    job.scheduled_for_ms = None;
-    job.attempts = 0;
-}
-
 pub(crate) fn expire_runs(txn: &mut Txn<'_>, before_ms: u64, max: usize) -> Result<Outcome, StorageError> {
     let (start, end) = keys::job_run_expiry_until(before_ms);
+    let due = txn.committed_keys(&start, &end, max)?;
+    let more = due.len() == max;
     let mut removed = 0;
-    for key in txn.committed_keys(&start, &end, max)? {
+    for key in due {
         txn.delete(key.clone());
         if let Some((_, run_key)) = keys::parse_timed(&key) {
             txn.delete(run_key.to_vec());
             removed += 1;
         }
     }
-    Ok(Outcome::Collected { removed })
+    Ok(Outcome::Collected { removed, more })
 }
 
 impl StateMachine {

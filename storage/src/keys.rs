@@ -46,6 +46,8 @@ mod tag {
     pub const JOB_OWNER: u8 = 0x16;
     pub const JOB_RUN: u8 = 0x17;
     pub const JOB_RUN_EXPIRY: u8 = 0x18;
+    pub const CONFLICT: u8 = 0x19;
+    pub const CONFLICT_EXPIRY: u8 = 0x1a;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -113,11 +115,12 @@ pub fn parse_timed(key: &[u8]) -> Option<(u64, &[u8])> {
     Some((u64::from_be_bytes(*time), rest))
 }
 
-/// Versions no longer current, by creation time: candidates for expiry.
-pub fn superseded(created_ms: u64, file_id: &str, version: u64) -> Vec<u8> {
+/// Versions no longer current, by the time they stopped being current: candidates for
+/// expiry (retention counts from then, not from the version's creation).
+pub fn superseded(superseded_ms: u64, file_id: &str, version: u64) -> Vec<u8> {
     let mut rest = file_id.as_bytes().to_vec();
     rest.extend_from_slice(&version.to_be_bytes());
-    timed(tag::SUPERSEDED, created_ms, &rest)
+    timed(tag::SUPERSEDED, superseded_ms, &rest)
 }
 
 /// Chunks no version references, by the time they became unreferenced.
@@ -190,14 +193,20 @@ pub enum Expiring {
     Idempotency,
     Processed,
     Rate,
+    /// The conflicts commits ran into, so a retried conflicting commit gets the same answer.
+    Conflict,
 }
 
 impl Expiring {
+    /// Every kind, in the order a purge visits them.
+    pub const ALL: [Expiring; 4] = [Expiring::Idempotency, Expiring::Processed, Expiring::Rate, Expiring::Conflict];
+
     fn tags(self) -> (u8, u8) {
         match self {
             Expiring::Idempotency => (tag::IDEMPOTENCY, tag::IDEMPOTENCY_EXPIRY),
             Expiring::Processed => (tag::PROCESSED, tag::PROCESSED_EXPIRY),
             Expiring::Rate => (tag::RATE, tag::RATE_EXPIRY),
+            Expiring::Conflict => (tag::CONFLICT, tag::CONFLICT_EXPIRY),
         }
     }
 

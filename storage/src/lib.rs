@@ -6,12 +6,23 @@
 //! - [`command`]: the replicated commands and their outcomes (what travels in the log).
 //! - [`records`]: the stored records of the state machine.
 //! - [`blocks`]: the on-disk, content-addressed block store.
-//! - [`state`]: the deterministic `apply`, the read queries and snapshot build/restore.
+//! - [`state`]: the deterministic `apply` (a dispatcher: each command goes to the module that
+//!   owns it), the shared read helpers and snapshot build/restore.
+//! - [`accounts`], [`chunks`], [`files`], [`jobs`], `guards`: the apply logic and queries of
+//!   users and tokens, the chunk index, files and versions, the scheduler, and the request
+//!   guards (idempotency, processed messages, rate limits).
+//! - [`paths`], [`schedule`], [`ratelimit`]: pure domain values and functions (paths and
+//!   conflicted-copy names, cron fires, rate-limit algorithms).
+//!
+//! `apply` never fails on a command's content: every input problem is an `Outcome`; it
+//! returns an error only for a disk failure or real corruption.
 //!
 //! This crate knows nothing of openraft, tonic, axum or clocks: time arrives inside commands.
 
+pub mod accounts;
 pub mod blocks;
 pub mod cf;
+pub mod chunks;
 pub mod command;
 pub mod db;
 mod error;

@@ -1,8 +1,10 @@
 //! The five rate-limit algorithms of the spec, each a small pure type: given its state and
 //! the time, `check` answers whether one more request is allowed and returns the new state.
 //!
-//! All arithmetic is in integer milliseconds (and milli-tokens for the buckets) so every node
-//! computes exactly the same answer inside `apply`.
+//! All arithmetic is in integers (milliseconds, milli-tokens, microseconds for the leaky
+//! bucket's queue) so every node computes exactly the same answer inside `apply`, and it is
+//! total: intermediate products are taken in `u128` and results saturate, so no parameter or
+//! time, however extreme, can overflow or panic (configs bound the parameters anyway).
 
 use serde::{Deserialize, Serialize};
 
@@ -20,8 +22,9 @@ pub enum Algorithm {
     /// Current window count plus the previous window's count weighted by the part of it
     /// still in view, at most `limit` (approximate).
     SlidingWindow { limit: u64, window_ms: u64 },
-    /// A queue of `capacity` requests drained at `drain_per_s` per second; a request that
-    /// does not fit is dropped.
+    /// A queue of `capacity` requests drained at `drain_per_s` per second: an admitted request
+    /// waits for its slot (`Decision::delay_ms`) and leaves at the drain rate; a request that
+    /// does not fit is dropped. No burst passes at once.
     LeakyBucket { capacity: u64, drain_per_s: u64 },
 }
 
@@ -37,8 +40,9 @@ pub enum LimitState {
     Log { times_ms: Vec<u64> },
     /// Sliding window counter: counts of the current and previous aligned windows.
     Counter { window_start_ms: u64, current: u64, previous: u64 },
-    /// Leaky bucket: milli-requests queued at `at_ms`.
-    Queue { milli_level: u64, at_ms: u64 },
+    /// Leaky bucket: when the queue is empty again, i.e. the earliest departure time of the
+    /// next request (a GCRA theoretical arrival time), in microseconds.
+    Queue { free_at_us: u64 },
 }
 
 /// The answer to one check.
@@ -49,19 +53,34 @@ pub struct Decision {
     pub limit: u64,
     /// Requests left right now after this one.
     pub remaining: u64,
-    /// Milliseconds until the limit is fully reset (bucket full, window over).
+    /// Milliseconds until the limit is fully reset (bucket full, window over, queue empty).
     pub reset_ms: u64,
     /// When rejected: milliseconds until a request would be admitted.
     pub retry_after_ms: u64,
+    /// When admitted by a leaky bucket: milliseconds the request waits in the queue for its
+    /// slot before it may proceed (0 for every other algorithm).
+    #[serde(default)]
+    pub delay_ms: u64,
 }
 
 const MILLI: u64 = 1_000;
 
+/// `a / b` rounded up; `u64::MAX` for `b = 0`.
 fn ceil_div(a: u64, b: u64) -> u64 {
     if b == 0 {
         return u64::MAX;
     }
     a.div_ceil(b)
+}
+
+/// A `u128` intermediate back to `u64`, saturating.
+fn sat(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+/// `a × b`, saturating.
+fn mul(a: u64, b: u64) -> u64 {
+    a.saturating_mul(b)
 }
 
 impl Algorithm {
@@ -99,11 +118,14 @@ impl Algorithm {
         }
     }
 
-    /// The state the key returns to when idle long enough: used to drop idle keys.
+    /// How long after a check the key's state becomes indistinguishable from no state (an
+    /// upper bound): used to drop idle keys.
     pub fn idle_after_ms(&self) -> u64 {
         match *self {
-            Algorithm::TokenBucket { capacity, refill_per_s } => ceil_div(capacity * MILLI, refill_per_s),
-            Algorithm::LeakyBucket { capacity, drain_per_s } => ceil_div(capacity * MILLI, drain_per_s),
+            Algorithm::TokenBucket { capacity, refill_per_s } => ceil_div(mul(capacity, MILLI), refill_per_s),
+            Algorithm::LeakyBucket { capacity, drain_per_s } => {
+                ceil_div(mul(capacity, interval_us(drain_per_s)), MILLI)
+            }
             Algorithm::FixedWindow { window_ms, .. } | Algorithm::SlidingLog { window_ms, .. } => window_ms,
             Algorithm::SlidingWindow { window_ms, .. } => window_ms.saturating_mul(2),
         }
@@ -111,22 +133,23 @@ impl Algorithm {
 }
 
 fn token_bucket(capacity: u64, refill_per_s: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
-    let full = capacity * MILLI;
+    let full = mul(capacity, MILLI);
     let (tokens, at_ms) = match state {
         Some(LimitState::Bucket { milli_tokens, at_ms }) => (*milli_tokens, *at_ms),
         _ => (full, now_ms),
     };
     // tokens = min(B, tokens + elapsed × r); elapsed ms × r tokens/s = milli-tokens.
     let elapsed_ms = now_ms.saturating_sub(at_ms);
-    let tokens = full.min(tokens.saturating_add(elapsed_ms.saturating_mul(refill_per_s)));
+    let tokens = full.min(tokens.saturating_add(mul(elapsed_ms, refill_per_s)));
     let allowed = tokens >= MILLI;
     let after = if allowed { tokens - MILLI } else { tokens };
     let decision = Decision {
         allowed,
         limit: capacity,
         remaining: after / MILLI,
-        reset_ms: ceil_div(full - after, refill_per_s),
+        reset_ms: ceil_div(full.saturating_sub(after), refill_per_s),
         retry_after_ms: if allowed { 0 } else { ceil_div(MILLI - tokens, refill_per_s) },
+        delay_ms: 0,
     };
     (decision, LimitState::Bucket { milli_tokens: after, at_ms: now_ms.max(at_ms) })
 }
@@ -137,7 +160,7 @@ fn fixed_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: 
         Some(LimitState::Window { window_start_ms, count }) if *window_start_ms == start => *count,
         _ => 0,
     };
-    let reset_ms = start + window_ms - now_ms;
+    let reset_ms = start.saturating_add(window_ms).saturating_sub(now_ms);
     let allowed = count < limit;
     let count = if allowed { count + 1 } else { count };
     let decision = Decision {
@@ -146,13 +169,16 @@ fn fixed_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: 
         remaining: limit.saturating_sub(count),
         reset_ms,
         retry_after_ms: if allowed { 0 } else { reset_ms },
+        delay_ms: 0,
     };
     (decision, LimitState::Window { window_start_ms: start, count })
 }
 
 fn sliding_log(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
     let mut times: Vec<u64> = match state {
-        Some(LimitState::Log { times_ms }) => times_ms.iter().copied().filter(|t| t + window_ms > now_ms).collect(),
+        Some(LimitState::Log { times_ms }) => {
+            times_ms.iter().copied().filter(|t| t.saturating_add(window_ms) > now_ms).collect()
+        }
         _ => Vec::new(),
     };
     let allowed = (times.len() as u64) < limit;
@@ -165,8 +191,9 @@ fn sliding_log(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: u
         allowed,
         limit,
         remaining: limit.saturating_sub(times.len() as u64),
-        reset_ms: (newest + window_ms).saturating_sub(now_ms),
-        retry_after_ms: if allowed { 0 } else { (oldest + window_ms).saturating_sub(now_ms) },
+        reset_ms: newest.saturating_add(window_ms).saturating_sub(now_ms),
+        retry_after_ms: if allowed { 0 } else { oldest.saturating_add(window_ms).saturating_sub(now_ms) },
+        delay_ms: 0,
     };
     (decision, LimitState::Log { times_ms: times })
 }
@@ -177,7 +204,7 @@ fn sliding_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms
         Some(LimitState::Counter { window_start_ms, current, previous }) => {
             if *window_start_ms == start {
                 (*current, *previous)
-            } else if *window_start_ms + window_ms == start {
+            } else if window_start_ms.checked_add(window_ms) == Some(start) {
                 (0, *current)
             } else {
                 (0, 0)
@@ -188,27 +215,32 @@ fn sliding_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms
     // count ≈ current + previous × (part of the previous window still in view), in
     // milli-requests: previous × (window − elapsed) / window.
     let elapsed = now_ms - start;
-    let weighted_milli = |current: u64| current * MILLI + previous * MILLI * (window_ms - elapsed) / window_ms;
-    let allowed = weighted_milli(current) + MILLI <= limit * MILLI;
+    let weighted_milli = |current: u64| -> u128 {
+        u128::from(current) * 1_000
+            + u128::from(previous) * 1_000 * u128::from(window_ms - elapsed) / u128::from(window_ms)
+    };
+    let limit_milli = u128::from(limit) * 1_000;
+    let allowed = weighted_milli(current) + 1_000 <= limit_milli;
     let current = if allowed { current + 1 } else { current };
     let used_milli = weighted_milli(current);
     let decision = Decision {
         allowed,
         limit,
-        remaining: (limit * MILLI).saturating_sub(used_milli) / MILLI,
-        reset_ms: start + 2 * window_ms - now_ms,
+        remaining: sat(limit_milli.saturating_sub(used_milli) / 1_000),
+        reset_ms: start.saturating_add(window_ms.saturating_mul(2)).saturating_sub(now_ms),
         retry_after_ms: if allowed { 0 } else { retry_sliding(limit, window_ms, current, previous, elapsed) },
+        delay_ms: 0,
     };
     (decision, LimitState::Counter { window_start_ms: start, current, previous })
 }
 
 /// Milliseconds until the weighted count leaves room for one more request.
 fn retry_sliding(limit: u64, window_ms: u64, current: u64, previous: u64, elapsed: u64) -> u64 {
-    // Within this window: need current + previous × (w − e')/w ≤ limit − 1.
+    // Within this window: need current + previous × (w − e')/w ≤ limit − 1, i.e.
+    // previous × (w − e') × 1000 / w ≤ room  ⇔  e' ≥ w − room × w / (previous × 1000).
     if current < limit && previous > 0 {
-        let room_milli = (limit - 1 - current) * MILLI; // capacity left for the previous part
-                                                        // previous × (w − e') × MILLI / w ≤ room  ⇔  e' ≥ w − room × w / (previous × MILLI)
-        let keep = room_milli * window_ms / (previous * MILLI);
+        let room_milli = u128::from(limit - 1 - current) * 1_000;
+        let keep = sat(room_milli * u128::from(window_ms) / (u128::from(previous) * 1_000));
         let at = window_ms.saturating_sub(keep);
         if at > elapsed && at < window_ms {
             return at - elapsed;
@@ -218,23 +250,36 @@ fn retry_sliding(limit: u64, window_ms: u64, current: u64, previous: u64, elapse
     window_ms - elapsed
 }
 
+/// Microseconds between two departures of a leaky bucket (at least 1).
+fn interval_us(drain_per_s: u64) -> u64 {
+    ceil_div(1_000_000, drain_per_s).max(1)
+}
+
+/// The leaky bucket as a queue (GCRA): `free_at` is when the queue would be empty. A request
+/// fits while fewer than `capacity` requests are in the queue (`free_at − now ≤ (capacity − 1)
+/// × interval`); it departs at `max(now, free_at)`, which is its delay, and moves `free_at`
+/// one interval on.
 fn leaky_bucket(capacity: u64, drain_per_s: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
-    let (level, at_ms) = match state {
-        Some(LimitState::Queue { milli_level, at_ms }) => (*milli_level, *at_ms),
-        _ => (0, now_ms),
+    let interval = interval_us(drain_per_s);
+    let now_us = mul(now_ms, MILLI);
+    let free_at = match state {
+        Some(LimitState::Queue { free_at_us }) => (*free_at_us).max(now_us),
+        _ => now_us,
     };
-    let drained = now_ms.saturating_sub(at_ms).saturating_mul(drain_per_s);
-    let level = level.saturating_sub(drained);
-    let allowed = level + MILLI <= capacity * MILLI;
-    let level = if allowed { level + MILLI } else { level };
+    let queued = free_at - now_us;
+    let room = mul(capacity.saturating_sub(1), interval);
+    let allowed = capacity > 0 && queued <= room;
+    let free_at = if allowed { free_at.saturating_add(interval) } else { free_at };
+    let level = free_at - now_us;
     let decision = Decision {
         allowed,
         limit: capacity,
-        remaining: (capacity * MILLI - level) / MILLI,
-        reset_ms: ceil_div(level, drain_per_s),
-        retry_after_ms: if allowed { 0 } else { ceil_div(level + MILLI - capacity * MILLI, drain_per_s) },
+        remaining: capacity.saturating_sub(ceil_div(level, interval)),
+        reset_ms: ceil_div(level, MILLI),
+        retry_after_ms: if allowed { 0 } else { ceil_div(queued.saturating_sub(room), MILLI).max(1) },
+        delay_ms: if allowed { ceil_div(queued, MILLI) } else { 0 },
     };
-    (decision, LimitState::Queue { milli_level: level, at_ms: now_ms.max(at_ms) })
+    (decision, LimitState::Queue { free_at_us: free_at })
 }
 
 #[cfg(test)]

@@ -119,8 +119,48 @@ fn leaky_bucket_queues_then_drops_without_burst_refill() {
     // capacity 2, drain 1/s: two fit, the third is dropped; after 1 s one slot is free.
     let leaky = Algorithm::LeakyBucket { capacity: 2, drain_per_s: 1 };
     check(leaky, &[0, 0, 0, 999, 1_000, 1_000], &[(true, 1), (true, 0), (false, 0), (false, 0), (true, 0), (false, 0)]);
-    let (d, _) = leaky.check(Some(&LimitState::Queue { milli_level: 2_000, at_ms: 0 }), 250);
+    let (d, _) = leaky.check(Some(&LimitState::Queue { free_at_us: 2_000_000 }), 250);
     assert_eq!((d.allowed, d.retry_after_ms, d.reset_ms), (false, 750, 1_750));
+}
+
+#[test]
+fn leaky_bucket_admits_into_a_queue_that_leaves_at_the_drain_rate() {
+    // capacity 4, 10/s: four requests at once are all admitted, but they leave 100 ms apart.
+    let leaky = Algorithm::LeakyBucket { capacity: 4, drain_per_s: 10 };
+    let mut state = None;
+    let mut delays = Vec::new();
+    for _ in 0..5 {
+        let (d, next) = leaky.check(state.as_ref(), 5_000);
+        state = Some(next);
+        delays.push((d.allowed, d.delay_ms));
+    }
+    assert_eq!(delays, vec![(true, 0), (true, 100), (true, 200), (true, 300), (false, 0)]);
+    // 250 ms later the first three have left: two places free, the next waits for 150 ms.
+    let (d, _) = leaky.check(state.as_ref(), 5_250);
+    assert_eq!((d.allowed, d.delay_ms), (true, 150));
+}
+
+#[test]
+fn extreme_parameters_and_times_never_overflow() {
+    let extremes = [0, 1, 2, 999, 1_000, u64::MAX / 1_000, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+    for &a in &extremes {
+        for &b in &extremes {
+            for algorithm in [
+                Algorithm::TokenBucket { capacity: a, refill_per_s: b },
+                Algorithm::FixedWindow { limit: a, window_ms: b },
+                Algorithm::SlidingLog { limit: a.min(3), window_ms: b },
+                Algorithm::SlidingWindow { limit: a, window_ms: b },
+                Algorithm::LeakyBucket { capacity: a, drain_per_s: b },
+            ] {
+                let mut state = None;
+                for &now in &extremes {
+                    let (_, next) = algorithm.check(state.as_ref(), now);
+                    state = Some(next);
+                }
+                let _ = (algorithm.idle_after_ms(), algorithm.window_s(), algorithm.limit());
+            }
+        }
+    }
 }
 
 #[test]

@@ -85,6 +85,15 @@ pub struct Chunk {
     pub orphan_since_ms: u64,
 }
 
+/// The answer a conflicting commit got, kept for a while so that a retry of the same commit
+/// (path, chunks, base version, device) gets the same answer instead of a second copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConflictRecord {
+    pub current_version: u64,
+    pub copy: crate::command::ConflictedCopy,
+    pub expires_ms: u64,
+}
+
 /// A file: its place and its latest version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileRecord {

@@ -1,17 +1,30 @@
 //! Job schedules: a one-off instant, or a cron expression in an explicit IANA timezone.
 //!
-//! Pure functions of their arguments (no clock). Cron fires are computed on local wall-clock
-//! times: a local time that a DST change skips is skipped; a local time that a DST change
-//! repeats fires once (at its first occurrence).
+//! Cron follows standard (Vixie) cron: 5 fields `minute hour day-of-month month day-of-week`
+//! (6 with seconds first also accepted); day of week 0–7 with 0 and 7 = Sunday, names
+//! `SUN`–`SAT` and `JAN`–`DEC`; when both day of month and day of week are restricted (neither
+//! starts with `*`), a day matching either fires. The `cron` crate evaluates the fields (its
+//! own day-of-week numbering is 1 = Sunday, and it ANDs the day fields), so the day-of-week
+//! field is translated and the OR case runs as two schedules.
+//!
+//! Fires are computed on local wall-clock times: a local time that a DST change skips fires
+//! at the first instant after the gap (several in one gap coalesce into one); a local time
+//! that a DST change repeats fires once, at its first occurrence. Pure functions of their
+//! arguments (no clock), so they may run inside `apply`.
 
+use std::collections::BTreeSet;
 use std::str::FromStr;
 
-use chrono::{DateTime, LocalResult, TimeZone, Utc};
+use chrono::{DateTime, Duration, LocalResult, NaiveDateTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
-/// Candidate local times examined for one next fire, at most (DST gaps are short).
+/// Candidate local times examined for one next fire, at most.
 const CRON_CANDIDATES_MAX: usize = 1_000;
+/// Longest DST gap searched for its end, in minutes (real gaps are 30 or 60).
+const DST_GAP_MINUTES_MAX: i64 = 24 * 60;
+/// Day-of-week names in standard numbering (0 = Sunday).
+const DAY_NAMES: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
 /// A validated cron schedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -26,19 +39,33 @@ impl CronSchedule {
     /// wrong.
     pub fn parse(expr: &str, timezone: &str) -> Result<CronSchedule, String> {
         let schedule = CronSchedule { expr: expr.trim().to_string(), timezone: timezone.to_string() };
-        schedule.cron()?;
+        schedule.compile()?;
         schedule.tz()?;
         Ok(schedule)
     }
 
-    fn cron(&self) -> Result<cron::Schedule, String> {
-        let fields = self.expr.split_whitespace().count();
-        let full = match fields {
-            5 => format!("0 {}", self.expr),
-            6 => self.expr.clone(),
-            _ => return Err(format!("cron expression {:?}: 5 or 6 fields expected, got {fields}", self.expr)),
+    /// The `cron` crate schedules whose union is this expression.
+    fn compile(&self) -> Result<Vec<cron::Schedule>, String> {
+        let mut fields: Vec<&str> = self.expr.split_whitespace().collect();
+        match fields.len() {
+            5 => fields.insert(0, "0"),
+            6 => {}
+            n => return Err(format!("cron expression {:?}: 5 or 6 fields expected, got {n}", self.expr)),
+        }
+        let bad = |e: String| format!("cron expression {:?}: {e}", self.expr);
+        let days = days_of_week(fields[5]).map_err(bad)?;
+        let dow_list = days.iter().map(|d| (d + 1).to_string()).collect::<Vec<_>>().join(",");
+        let starred = |field: &str| field.starts_with(['*', '?']);
+        let [sec, min, hour, dom, month, dow] = [fields[0], fields[1], fields[2], fields[3], fields[4], fields[5]];
+        let exprs = if !starred(dom) && !starred(dow) {
+            vec![format!("{sec} {min} {hour} {dom} {month} *"), format!("{sec} {min} {hour} * {month} {dow_list}")]
+        } else {
+            vec![format!("{sec} {min} {hour} {dom} {month} {dow_list}")]
         };
-        cron::Schedule::from_str(&full).map_err(|e| format!("cron expression {:?}: {e}", self.expr))
+        exprs
+            .iter()
+            .map(|e| cron::Schedule::from_str(e).map_err(|err| format!("cron expression {:?}: {err}", self.expr)))
+            .collect()
     }
 
     fn tz(&self) -> Result<Tz, String> {
@@ -47,23 +74,81 @@ impl CronSchedule {
 
     /// The first fire strictly after `after_ms` (Unix ms), if any.
     pub fn next_after(&self, after_ms: u64) -> Option<u64> {
-        let (cron, tz) = (self.cron().ok()?, self.tz().ok()?);
-        let after = Utc.timestamp_millis_opt(i64::try_from(after_ms).ok()?).single()?;
-        let local_after = after.with_timezone(&tz).naive_local();
-        // Iterate in local wall-clock time (labelled UTC so the cron crate sees no DST).
-        let candidates = cron.after(&Utc.from_utc_datetime(&local_after));
-        for candidate in candidates.take(CRON_CANDIDATES_MAX) {
-            let fire: DateTime<Tz> = match tz.from_local_datetime(&candidate.naive_utc()) {
-                LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => t,
-                LocalResult::None => continue,
-            };
-            let fire_ms = u64::try_from(fire.timestamp_millis()).ok()?;
-            if fire_ms > after_ms {
-                return Some(fire_ms);
-            }
-        }
-        None
+        let (schedules, tz) = (self.compile().ok()?, self.tz().ok()?);
+        schedules.iter().filter_map(|schedule| next_fire(schedule, tz, after_ms)).min()
     }
+}
+
+/// The first fire of one `cron` schedule after `after_ms`, in `tz`.
+fn next_fire(schedule: &cron::Schedule, tz: Tz, after_ms: u64) -> Option<u64> {
+    let after = Utc.timestamp_millis_opt(i64::try_from(after_ms).ok()?).single()?;
+    let local_after = after.with_timezone(&tz).naive_local();
+    // Iterate in local wall-clock time (labelled UTC so the cron crate sees no DST).
+    for candidate in schedule.after(&Utc.from_utc_datetime(&local_after)).take(CRON_CANDIDATES_MAX) {
+        let fire = match tz.from_local_datetime(&candidate.naive_utc()) {
+            LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => t,
+            LocalResult::None => gap_end(tz, candidate.naive_utc())?,
+        };
+        let fire_ms = u64::try_from(fire.timestamp_millis()).ok()?;
+        if fire_ms > after_ms {
+            return Some(fire_ms);
+        }
+    }
+    None
+}
+
+/// The first instant after the DST gap that swallowed the local time `missing`: the first
+/// whole local minute after it that exists.
+fn gap_end(tz: Tz, missing: NaiveDateTime) -> Option<DateTime<Tz>> {
+    let minute = missing.with_second(0)?.with_nanosecond(0)?;
+    (1..=DST_GAP_MINUTES_MAX).find_map(|m| match tz.from_local_datetime(&(minute + Duration::minutes(m))) {
+        LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => Some(t),
+        LocalResult::None => None,
+    })
+}
+
+/// The days a day-of-week field names, in standard numbering (0 = Sunday … 6 = Saturday):
+/// lists, ranges `a-b`, steps `/n`, `*`, numbers 0–7 (7 = Sunday) and names.
+fn days_of_week(field: &str) -> Result<BTreeSet<u32>, String> {
+    let mut days = BTreeSet::new();
+    for item in field.split(',') {
+        let (range, step) = match item.split_once('/') {
+            Some((range, step)) => {
+                let step: u32 = step.parse().map_err(|_| format!("bad step in day of week {item:?}"))?;
+                if step == 0 {
+                    return Err(format!("zero step in day of week {item:?}"));
+                }
+                (range, step)
+            }
+            None => (item, 1),
+        };
+        let (first, last) = match range {
+            "*" | "?" => (0, 6),
+            _ => match range.split_once('-') {
+                Some((a, b)) => (day(a)?, day(b)?),
+                None if step > 1 => (day(range)?, 7),
+                None => (day(range)?, day(range)?),
+            },
+        };
+        if first > last {
+            return Err(format!("day-of-week range {range:?} runs backwards"));
+        }
+        days.extend((first..=last).step_by(step as usize).map(|d| d % 7));
+    }
+    Ok(days)
+}
+
+/// One day of week: 0–7 (0 and 7 = Sunday) or a three-letter name.
+fn day(text: &str) -> Result<u32, String> {
+    if let Ok(n) = text.parse::<u32>() {
+        return if n <= 7 { Ok(n) } else { Err(format!("day of week {n} is not 0–7")) };
+    }
+    let lower = text.to_ascii_lowercase();
+    DAY_NAMES
+        .iter()
+        .position(|name| lower == *name)
+        .map(|i| i as u32)
+        .ok_or_else(|| format!("{text:?} is not a day of week"))
 }
 
 /// Parses an RFC 3339 UTC timestamp (`…Z` or `+00:00`) into Unix ms.
@@ -73,6 +158,13 @@ pub fn parse_utc(text: &str) -> Result<u64, String> {
     if parsed.offset().local_minus_utc() != 0 {
         return Err(format!("{text:?} must be in UTC (Z)"));
     }
+    u64::try_from(parsed.timestamp_millis()).map_err(|_| format!("{text:?} is before 1970"))
+}
+
+/// Parses an RFC 3339 timestamp with any offset into Unix ms.
+pub fn parse_timestamp(text: &str) -> Result<u64, String> {
+    let parsed =
+        DateTime::parse_from_rfc3339(text).map_err(|e| format!("{text:?} is not an RFC 3339 timestamp: {e}"))?;
     u64::try_from(parsed.timestamp_millis()).map_err(|_| format!("{text:?} is before 1970"))
 }
 
@@ -101,13 +193,21 @@ mod tests {
     }
 
     #[test]
-    fn new_york_spring_forward_skips_and_fall_back_fires_once() {
-        // 2026-03-08: 02:00 EST jumps to 03:00 EDT — 02:30 does not exist that day.
+    fn new_york_spring_forward_runs_after_the_gap_and_fall_back_fires_once() {
+        // 2026-03-08: 02:00 EST jumps to 03:00 EDT — 02:30 does not exist that day: the fire
+        // runs at the first instant after the gap, 03:00 EDT (07:00Z).
         check(
             "30 2 * * *",
             "America/New_York",
             "2026-03-07T00:00:00Z",
-            &["2026-03-07T07:30:00.000Z", "2026-03-09T06:30:00.000Z"],
+            &["2026-03-07T07:30:00.000Z", "2026-03-08T07:00:00.000Z", "2026-03-09T06:30:00.000Z"],
+        );
+        // Every quarter hour in the gap coalesces into that one fire, then 03:15 EDT.
+        check(
+            "*/15 2,3 * * *",
+            "America/New_York",
+            "2026-03-08T06:50:00Z",
+            &["2026-03-08T07:00:00.000Z", "2026-03-08T07:15:00.000Z"],
         );
         // 2026-11-01: 01:30 happens twice (EDT, then EST); it fires at the first only.
         check(
@@ -120,8 +220,13 @@ mod tests {
 
     #[test]
     fn berlin_dst_changes() {
-        // 2026-03-29: 02:00 CET jumps to 03:00 CEST.
-        check("30 2 * * *", "Europe/Berlin", "2026-03-28T12:00:00Z", &["2026-03-30T00:30:00.000Z"]);
+        // 2026-03-29: 02:00 CET jumps to 03:00 CEST (01:00Z); 02:30 fires then.
+        check(
+            "30 2 * * *",
+            "Europe/Berlin",
+            "2026-03-28T12:00:00Z",
+            &["2026-03-29T01:00:00.000Z", "2026-03-30T00:30:00.000Z"],
+        );
         // 2026-10-25: 02:30 repeats; hourly at :30 fires 02:30 once, then 03:30 CET.
         check(
             "30 * * * *",
@@ -145,5 +250,79 @@ mod tests {
         assert!(parse_utc("2026-01-01T00:00:00+02:00").is_err());
         assert!(parse_utc("tomorrow").is_err());
         assert_eq!(parse_utc("1970-01-01T00:00:01Z"), Ok(1_000));
+        assert_eq!(parse_timestamp("1970-01-01T02:00:01+02:00"), Ok(1_000));
+        assert!(parse_timestamp("1969-12-31T23:59:59Z").is_err());
+    }
+
+    #[test]
+    fn standard_day_of_week_numbering() {
+        // 2026-11-22 is a Sunday. Monday–Friday at 09:00 UTC: Mon 23 … Fri 27, then Mon 30.
+        check(
+            "0 9 * * 1-5",
+            "UTC",
+            "2026-11-22T00:00:00Z",
+            &[
+                "2026-11-23T09:00:00.000Z",
+                "2026-11-24T09:00:00.000Z",
+                "2026-11-25T09:00:00.000Z",
+                "2026-11-26T09:00:00.000Z",
+                "2026-11-27T09:00:00.000Z",
+                "2026-11-30T09:00:00.000Z",
+            ],
+        );
+        for sunday in ["0", "7", "SUN", "sun"] {
+            check(&format!("0 9 * * {sunday}"), "UTC", "2026-11-22T10:00:00Z", &["2026-11-29T09:00:00.000Z"]);
+        }
+        check("0 9 * * MON-FRI", "UTC", "2026-11-27T10:00:00Z", &["2026-11-30T09:00:00.000Z"]);
+        check("0 9 * * 5-7", "UTC", "2026-11-23T10:00:00Z", &["2026-11-27T09:00:00.000Z", "2026-11-28T09:00:00.000Z"]);
+        assert!(CronSchedule::parse("0 9 * * 8", "UTC").is_err());
+        assert!(CronSchedule::parse("0 9 * * 5-1", "UTC").is_err());
+        assert!(CronSchedule::parse("0 9 * * FUNDAY", "UTC").is_err());
+    }
+
+    #[test]
+    fn day_of_month_or_day_of_week_when_both_are_restricted() {
+        // The 1st and 15th of the month, and every Monday: 2026-12-01 is a Tuesday.
+        check(
+            "0 0 1,15 * 1",
+            "UTC",
+            "2026-11-29T12:00:00Z",
+            &["2026-11-30T00:00:00.000Z", "2026-12-01T00:00:00.000Z", "2026-12-07T00:00:00.000Z"],
+        );
+        // A starred day of month keeps AND: every other day that is a Monday.
+        check("0 0 */2 * 1", "UTC", "2026-11-29T12:00:00Z", &["2026-12-07T00:00:00.000Z"]);
+    }
+
+    #[test]
+    fn next_fires_match_an_independent_implementation() {
+        let table: serde_json::Value =
+            serde_json::from_str(include_str!("../tests/data/cron_next_fires.json")).expect("table parses");
+        let cases = table["cases"].as_array().expect("cases");
+        let mut failures = Vec::new();
+        for case in cases {
+            let (expr, tz, after) = (
+                case["expr"].as_str().unwrap_or(""),
+                case["timezone"].as_str().unwrap_or(""),
+                case["after"].as_str().unwrap_or(""),
+            );
+            let schedule = CronSchedule::parse(expr, tz).expect("valid expression in the table");
+            let mut t = at(after);
+            for want in case["next"].as_array().expect("next") {
+                let got = schedule.next_after(t).map(format_utc);
+                if got.as_deref() != want.as_str() {
+                    failures.push(format!("{expr:?} in {tz} after {}: got {got:?}, want {want}", format_utc(t)));
+                    break;
+                }
+                t = at(want.as_str().unwrap_or(""));
+            }
+        }
+        let expressions: std::collections::BTreeSet<&str> = cases.iter().filter_map(|c| c["expr"].as_str()).collect();
+        assert!(
+            expressions.len() >= 50 && cases.len() >= 250,
+            "{} expressions, {} cases",
+            expressions.len(),
+            cases.len()
+        );
+        assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
     }
 }

@@ -11,18 +11,14 @@ use rocksdb::{IteratorMode, WriteBatch};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::blocks::BlockHash;
-use crate::command::{Batch, Command, Outcome, Rejection};
+use crate::command::{Batch, Command, Outcome};
 use crate::db::write_options;
-use crate::records::{Chunk, Namespace, NamespaceKind, Token, User};
-use crate::{cf, files, guards, jobs, keys, Db, StorageError};
+use crate::{accounts, cf, chunks, files, guards, jobs, keys, Db, StorageError};
 
 /// Magic prefix of a snapshot image; the version is the last byte.
 const SNAPSHOT_MAGIC: &[u8; 8] = b"RBXSNAP1";
 /// Length of the blake3 checksum that ends a snapshot image.
 const SNAPSHOT_CHECKSUM_BYTES: usize = 32;
-/// Name of the admin user that `EnsureAdmin` creates.
-pub const ADMIN_USER_NAME: &str = "admin";
 
 /// A consistent image of the state column family.
 #[derive(Debug, Clone)]
@@ -132,6 +128,7 @@ impl StateMachine {
             for command in &batch.commands {
                 outcomes.push(apply_command(&mut txn, command)?);
             }
+            debug_assert_eq!(outcomes.len(), batch.commands.len(), "one outcome per command");
             txn.put(keys::clock(), &now_ms);
         }
         txn.put_raw(keys::applied_marker(), marker.to_vec());
@@ -141,53 +138,43 @@ impl StateMachine {
         Ok(outcomes)
     }
 
-    pub fn user(&self, user_id: &str) -> Result<Option<User>, StorageError> {
-        self.get("user", &keys::user(user_id))
-    }
-
-    /// The token with this secret hash and the user it belongs to.
-    pub fn token(&self, token_hash: &[u8; 32]) -> Result<Option<(Token, User)>, StorageError> {
-        let Some(token) = self.get::<Token>("token", &keys::token(token_hash))? else {
-            return Ok(None);
-        };
-        let user = self
-            .user(&token.user_id)?
-            .ok_or_else(|| StorageError::Corrupt(format!("token {} names a missing user", token.id)))?;
-        Ok(Some((token, user)))
-    }
-
-    /// The chunk index entry of a block, if the cluster holds it.
-    pub fn chunk(&self, hash: &BlockHash) -> Result<Option<Chunk>, StorageError> {
-        self.get("chunk", &keys::chunk(&hash.0))
-    }
-
-    pub fn namespace(&self, namespace_id: &str) -> Result<Option<Namespace>, StorageError> {
-        self.get("namespace", &keys::namespace(namespace_id))
-    }
-
-    /// Number of users (for metrics and tests).
-    pub fn user_count(&self) -> Result<u64, StorageError> {
-        let (start, end) = keys::user_range();
-        let mut count = 0;
-        let iter =
-            self.db.rocks().iterator_cf(self.db.cf(cf::STATE), IteratorMode::From(&start, rocksdb::Direction::Forward));
-        for item in iter {
-            let (key, _) = item?;
-            if *key >= *end {
-                break;
-            }
-            count += 1;
-        }
-        Ok(count)
-    }
-
+    /// The record at `key` of the state, decoded (`what` names it in errors).
     pub(crate) fn read<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
-        self.get(what, key)
-    }
-
-    fn get<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
         let raw = self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?;
         raw.map(|bytes| decode(what, &bytes)).transpose()
+    }
+
+    /// Keys of `[start, end)`, at most `limit`.
+    pub(crate) fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+        let mut out = Vec::new();
+        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
+        for item in self.db.rocks().iterator_cf(self.db.cf(cf::STATE), mode) {
+            let (key, _) = item?;
+            if *key >= *end || out.len() >= limit {
+                break;
+            }
+            out.push(key.into_vec());
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn scan<T: DeserializeOwned>(
+        &self,
+        what: &'static str,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, T)>, StorageError> {
+        let mut out = Vec::new();
+        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
+        for item in self.db.rocks().iterator_cf(self.db.cf(cf::STATE), mode) {
+            let (key, value) = item?;
+            if *key >= *end || out.len() >= limit {
+                break;
+            }
+            out.push((key.into_vec(), decode(what, &value)?));
+        }
+        Ok(out)
     }
 
     /// Builds a consistent image of the whole state from one RocksDB snapshot view.
@@ -265,8 +252,18 @@ fn take_framed<'a>(rest: &mut &'a [u8]) -> Result<&'a [u8], StorageError> {
     Ok(value)
 }
 
+/// Applies one command: a dispatcher only, one line per command to the module that owns it.
 pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outcome, StorageError> {
     match command {
+        Command::CreateUser { user_id, namespace_id, name } => {
+            accounts::create_user(txn, user_id, namespace_id, name, false)
+        }
+        Command::CreateToken { token_id, user_id, name, token_hash } => {
+            accounts::create_token(txn, token_id, user_id, name, token_hash)
+        }
+        Command::EnsureAdmin { user_id, namespace_id, token_id, token_hash } => {
+            accounts::ensure_admin(txn, user_id, namespace_id, token_id, token_hash)
+        }
         Command::Idempotent { scope, fingerprint, ttl_ms, on_success, command } => {
             guards::idempotent(txn, scope, fingerprint, *ttl_ms, on_success, command)
         }
@@ -279,92 +276,27 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
             guards::once(txn, consumer, message_id, *ttl_ms, command)
         }
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
+        Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
+        Command::RegisterChunk { hash, size } => chunks::register(txn, hash, *size),
+        Command::CollectOrphans { orphaned_before_ms, max_chunks } => {
+            chunks::collect_orphans(txn, *orphaned_before_ms, *max_chunks as usize)
+        }
         Command::CommitFile(commit) => files::commit(txn, commit),
         Command::MoveFile(request) => files::move_file(txn, request),
+        Command::ExpireVersions { superseded_before_ms, max_versions } => {
+            files::expire_versions(txn, *superseded_before_ms, *max_versions as usize)
+        }
         Command::CreateJob(job) => jobs::create(txn, job),
         Command::PatchJob { job_id, patch } => jobs::patch(txn, job_id, patch),
         Command::CancelJob { job_id } => jobs::cancel(txn, job_id),
         Command::ClaimJobs { worker, lease_ms, max_jobs } => jobs::claim(txn, worker, *lease_ms, *max_jobs as usize),
-        Command::StartRun { job_id, fence, run_id, worker } => jobs::start(txn, job_id, *fence, run_id, worker),
+        Command::StartRun { job_id, fence, run_id, worker, run_ttl_ms } => {
+            jobs::start(txn, job_id, *fence, run_id, worker, *run_ttl_ms)
+        }
         Command::RenewLease { job_id, fence, lease_ms } => jobs::renew(txn, job_id, *fence, *lease_ms),
         Command::FinishRun(report) => jobs::finish(txn, report),
         Command::ExpireRuns { before_ms, max_runs } => jobs::expire_runs(txn, *before_ms, *max_runs as usize),
-        Command::ExpireVersions { created_before_ms, max_versions } => {
-            files::expire_versions(txn, *created_before_ms, *max_versions as usize)
-        }
-        Command::CollectOrphans { orphaned_before_ms, max_chunks } => {
-            files::collect_orphans(txn, *orphaned_before_ms, *max_chunks as usize)
-        }
-        Command::RegisterChunk { hash, size } => {
-            let key = keys::chunk(&hash.0);
-            if txn.get_raw(&key)?.is_none() {
-                let now = txn.now_ms;
-                txn.put(key, &Chunk { size: *size, refcount: 0, created_ms: now, orphan_since_ms: now });
-                txn.put_raw(keys::orphan(now, &hash.0), Vec::new());
-            }
-            Ok(Outcome::Done)
-        }
-        Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
-        Command::CreateUser { user_id, namespace_id, name } => create_user(txn, user_id, namespace_id, name, false),
-        Command::CreateToken { token_id, user_id, name, token_hash } => {
-            if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
-                return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
-            }
-            create_token(txn, token_id, user_id, name, token_hash)
-        }
-        Command::EnsureAdmin { user_id, namespace_id, token_id, token_hash } => {
-            if let Some(token) = txn.get::<Token>("token", &keys::token(token_hash))? {
-                return Ok(Outcome::AdminReady { user_id: token.user_id });
-            }
-            let admin_id = match txn.get::<String>("user name", &keys::user_name(ADMIN_USER_NAME))? {
-                Some(existing) => existing,
-                None => match create_user(txn, user_id, namespace_id, ADMIN_USER_NAME, true)? {
-                    Outcome::UserCreated { user_id, .. } => user_id,
-                    other => return Ok(other),
-                },
-            };
-            create_token(txn, token_id, &admin_id, "admin", token_hash)?;
-            Ok(Outcome::AdminReady { user_id: admin_id })
-        }
     }
-}
-
-fn create_user(
-    txn: &mut Txn<'_>,
-    user_id: &str,
-    namespace_id: &str,
-    name: &str,
-    admin: bool,
-) -> Result<Outcome, StorageError> {
-    if txn.get_raw(&keys::user_name(name))?.is_some() {
-        return Ok(Outcome::Rejected(Rejection::Conflict(format!("a user named {name:?} exists"))));
-    }
-    if txn.get_raw(&keys::user(user_id))?.is_some() || txn.get_raw(&keys::namespace(namespace_id))?.is_some() {
-        return Ok(Outcome::Rejected(Rejection::Conflict(format!("id {user_id} or {namespace_id} is taken"))));
-    }
-    let created_ms = txn.now_ms;
-    let user = User { id: user_id.into(), name: name.into(), namespace_id: namespace_id.into(), admin, created_ms };
-    let namespace =
-        Namespace { id: namespace_id.into(), kind: NamespaceKind::Personal, owner_user_id: user_id.into(), created_ms };
-    txn.put(keys::user(user_id), &user);
-    txn.put(keys::user_name(name), &user_id.to_string());
-    txn.put(keys::namespace(namespace_id), &namespace);
-    Ok(Outcome::UserCreated { user_id: user_id.into(), namespace_id: namespace_id.into() })
-}
-
-fn create_token(
-    txn: &mut Txn<'_>,
-    token_id: &str,
-    user_id: &str,
-    name: &str,
-    token_hash: &[u8; 32],
-) -> Result<Outcome, StorageError> {
-    if txn.get_raw(&keys::token(token_hash))?.is_some() {
-        return Ok(Outcome::Rejected(Rejection::Conflict("token already registered".into())));
-    }
-    let token = Token { id: token_id.into(), user_id: user_id.into(), name: name.into(), created_ms: txn.now_ms };
-    txn.put(keys::token(token_hash), &token);
-    Ok(Outcome::TokenCreated { token_id: token_id.into() })
 }
 
 #[cfg(test)]

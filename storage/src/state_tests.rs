@@ -1,6 +1,7 @@
 //! Unit tests of the state machine: apply outcomes, atomicity, clock, snapshots.
 
 use super::*;
+use crate::Rejection;
 
 fn open() -> (tempfile::TempDir, StateMachine) {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -21,6 +21,7 @@ use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::command::{FileCommit, FileMove};
 use raftbox_storage::paths::FilePath;
 use raftbox_storage::records::{FileRecord, VersionRecord};
+use raftbox_storage::schedule::{format_utc, parse_timestamp};
 use raftbox_storage::{Command, Outcome};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -65,6 +66,19 @@ fn device(headers: &HeaderMap, principal: &Principal) -> Result<String, ApiError
     }
 }
 
+/// A modification time as sent: an RFC 3339 timestamp (the spec's form) or integer Unix
+/// milliseconds. Answers always carry the RFC 3339 UTC form with milliseconds.
+fn parse_mtime(value: &serde_json::Value) -> Result<u64, ApiError> {
+    let bad = || ApiError::BadRequest("mtime is an RFC 3339 timestamp or Unix milliseconds".into());
+    match value {
+        serde_json::Value::Number(n) => n.as_u64().ok_or_else(bad),
+        serde_json::Value::String(text) => {
+            parse_timestamp(text).map_err(|e| ApiError::BadRequest(format!("mtime: {e}")))
+        }
+        _ => Err(bad()),
+    }
+}
+
 /// A commit of no content at `path` on `base_version`, with fresh ids; callers fill in the
 /// rest with struct update syntax.
 fn empty_commit(namespace_id: String, path: FilePath, base_version: u64, device: String) -> FileCommit {
@@ -89,8 +103,8 @@ struct CommitRequest {
     chunks: Vec<String>,
     base_version: u64,
     size: u64,
-    /// Modification time, Unix milliseconds.
-    mtime: u64,
+    /// Modification time: an RFC 3339 timestamp, or Unix milliseconds.
+    mtime: serde_json::Value,
     namespace_id: Option<String>,
     #[serde(default)]
     deleted: bool,
@@ -146,7 +160,7 @@ pub async fn commit(
     let commit = FileCommit {
         chunks,
         size: request.size,
-        mtime_ms: request.mtime,
+        mtime_ms: parse_mtime(&request.mtime)?,
         deleted: request.deleted,
         ..empty_commit(namespace_id, parse_path(&request.path)?, request.base_version, device(&headers, &principal)?)
     };
@@ -168,9 +182,9 @@ struct VersionView {
     version: u64,
     chunks: Vec<String>,
     size: u64,
-    mtime: u64,
+    mtime: String,
     device: String,
-    created_at: u64,
+    created_at: String,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     deleted: bool,
 }
@@ -181,9 +195,9 @@ impl From<&VersionRecord> for VersionView {
             version: v.version,
             chunks: v.chunks.iter().map(BlockHash::to_hex).collect(),
             size: v.size,
-            mtime: v.mtime_ms,
+            mtime: format_utc(v.mtime_ms),
             device: v.device.clone(),
-            created_at: v.created_ms,
+            created_at: format_utc(v.created_ms),
             deleted: v.deleted,
         }
     }

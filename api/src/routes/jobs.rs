@@ -142,13 +142,25 @@ async fn visible_job(state: &AppState, principal: &Principal, job_id: &str) -> R
     }
 }
 
-fn view(job: &Job) -> Value {
-    let schedule = match &job.schedule {
+/// The schedule as a client writes it (`{runAt}` or `{cron, timezone}`).
+fn schedule_json(schedule: &Schedule) -> Value {
+    match schedule {
         Schedule::Once { run_at_ms } => json!({ "runAt": format_utc(*run_at_ms) }),
         Schedule::Cron(cron) => json!({ "cron": cron.expr, "timezone": cron.timezone }),
+        Schedule::Interval { every_ms } => json!({ "everyMs": every_ms }),
+    }
+}
+
+fn view(job: &Job) -> Value {
+    let (kind, cron_expr, timezone) = match &job.schedule {
+        Schedule::Once { .. } => ("ONCE", "", ""),
+        Schedule::Cron(cron) => ("CRON", cron.expr.as_str(), cron.timezone.as_str()),
+        Schedule::Interval { .. } => ("INTERVAL", "", "UTC"),
     };
     json!({
-        "jobId": job.id, "type": job.job_type, "target": job.target, "payload": job.payload, "schedule": schedule,
+        "jobId": job.id, "ownerId": job.owner_user_id, "tenantId": job.owner_user_id, "type": job.job_type,
+        "target": job.target, "payload": job.payload, "schedule": schedule_json(&job.schedule),
+        "scheduleKind": kind, "cronExpr": cron_expr, "timezone": timezone,
         "maxRetries": job.max_retries, "timeoutSeconds": job.timeout_s, "retryBackoffMs": job.retry_backoff_ms,
         "status": job.status, "nextRunAt": job.next_run_at_ms.map(format_utc), "attempts": job.attempts,
         "fenceToken": job.fence, "leaseOwner": job.lease_owner, "leaseExpiresAt": job.lease_expires_ms.map(format_utc),
@@ -167,7 +179,10 @@ pub async fn get(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct PatchRequest {
-    schedule: Option<ScheduleRequest>,
+    /// Merged into the current schedule (RFC 7396): `{"timezone": "…"}` keeps the cron
+    /// expression and `{"cron": "…"}` the timezone. A patch naming the other kind's key
+    /// (`runAt` for a cron job, `cron` for a one-off job) replaces the schedule instead.
+    schedule: Option<Value>,
     payload: Option<Value>,
     target: Option<String>,
     max_retries: Option<i64>,
@@ -214,8 +229,16 @@ pub async fn patch(
     if let Some(max_retries) = request.max_retries {
         patch.max_retries = Some(check_retries(max_retries)?);
     }
-    if let Some(schedule) = &request.schedule {
-        let (schedule, next) = parse_schedule(schedule, now_ms())?;
+    if let Some(changes) = &request.schedule {
+        let switches_kind = match job.schedule {
+            Schedule::Once { .. } => changes.get("cron").is_some_and(|v| !v.is_null()),
+            _ => changes.get("runAt").is_some_and(|v| !v.is_null()),
+        };
+        let mut merged = if switches_kind { json!({}) } else { schedule_json(&job.schedule) };
+        merge(&mut merged, changes);
+        let merged: ScheduleRequest = serde_json::from_value(merged)
+            .map_err(|e| ApiError::BadRequest(format!("schedule after the merge: {e}")))?;
+        let (schedule, next) = parse_schedule(&merged, now_ms())?;
         patch.schedule = Some(schedule);
         patch.next_run_at_ms = Some(next);
     }
@@ -244,11 +267,18 @@ pub struct PageQuery {
     page_token: Option<String>,
 }
 
+/// A run as returned. `result` is `{httpStatus, excerpt}` for a webhook (the first
+/// `RESULT_EXCERPT_BYTES_MAX` bytes of the response body) and `{excerpt}` for a built-in
+/// task; `null` while running or when the attempt produced nothing.
 fn run_view(run: &JobRun) -> Value {
+    let result = run.result.as_ref().map(|r| match r.http_status {
+        Some(status) => json!({ "httpStatus": status, "excerpt": r.excerpt }),
+        None => json!({ "excerpt": r.excerpt }),
+    });
     json!({
-        "runId": run.run_id, "scheduledFor": format_utc(run.scheduled_for_ms), "startedAt": format_utc(run.started_ms),
-        "finishedAt": run.finished_ms.map(format_utc), "status": run.status, "attempt": run.attempt,
-        "workerId": run.worker_id, "fenceToken": run.fence, "error": run.error,
+        "runId": run.run_id, "jobId": run.job_id, "scheduledFor": format_utc(run.scheduled_for_ms),
+        "startedAt": format_utc(run.started_ms), "finishedAt": run.finished_ms.map(format_utc), "status": run.status,
+        "attempt": run.attempt, "workerId": run.worker_id, "fenceToken": run.fence, "result": result, "error": run.error,
     })
 }
 

@@ -30,7 +30,7 @@ pub(crate) fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// Every route of the API.
+/// Every route of the API but the notification channels ([`notify_router`]).
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/healthz", get(probes::healthz))
@@ -53,11 +53,15 @@ pub fn router() -> Router<AppState> {
         .route("/v1/jobs/{job_id}", get(jobs::get).patch(jobs::patch).delete(jobs::cancel))
         .route("/v1/jobs/{job_id}/runs", get(jobs::runs))
         .route("/v1/sync", get(sync::sync))
-        .route("/v1/notify", get(sync::long_poll))
-        .route("/v1/notify/ws", get(sync::websocket))
         .route(
             "/v1/blocks/{hash}",
             get(blocks::get).put(blocks::put).layer(DefaultBodyLimit::max(raftbox_storage::blocks::BLOCK_BYTES_MAX)),
         )
         .fallback(|| async { crate::ApiError::NotFound("no such route".into()) })
+}
+
+/// The notification channels: a long poll bounds its own wait (at most
+/// `NOTIFY_TIMEOUT_S_MAX`), and a WebSocket lives as long as its client.
+pub fn notify_router() -> Router<AppState> {
+    Router::new().route("/v1/notify", get(sync::long_poll)).route("/v1/notify/ws", get(sync::websocket))
 }

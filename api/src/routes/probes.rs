@@ -16,10 +16,17 @@ pub async fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Member of a cluster that has a leader.
+/// Member of a cluster that has a leader, with a clock that agrees with the cluster's.
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let metrics = state.node.metrics();
     let member = metrics.membership_config.membership().get_node(&state.node.id()).is_some();
+    let clock = state.node.clock();
+    if clock.ok == Some(false) {
+        return Err(ApiError::Unavailable(format!(
+            "this node's clock is off from the cluster (offsets to peers in ms: {:?})",
+            clock.offsets_ms
+        )));
+    }
     match metrics.current_leader {
         Some(leader) if member => Ok(Json(json!({ "ready": true, "leaderId": leader }))),
         _ => Err(ApiError::Unavailable("not a member of a cluster with a leader".into())),

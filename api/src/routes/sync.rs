@@ -15,6 +15,7 @@ use axum::Json;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use raftbox_storage::blocks::BlockHash;
+use raftbox_storage::schedule::format_utc;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -92,7 +93,7 @@ pub async fn sync(
                 "namespaceId": ns, "path": change.file.path.as_str(), "fileId": change.file.id,
                 "version": change.version.version,
                 "chunks": change.version.chunks.iter().map(BlockHash::to_hex).collect::<Vec<_>>(),
-                "size": change.version.size,
+                "size": change.version.size, "mtime": format_utc(change.version.mtime_ms),
             });
             if change.version.deleted {
                 view["deleted"] = json!(true);
@@ -133,6 +134,8 @@ pub async fn long_poll(
             "timeout is {NOTIFY_TIMEOUT_S_MIN} to {NOTIFY_TIMEOUT_S_MAX} seconds"
         )));
     }
+    // As in /v1/sync: a cursor from a node a few ms ahead is servable once this one caught up.
+    state.node.read_barrier().await?;
     let cursor = decode_cursor(&state, &principal, &query.cursor)?;
     let mut applied = state.node.raft().metrics();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);

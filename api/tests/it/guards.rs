@@ -154,7 +154,14 @@ async fn concurrent_duplicate_is_409_in_progress_then_done_replays() {
 }
 
 fn limit(name: &str, scope: Scope, routes: &[&str], algorithm: Algorithm, failure: Failure) -> RateLimit {
-    RateLimit { name: name.into(), scope, routes: routes.iter().map(|r| r.to_string()).collect(), algorithm, failure }
+    RateLimit {
+        name: name.into(),
+        scope,
+        routes: routes.iter().map(|r| r.to_string()).collect(),
+        exclude: Vec::new(),
+        algorithm,
+        failure,
+    }
 }
 
 fn header(headers: &reqwest::header::HeaderMap, name: &str) -> String {

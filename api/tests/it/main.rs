@@ -6,12 +6,13 @@ mod blocks;
 mod files;
 mod guards;
 mod jobs;
+mod regressions;
 
 use std::sync::Arc;
 
 use raftbox_api::auth::hash_token;
 use raftbox_api::{ApiConfig, AppState};
-use raftbox_raft::{NodeInfo, RaftNode, RaftSettings};
+use raftbox_raft::{ClusterSecret, NodeInfo, RaftNode, RaftSettings};
 use raftbox_storage::blocks::BlockStore;
 use raftbox_storage::{Command, Db, Outcome};
 use reqwest::StatusCode;
@@ -46,7 +47,8 @@ impl TestNode {
 
     async fn raft(db: Db, blocks: Arc<BlockStore>, url: &str, quorum: bool) -> RaftNode {
         let settings = RaftSettings { write_timeout_ms: 2_000, bootstrap_wait_ms: 0, ..RaftSettings::default() };
-        let node = RaftNode::start(1, db, blocks, settings).await.expect("start");
+        let secret = ClusterSecret::parse("api-tests-cluster-secret").expect("secret");
+        let node = RaftNode::start(1, db, blocks, settings, secret).await.expect("start");
         let info = |http: &str, grpc: &str| NodeInfo { http_addr: http.into(), grpc_addr: grpc.into() };
         let mut members = BTreeMap::from([(1, info(url, "127.0.0.1:1"))]);
         if !quorum {
@@ -76,7 +78,7 @@ impl TestNode {
         let node = TestNode::raft(db, blocks, &url, quorum).await;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let state = AppState { node, config: Arc::new(config) };
-        let app = raftbox_api::router_with(raftbox_api::routes::router().merge(extra), state);
+        let app = raftbox_api::router_with(extra, state);
         let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
         tokio::spawn(async move {
             let _ = axum::serve(http, app)

@@ -1,0 +1,196 @@
+//! Regression tests of issue 8 at the HTTP API ("no request can hurt the cluster"), each
+//! named after the defect it pins down.
+
+use std::time::{Duration, Instant};
+
+use axum::routing::get;
+use raftbox_api::ratelimit::{Failure, RateLimit, Scope};
+use raftbox_api::{ApiConfig, HttpConfig};
+use raftbox_storage::blocks::BlockHash;
+use raftbox_storage::ratelimit::Algorithm;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use crate::{assert_problem, TestNode, ADMIN_TOKEN};
+
+async fn user_token(node: &TestNode, name: &str) -> String {
+    let user = node.create_user(name).await;
+    node.create_token(user["userId"].as_str().expect("id")).await
+}
+
+async fn upload(node: &TestNode, token: &str, content: &str) -> String {
+    let hash = BlockHash::of(content.as_bytes()).to_hex();
+    let (status, _, body) = node.call("PUT", &format!("/v1/blocks/{hash}"), Some(token), Some(content)).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    hash
+}
+
+fn commit(path: &str, chunks: &[&str], base: u64) -> String {
+    json!({ "path": path, "chunks": chunks, "baseVersion": base, "size": 1, "mtime": 0 }).to_string()
+}
+
+async fn commit_as(node: &TestNode, token: &str, device: &str, body: &str) -> (StatusCode, Value) {
+    let (status, _, value) =
+        node.call_with("POST", "/v1/files/commit", Some(token), Some(body), &[("x-device-id", device)]).await;
+    (status, value)
+}
+
+#[tokio::test]
+async fn a_conflicted_copy_of_a_long_name_is_kept_and_the_node_keeps_committing() {
+    let node = TestNode::start().await;
+    let me = user_token(&node, "poison").await;
+    let (a, b) = (upload(&node, &me, "one").await, upload(&node, &me, "two").await);
+    let path = format!("/{}.txt", "x".repeat(232));
+    assert_eq!(commit_as(&node, &me, "laptop", &commit(&path, &[&a], 0)).await.0, StatusCode::CREATED);
+    let (status, conflict) = commit_as(&node, &me, "phone", &commit(&path, &[&b], 0)).await;
+    assert_problem(status, &conflict, StatusCode::CONFLICT, "conflict");
+    let copy = conflict["conflictedCopy"]["path"].as_str().expect("copy path");
+    assert!(copy.ends_with("(conflicted copy, phone).txt") && copy.len() <= 256, "{copy}");
+    // The retry of that conflicting commit gets the same answer, and makes no second copy.
+    let (status, again) = commit_as(&node, &me, "phone", &commit(&path, &[&b], 0)).await;
+    assert_eq!((status, &again["conflictedCopy"]), (StatusCode::CONFLICT, &conflict["conflictedCopy"]));
+    let (_, _, listing) = node.call("GET", "/v1/files/list?path=/", Some(&me), None).await;
+    assert_eq!(listing["entries"].as_array().map(Vec::len), Some(2), "{listing}");
+    // And the node still commits.
+    assert_eq!(commit_as(&node, &me, "laptop", &commit("/after", &[&a], 0)).await.0, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_token_name_with_slashes_names_a_valid_copy() {
+    let node = TestNode::start().await;
+    let user = node.create_user("slashes").await;
+    let path = format!("/v1/admin/users/{}/tokens", user["userId"].as_str().expect("id"));
+    let (status, _, created) = node.call("POST", &path, Some(ADMIN_TOKEN), Some(r#"{"name":"a//b"}"#)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let me = created["token"].as_str().expect("token").to_string();
+    let (a, b) = (upload(&node, &me, "x1").await, upload(&node, &me, "x2").await);
+    let body = commit("/f.txt", &[&a], 0);
+    assert_eq!(node.call("POST", "/v1/files/commit", Some(&me), Some(&body)).await.0, StatusCode::CREATED);
+    // No X-Device-Id: the token's name names the device.
+    let (status, _, conflict) =
+        node.call("POST", "/v1/files/commit", Some(&me), Some(&commit("/f.txt", &[&b], 0))).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(conflict["conflictedCopy"]["path"], "/f (conflicted copy, a__b).txt");
+}
+
+#[tokio::test]
+async fn an_idempotency_key_is_scoped_to_the_concrete_path() {
+    let node = TestNode::start().await;
+    let (alice, bob) = (node.create_user("ka").await, node.create_user("kb").await);
+    let mut tokens = Vec::new();
+    for user in [&alice, &bob] {
+        let path = format!("/v1/admin/users/{}/tokens", user["userId"].as_str().expect("id"));
+        let key = [("idempotency-key", "same-key")];
+        let (status, _, created) =
+            node.call_with("POST", &path, Some(ADMIN_TOKEN), Some(r#"{"name":"t"}"#), &key).await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        tokens.push(created["token"].as_str().expect("token").to_string());
+    }
+    assert_ne!(tokens[0], tokens[1], "B's token request must not replay A's token");
+    let (_, _, me) = node.call("GET", "/v1/me", Some(&tokens[1]), None).await;
+    assert_eq!(me["userId"], bob["userId"]);
+}
+
+#[tokio::test]
+async fn missing_chunks_are_not_saved_under_the_key() {
+    let node = TestNode::start().await;
+    let me = user_token(&node, "cure").await;
+    let hash = BlockHash::of(b"late").to_hex();
+    let body = commit("/late", &[&hash], 0);
+    let key = [("idempotency-key", "commit-1")];
+    let (status, _, problem) = node.call_with("POST", "/v1/files/commit", Some(&me), Some(&body), &key).await;
+    assert_problem(status, &problem, StatusCode::UNPROCESSABLE_ENTITY, "missing-chunks");
+    upload(&node, &me, "late").await;
+    let (status, headers, created) = node.call_with("POST", "/v1/files/commit", Some(&me), Some(&body), &key).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert!(headers.get("idempotent-replayed").is_none(), "the retry ran");
+}
+
+#[tokio::test]
+async fn mtime_is_an_rfc3339_timestamp_or_milliseconds_and_comes_back_in_one_form() {
+    let node = TestNode::start().await;
+    let me = user_token(&node, "times").await;
+    let a = upload(&node, &me, "t").await;
+    for (path, mtime) in [("/rfc", json!("2026-11-22T10:00:00.250+01:00")), ("/ms", json!(1_795_338_000_250u64))] {
+        let body = json!({ "path": path, "chunks": [a], "baseVersion": 0, "size": 1, "mtime": mtime }).to_string();
+        let (status, _, created) = node.call("POST", "/v1/files/commit", Some(&me), Some(&body)).await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        let (_, _, file) = node.call("GET", &format!("/v1/files?path={path}"), Some(&me), None).await;
+        assert_eq!(file["mtime"], "2026-11-22T09:00:00.250Z", "{path}");
+    }
+    for bad in [json!("yesterday"), json!(-1), json!(true)] {
+        let body = json!({ "path": "/bad", "chunks": [a], "baseVersion": 0, "size": 1, "mtime": bad }).to_string();
+        let (status, _, problem) = node.call("POST", "/v1/files/commit", Some(&me), Some(&body)).await;
+        assert_problem(status, &problem, StatusCode::BAD_REQUEST, "bad-request");
+    }
+}
+
+#[tokio::test]
+async fn a_job_shows_the_spec_fields_and_a_partial_schedule_patch_merges() {
+    let node = TestNode::start().await;
+    let me = user_token(&node, "jobs").await;
+    // Standard numbering: 0 is Sunday (refused before), 1-5 Monday to Friday.
+    let body = json!({ "type": "noop", "payload": {}, "maxRetries": 0,
+        "schedule": { "cron": "0 9 * * 0", "timezone": "America/New_York" } })
+    .to_string();
+    let (status, _, created) = node.call("POST", "/v1/jobs", Some(&me), Some(&body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let id = created["jobId"].as_str().expect("id");
+    let (_, _, job) = node.call("GET", &format!("/v1/jobs/{id}"), Some(&me), None).await;
+    for field in ["ownerId", "tenantId", "scheduleKind", "cronExpr", "timezone", "createdAt", "updatedAt", "nextRunAt"]
+    {
+        assert!(job.get(field).is_some_and(|v| !v.is_null()), "{field} missing: {job}");
+    }
+    assert_eq!((job["scheduleKind"].as_str(), job["cronExpr"].as_str()), (Some("CRON"), Some("0 9 * * 0")));
+    let patch = json!({ "schedule": { "timezone": "Europe/Berlin" } }).to_string();
+    let (status, _, patched) = node.call("PATCH", &format!("/v1/jobs/{id}"), Some(&me), Some(&patch)).await;
+    assert_eq!(status, StatusCode::OK, "{patched}");
+    assert_eq!(patched["schedule"], json!({ "cron": "0 9 * * 0", "timezone": "Europe/Berlin" }));
+    // Naming the other kind replaces the schedule.
+    let patch = json!({ "schedule": { "runAt": "2099-01-01T00:00:00Z" } }).to_string();
+    let (_, _, once) = node.call("PATCH", &format!("/v1/jobs/{id}"), Some(&me), Some(&patch)).await;
+    assert_eq!((once["scheduleKind"].as_str(), once["cronExpr"].as_str()), (Some("ONCE"), Some("")));
+}
+
+#[tokio::test]
+async fn a_leaky_bucket_queues_requests_and_lets_them_leave_at_the_drain_rate() {
+    let limit = RateLimit {
+        name: "queue".into(),
+        scope: Scope::Global,
+        routes: vec!["/v1/me".into()],
+        exclude: Vec::new(),
+        algorithm: Algorithm::LeakyBucket { capacity: 3, drain_per_s: 5 },
+        failure: Failure::Closed,
+    };
+    let node =
+        TestNode::start_with(ApiConfig { rate_limits: vec![limit], ..ApiConfig::default() }, Default::default()).await;
+    let me = user_token(&node, "leaky").await;
+    let started = Instant::now();
+    let calls = (0..4).map(|_| async { (node.call("GET", "/v1/me", Some(&me), None).await.0, started.elapsed()) });
+    let mut answers = futures_util::future::join_all(calls).await;
+    answers.sort_by_key(|(_, at)| *at);
+    let statuses: Vec<StatusCode> = answers.iter().map(|(s, _)| *s).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::OK).count(), 3, "{answers:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count(), 1, "{answers:?}");
+    // No burst: the third admitted request left two drain intervals (2 × 200 ms) after the first.
+    let admitted: Vec<Duration> = answers.iter().filter(|(s, _)| *s == StatusCode::OK).map(|(_, at)| *at).collect();
+    assert!(admitted[2] >= Duration::from_millis(380), "{answers:?}");
+}
+
+#[tokio::test]
+async fn every_route_answers_within_the_request_timeout() {
+    let hang = axum::Router::new().route(
+        "/test/hang",
+        get(|| async {
+            tokio::time::sleep(Duration::from_secs(3_600)).await;
+            "never"
+        }),
+    );
+    let config = ApiConfig { http: HttpConfig { request_timeout_ms: 1_000 }, ..ApiConfig::default() };
+    let node = TestNode::start_with(config, hang).await;
+    let started = Instant::now();
+    let (status, headers, problem) = node.call("GET", "/test/hang", None, None).await;
+    assert_problem(status, &problem, StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+    assert!(headers.get("retry-after").is_some());
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}

@@ -1,0 +1,114 @@
+//! Accounts: users (each with a personal namespace), bearer tokens (stored by the hash of
+//! their secret only) and the admin user, with their read queries.
+
+use crate::command::{Outcome, Rejection};
+use crate::records::{Namespace, NamespaceKind, Token, User};
+use crate::state::{StateMachine, Txn};
+use crate::{keys, StorageError};
+
+/// Name of the admin user that `EnsureAdmin` creates.
+pub const ADMIN_USER_NAME: &str = "admin";
+
+pub(crate) fn create_user(
+    txn: &mut Txn<'_>,
+    user_id: &str,
+    namespace_id: &str,
+    name: &str,
+    admin: bool,
+) -> Result<Outcome, StorageError> {
+    if txn.get_raw(&keys::user_name(name))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("a user named {name:?} exists"))));
+    }
+    if txn.get_raw(&keys::user(user_id))?.is_some() || txn.get_raw(&keys::namespace(namespace_id))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("id {user_id} or {namespace_id} is taken"))));
+    }
+    let created_ms = txn.now_ms;
+    let user = User { id: user_id.into(), name: name.into(), namespace_id: namespace_id.into(), admin, created_ms };
+    let namespace =
+        Namespace { id: namespace_id.into(), kind: NamespaceKind::Personal, owner_user_id: user_id.into(), created_ms };
+    txn.put(keys::user(user_id), &user);
+    txn.put(keys::user_name(name), &user_id.to_string());
+    txn.put(keys::namespace(namespace_id), &namespace);
+    Ok(Outcome::UserCreated { user_id: user_id.into(), namespace_id: namespace_id.into() })
+}
+
+/// A token for an existing user.
+pub(crate) fn create_token(
+    txn: &mut Txn<'_>,
+    token_id: &str,
+    user_id: &str,
+    name: &str,
+    token_hash: &[u8; 32],
+) -> Result<Outcome, StorageError> {
+    if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
+    }
+    put_token(txn, token_id, user_id, name, token_hash)
+}
+
+fn put_token(
+    txn: &mut Txn<'_>,
+    token_id: &str,
+    user_id: &str,
+    name: &str,
+    token_hash: &[u8; 32],
+) -> Result<Outcome, StorageError> {
+    if txn.get_raw(&keys::token(token_hash))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict("token already registered".into())));
+    }
+    let token = Token { id: token_id.into(), user_id: user_id.into(), name: name.into(), created_ms: txn.now_ms };
+    txn.put(keys::token(token_hash), &token);
+    Ok(Outcome::TokenCreated { token_id: token_id.into() })
+}
+
+/// Makes sure an admin user holding this token exists (every node configured with the
+/// admin token proposes it at start; all but the first change nothing).
+pub(crate) fn ensure_admin(
+    txn: &mut Txn<'_>,
+    user_id: &str,
+    namespace_id: &str,
+    token_id: &str,
+    token_hash: &[u8; 32],
+) -> Result<Outcome, StorageError> {
+    if let Some(token) = txn.get::<Token>("token", &keys::token(token_hash))? {
+        return Ok(Outcome::AdminReady { user_id: token.user_id });
+    }
+    let admin_id = match txn.get::<String>("user name", &keys::user_name(ADMIN_USER_NAME))? {
+        Some(existing) => existing,
+        None => match create_user(txn, user_id, namespace_id, ADMIN_USER_NAME, true)? {
+            Outcome::UserCreated { user_id, .. } => user_id,
+            other => return Ok(other),
+        },
+    };
+    match put_token(txn, token_id, &admin_id, "admin", token_hash)? {
+        Outcome::TokenCreated { .. } => Ok(Outcome::AdminReady { user_id: admin_id }),
+        other => Ok(other),
+    }
+}
+
+impl StateMachine {
+    pub fn user(&self, user_id: &str) -> Result<Option<User>, StorageError> {
+        self.read("user", &keys::user(user_id))
+    }
+
+    /// The token with this secret hash and the user it belongs to.
+    pub fn token(&self, token_hash: &[u8; 32]) -> Result<Option<(Token, User)>, StorageError> {
+        let Some(token) = self.read::<Token>("token", &keys::token(token_hash))? else {
+            return Ok(None);
+        };
+        let user = self
+            .user(&token.user_id)?
+            .ok_or_else(|| StorageError::Corrupt(format!("token {} names a missing user", token.id)))?;
+        Ok(Some((token, user)))
+    }
+
+    pub fn namespace(&self, namespace_id: &str) -> Result<Option<Namespace>, StorageError> {
+        self.read("namespace", &keys::namespace(namespace_id))
+    }
+
+    /// Number of users (for metrics and tests).
+    pub fn user_count(&self) -> Result<u64, StorageError> {
+        let (start, end) = keys::user_range();
+        Ok(self.scan_keys(&start, &end, usize::MAX)?.len() as u64)
+    }
+}
