@@ -42,6 +42,10 @@ use tokio::task::JoinSet;
 /// What openraft logs (at ERROR) when a peer cannot be reached: expected once a test has
 /// stopped a node, so such lines are allowed from then on. Panics never are.
 const PEER_DOWN_LOG_FRAGMENT: &str = "Unreachable node";
+/// What else openraft logs at ERROR while a peer is down or frozen: timed-out replication
+/// and leadership confirmations.
+const PEER_FAULT_LOG_FRAGMENTS: [&str; 3] =
+    [PEER_DOWN_LOG_FRAGMENT, "RPCError err=timeout", "timeout while confirming leadership"];
 
 /// Interval between two probes of a condition awaited with a deadline.
 pub const POLL_INTERVAL_MS: u64 = 25;
@@ -190,7 +194,7 @@ impl Seed {
     }
 
     pub fn replay_command(&self) -> String {
-        format!("{SEED_ENV}={} cargo test -p raftbox-cluster-tests {}", self.value, self.test)
+        format!("{SEED_ENV}={} cargo test --workspace --test cluster {}", self.value, self.test)
     }
 }
 
@@ -319,6 +323,42 @@ pub async fn send(request: reqwest::RequestBuilder) -> Result<Outcome> {
     } else {
         Ok(Outcome::Unknown(format!("{status}: {body}")))
     }
+}
+
+/// A new user named `name` and a bearer token of theirs (named `token_name`), created
+/// through node `id`: `(userId, token)`.
+pub async fn new_user(cluster: &Cluster, id: u64, name: &str, token_name: &str) -> Result<(String, String)> {
+    let (http, url) = (cluster.client(), cluster.http_url(id));
+    let user = create_user(&http, &url, cluster.admin_token(), name).await?;
+    let user_id = user.body().and_then(|b| b["userId"].as_str()).with_context(|| format!("create {name}: {user:?}"))?;
+    let token = create_token(&http, &url, cluster.admin_token(), user_id, token_name).await?;
+    let secret = token.body().and_then(|b| b["token"].as_str()).with_context(|| format!("token: {token:?}"))?;
+    Ok((user_id.to_owned(), secret.to_owned()))
+}
+
+/// `PUT /v1/blocks/{hash}` of `data`; the hash.
+pub async fn put_block(http: &reqwest::Client, url: &str, token: &str, data: &[u8]) -> Result<String> {
+    let hash = blake3::hash(data).to_hex().to_string();
+    let request = http.put(format!("{url}/v1/blocks/{hash}")).bearer_auth(token).body(data.to_vec());
+    match send(request).await? {
+        Outcome::Ok(_) => Ok(hash),
+        other => bail!("PUT block {hash} through {url}: {other:?}"),
+    }
+}
+
+/// `POST /v1/files/commit` of `path` with `chunks` on `base`, as `device`.
+pub async fn commit_file(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    device: &str,
+    path: &str,
+    chunks: &[String],
+    base: u64,
+) -> Result<Outcome> {
+    let body =
+        serde_json::json!({ "path": path, "chunks": chunks, "baseVersion": base, "size": chunks.len(), "mtime": 0 });
+    send(http.post(format!("{url}/v1/files/commit")).bearer_auth(token).header("x-device-id", device).json(&body)).await
 }
 
 /// `POST /v1/admin/users {"name"}` with the admin token.
@@ -539,6 +579,7 @@ pub struct RaftTuning {
     pub election_timeout_max_ms: u64,
     pub snapshot_logs_since_last: u64,
     pub logs_to_keep: u64,
+    pub write_timeout_ms: u64,
 }
 
 impl Default for RaftTuning {
@@ -549,6 +590,7 @@ impl Default for RaftTuning {
             election_timeout_max_ms: 800,
             snapshot_logs_since_last: 10_000,
             logs_to_keep: 1_000,
+            write_timeout_ms: 5_000,
         }
     }
 }
@@ -559,13 +601,29 @@ pub struct ClusterOptions {
     pub raft: RaftTuning,
     /// TOML appended to every node's config (rate limits, idempotency settings).
     pub extra_toml: String,
+    /// Run every node under libfaketime with a per-node offset file, so a test can move a
+    /// node's wall clock ([`Cluster::set_clock_offset`]) while it runs.
+    pub fake_clocks: bool,
+    /// With `fake_clocks`: offsets the nodes start with (libfaketime syntax, `+5s`); `+0`
+    /// for the others.
+    pub clock_offsets: BTreeMap<u64, String>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> ClusterOptions {
-        ClusterOptions { nodes: 3, raft: RaftTuning::default(), extra_toml: String::new() }
+        ClusterOptions {
+            nodes: 3,
+            raft: RaftTuning::default(),
+            extra_toml: String::new(),
+            fake_clocks: false,
+            clock_offsets: BTreeMap::new(),
+        }
     }
 }
+
+/// libfaketime's multi-threaded library (Debian `faketime`), preloaded into a node whose
+/// clock a test moves.
+pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
 #[derive(Clone, Debug)]
 struct Member {
@@ -579,6 +637,8 @@ struct Node {
     data_dir: PathBuf,
     config_path: PathBuf,
     log_path: PathBuf,
+    /// libfaketime's offset file for this node, when the cluster fakes clocks.
+    clock_path: Option<PathBuf>,
     /// The running process; `None` while stopped.
     child: Option<Child>,
 }
@@ -612,6 +672,12 @@ impl Cluster {
     /// Writes the cluster directory and spawns every node, without waiting.
     pub fn launch(options: ClusterOptions) -> Result<Cluster> {
         ensure!(options.nodes >= 1, "a cluster needs at least one node");
+        if options.fake_clocks {
+            ensure!(
+                Path::new(LIBFAKETIME).is_file(),
+                "{LIBFAKETIME} is missing: install Debian's faketime (scripts/test does)"
+            );
+        }
         let bin = raftbox_bin()?;
         let dir =
             tempfile::Builder::new().prefix("raftbox-cluster-").tempdir().context("create the cluster directory")?;
@@ -651,8 +717,16 @@ impl Cluster {
                 extra_toml: &options.extra_toml,
             });
             fs::write(&config_path, config).with_context(|| format!("write {}", config_path.display()))?;
-            let node =
-                Node { member: member.clone(), data_dir, config_path, log_path: node_dir.join("log"), child: None };
+            let clock_path = if options.fake_clocks {
+                let path = node_dir.join("faketime");
+                let offset = options.clock_offsets.get(&member.id).map_or("+0", String::as_str);
+                fs::write(&path, format!("{offset}\n")).with_context(|| format!("write {}", path.display()))?;
+                Some(path)
+            } else {
+                None
+            };
+            let log_path = node_dir.join("log");
+            let node = Node { member: member.clone(), data_dir, config_path, log_path, clock_path, child: None };
             nodes.insert(member.id, node);
         }
 
@@ -695,6 +769,17 @@ impl Cluster {
 
     pub fn is_running(&self, id: u64) -> bool {
         self.node(id).child.is_some()
+    }
+
+    /// `127.0.0.1:<port>` of node `id`'s gRPC (node-to-node) endpoint.
+    pub fn grpc_addr(&self, id: u64) -> &str {
+        &self.node(id).member.grpc_addr
+    }
+
+    /// The cluster secret the nodes share.
+    pub fn cluster_secret(&self) -> Result<String> {
+        let path = self.root.join("cluster.secret");
+        Ok(fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?.trim().to_string())
     }
 
     /// `http://127.0.0.1:<port>` of node `id`.
@@ -749,7 +834,8 @@ impl Cluster {
         writeln!(log, "=== harness: starting node {id} ===")
             .with_context(|| format!("write {}", node.log_path.display()))?;
         let log_err = log.try_clone().context("duplicate the log file handle")?;
-        let child = Command::new(&bin)
+        let mut command = Command::new(&bin);
+        command
             .arg("serve")
             .arg("--config")
             .arg(&node.config_path)
@@ -757,9 +843,17 @@ impl Cluster {
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .spawn()
-            .with_context(|| format!("spawn node {id} ({})", bin.display()))?;
+            .stderr(Stdio::from(log_err));
+        if let Some(clock) = &node.clock_path {
+            // The wall clock follows the offset in the file (re-read every second); timers
+            // (the monotonic clock) are left alone.
+            command
+                .env("LD_PRELOAD", LIBFAKETIME)
+                .env("FAKETIME_TIMESTAMP_FILE", clock)
+                .env("FAKETIME_CACHE_DURATION", "1")
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = command.spawn().with_context(|| format!("spawn node {id} ({})", bin.display()))?;
         node.child = Some(child);
         Ok(())
     }
@@ -801,6 +895,65 @@ impl Cluster {
                 return Err(err);
             }
         }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, `TERM`, …) to node `id` by the pid of its handle. The
+    /// workspace forbids `unsafe`, so no libc::kill: the shell's kill builtin (present even
+    /// where procps is not) signals the pid of our own unreaped child, which cannot have been
+    /// reused.
+    pub fn signal(&self, id: u64, signal: &str) -> Result<()> {
+        let child = self.node(id).child.as_ref().ok_or_else(|| anyhow!("node {id} is not running"))?;
+        let pid = child.id().to_string();
+        let script = format!("kill -{signal} \"$1\"");
+        let sent = Command::new("sh").args(["-c", &script, "sh", &pid]).status().context("run kill")?;
+        ensure!(sent.success(), "kill -{signal} {pid} (node {id}) failed: {sent}");
+        Ok(())
+    }
+
+    /// Freezes node `id` (SIGSTOP): it holds its sockets but answers nothing.
+    pub fn pause(&mut self, id: u64) -> Result<()> {
+        for fragment in PEER_FAULT_LOG_FRAGMENTS {
+            self.allow_log_error(fragment);
+        }
+        self.signal(id, "STOP")
+    }
+
+    /// Lets a paused node `id` run again (SIGCONT).
+    pub fn resume(&self, id: u64) -> Result<()> {
+        self.signal(id, "CONT")
+    }
+
+    /// Moves node `id`'s wall clock to `offset` from the real one (libfaketime's syntax:
+    /// `+5s`, `-2s`, `+0`); it takes effect within about a second. The cluster must have
+    /// been started with `fake_clocks`.
+    pub fn set_clock_offset(&self, id: u64, offset: &str) -> Result<()> {
+        let path = self.node(id).clock_path.as_ref().ok_or_else(|| anyhow!("the cluster does not fake clocks"))?;
+        fs::write(path, format!("{offset}\n")).with_context(|| format!("write {}", path.display()))
+    }
+
+    /// The block files node `id` holds on its disk.
+    pub fn block_files(&self, id: u64) -> Result<BTreeSet<String>> {
+        let root = self.node(id).data_dir.join("blocks");
+        let mut found = BTreeSet::new();
+        for shard in fs::read_dir(&root).with_context(|| format!("read {}", root.display()))? {
+            let shard = shard?;
+            if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in fs::read_dir(shard.path())? {
+                found.insert(entry?.file_name().to_string_lossy().into_owned());
+            }
+        }
+        Ok(found)
+    }
+
+    /// Removes one part of node `id`'s data directory — `blocks` (a replaced block disk) or
+    /// `db` (the Raft log and state) — and keeps the other; the node must be stopped.
+    pub fn wipe_part(&mut self, id: u64, part: &str) -> Result<()> {
+        let node = self.node(id);
+        ensure!(node.child.is_none(), "node {id} must be stopped before its {part} are wiped");
+        let path = node.data_dir.join(part);
+        fs::remove_dir_all(&path).with_context(|| format!("remove {}", path.display()))
     }
 
     /// Removes every file of node `id`'s data directory; the node must be stopped.
@@ -875,13 +1028,19 @@ impl Cluster {
     /// Polls every running node until all are ready; on the deadline the error carries the
     /// tail of every node log. A node exiting meanwhile fails at once.
     pub async fn wait_ready(&mut self, deadline: Duration) -> Result<()> {
-        let wait = Deadline::after(deadline, "every running node ready");
+        let ids = self.live_ids();
+        self.wait_ready_nodes(&ids, deadline).await
+    }
+
+    /// Polls nodes `ids` until all are ready (see [`Cluster::wait_ready`]).
+    pub async fn wait_ready_nodes(&mut self, ids: &[u64], deadline: Duration) -> Result<()> {
+        let wait = Deadline::after(deadline, format!("nodes {ids:?} ready"));
         loop {
             if let Err(err) = self.reap_exited() {
                 bail!("{err:#}\n{}", self.log_tails(LOG_TAIL_LINES));
             }
             let mut waiting = Vec::new();
-            for id in self.live_ids() {
+            for id in ids.iter().copied().filter(|id| self.is_running(*id)) {
                 if let Err(err) = self.probe_ready(id).await {
                     waiting.push(format!("node {id}: {err:#}"));
                 }
@@ -1123,12 +1282,13 @@ fn render_config(config: &NodeConfig<'_>) -> String {
     }
     out.push_str(&format!(
         "\n[raft]\nheartbeat_ms = {}\nelection_timeout_min_ms = {}\nelection_timeout_max_ms = {}\n\
-         snapshot_logs_since_last = {}\nlogs_to_keep = {}\n",
+         snapshot_logs_since_last = {}\nlogs_to_keep = {}\nwrite_timeout_ms = {}\n",
         raft.heartbeat_ms,
         raft.election_timeout_min_ms,
         raft.election_timeout_max_ms,
         raft.snapshot_logs_since_last,
         raft.logs_to_keep,
+        raft.write_timeout_ms,
     ));
     out.push('\n');
     out.push_str(config.extra_toml);

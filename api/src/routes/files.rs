@@ -50,15 +50,17 @@ fn parse_path(text: &str) -> Result<FilePath, ApiError> {
     FilePath::parse(text).map_err(|e| ApiError::BadRequest(format!("path {text:?}: {e}")))
 }
 
-/// The device named in conflicted copies: `X-Device-Id`, else the token's name.
+/// The device named in conflicted copies: `X-Device-Id`, else the token's name (which the
+/// state machine sanitises when it names a copy: any token name is safe).
 fn device(headers: &HeaderMap, principal: &Principal) -> Result<String, ApiError> {
     match headers.get("x-device-id") {
         None => Ok(principal.token_name.clone()),
         Some(value) => {
             let device = value.to_str().map_err(|_| ApiError::BadRequest("X-Device-Id must be ASCII".into()))?;
-            if device.is_empty() || device.chars().count() > DEVICE_CHARS_MAX || device.contains('/') {
+            let printable = device.chars().all(|c| !c.is_control() && c != '/');
+            if device.trim().is_empty() || device.chars().count() > DEVICE_CHARS_MAX || !printable {
                 return Err(ApiError::BadRequest(format!(
-                    "X-Device-Id must be 1 to {DEVICE_CHARS_MAX} characters, no '/'"
+                    "X-Device-Id must be 1 to {DEVICE_CHARS_MAX} printable characters, no '/'"
                 )));
             }
             Ok(device.to_string())

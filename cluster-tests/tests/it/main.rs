@@ -2,7 +2,7 @@
 //! processes launched by [`raftbox_cluster_tests::Cluster`], through the HTTP API only.
 //!
 //! Each test starts its own three nodes, so run them one at a time:
-//! `cargo test -p raftbox-cluster-tests -- --test-threads=1` (the `raftbox` binary must be
+//! `cargo test --workspace --test cluster -- --test-threads=1` (the `raftbox` binary must be
 //! built first; `scripts/test` does both). `RAFTBOX_SEED` replays a run, `RAFTBOX_KEEP=1`
 //! keeps the cluster directory with the node logs.
 //!
@@ -17,14 +17,26 @@
 //! - `shared_rate_limit`: a limit holds across all nodes hammered at once.
 //! - `idempotency_across_nodes`: one key sent to every node at once runs once.
 //! - `limiter_failure_modes`: without quorum, fail-open admits and fail-closed rejects.
+//! - `poison_pill`: requests that once stopped every node are applied, and survive a restart.
+//! - `lost_quorum`: a leader without quorum answers 503 in time; a lagging follower's long poll.
+//! - `grpc_secret`: node-to-node calls without the cluster secret are refused.
+//! - `block_replication`: the replicator walks the whole index; no early reclaiming.
+//! - `clock_skew`: a node with a wrong clock does not lead.
+//! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
 
+mod big_file;
+mod block_replication;
 mod blocks_durable;
+mod clock_skew;
 mod failover;
 mod files_sync;
+mod grpc_secret;
 mod idempotency_across_nodes;
 mod jobs_exec;
 mod limiter_failure_modes;
+mod lost_quorum;
 mod maintenance;
+mod poison_pill;
 mod restart_durability;
 mod shared_rate_limit;
 mod snapshot_rejoin;

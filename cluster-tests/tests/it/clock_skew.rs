@@ -1,0 +1,77 @@
+//! Clock safety (issue 8): a node whose wall clock is off from the others' by more than the
+//! bound (500 ms) refuses to lead and reports not ready. Every node runs under libfaketime
+//! (Debian `faketime`) with an offset file. A node started 5 s ahead is not ready while the
+//! other two are, and becomes ready once its clock agrees; a leader whose clock jumps 5 s
+//! ahead steps down, another node leads, the cluster keeps committing through every node,
+//! and the skewed node does not lead again until its clock is back.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use raftbox_cluster_tests::{send, within, Cluster, ClusterOptions, Deadline, Outcome, Seed};
+
+const TEST_DEADLINE: Duration = Duration::from_secs(150);
+const SKEW: &str = "+5s";
+const SETTLE: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_a_wrong_clock_does_not_lead() {
+    let seed = Seed::new("clock_skew::a_node_with_a_wrong_clock_does_not_lead");
+    let clock_offsets = [(3, SKEW.to_owned())].into();
+    let options = ClusterOptions { fake_clocks: true, clock_offsets, ..ClusterOptions::default() };
+    let mut cluster = Cluster::launch(options).expect("launch the cluster");
+    let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+async fn readyz(cluster: &Cluster, id: u64) -> Result<Outcome> {
+    send(cluster.client().get(format!("{}/readyz", cluster.http_url(id))).timeout(Duration::from_secs(2))).await
+}
+
+async fn wait_readyz(cluster: &Cluster, id: u64, ready: bool) -> Result<()> {
+    let wait = Deadline::after(SETTLE, format!("node {id} {}ready", if ready { "" } else { "not " }));
+    loop {
+        let outcome = readyz(cluster, id).await?;
+        let is_ready = outcome.is_ok();
+        if is_ready == ready && (ready || format!("{outcome:?}").contains("clock")) {
+            return Ok(());
+        }
+        wait.tick(&format!("{outcome:?}")).await?;
+    }
+}
+
+async fn write_through(cluster: &Cluster, id: u64, name: &str) -> Result<()> {
+    let outcome =
+        raftbox_cluster_tests::create_user(&cluster.client(), &cluster.http_url(id), cluster.admin_token(), name)
+            .await?;
+    ensure!(outcome.is_ok(), "create {name} through node {id}: {outcome:?}");
+    Ok(())
+}
+
+async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    // Node 3 starts 5 s ahead: nodes 1 and 2 form the cluster; node 3 is not ready.
+    cluster.wait_ready_nodes(&[1, 2], SETTLE).await?;
+    wait_readyz(cluster, 3, false).await?;
+    ensure!(cluster.view(3).await?.role != "Leader", "node 3 leads with a wrong clock");
+    cluster.set_clock_offset(3, "+0")?;
+    wait_readyz(cluster, 3, true).await?;
+
+    // The leader's clock jumps ahead: it steps down and another node leads.
+    let skewed = cluster.wait_for_leader(None, SETTLE).await?;
+    cluster.set_clock_offset(skewed, SKEW)?;
+    let leader = cluster.wait_for_leader(Some(skewed), SETTLE).await?;
+    wait_readyz(cluster, skewed, false).await?;
+    for (i, id) in cluster.node_ids().into_iter().enumerate() {
+        write_through(cluster, id, &format!("clock-{}-{i}", seed.value())).await?;
+    }
+    // Several election timeouts later it still does not lead.
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    while tokio::time::Instant::now() < until {
+        let view = cluster.view(skewed).await?;
+        ensure!(view.role != "Leader", "node {skewed} leads again with its clock {SKEW} (leader was {leader})");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.set_clock_offset(skewed, "+0")?;
+    wait_readyz(cluster, skewed, true).await?;
+    Ok(())
+}
