@@ -88,7 +88,7 @@ async fn handle(
     uri: axum::http::Uri,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> StatusCode {
+) -> (StatusCode, &'static str) {
     let path = uri.path().to_string();
     let call = Call {
         received_ms: now_ms(),
@@ -105,7 +105,7 @@ async fn handle(
         tokio::time::sleep(Duration::from_millis(delay)).await;
     }
     if failing {
-        return StatusCode::INTERNAL_SERVER_ERROR;
+        return (StatusCode::INTERNAL_SERVER_ERROR, "receiver: failing on purpose");
     }
     // The effect: applied once per idempotency key, whatever the number of calls.
     let key = call.headers.get("idempotency-key").cloned().unwrap_or_default();
@@ -113,6 +113,7 @@ async fn handle(
     let applied = inner.effects.entry(key).or_insert(0);
     if *applied == 0 {
         *applied = 1;
+        return (StatusCode::OK, "effect applied");
     }
-    StatusCode::OK
+    (StatusCode::OK, "duplicate: effect already applied")
 }

@@ -132,6 +132,11 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         "headers"
     );
     ensure!(call.body["payload"] == json!({ "n": 1 }) && call.body["attempt"] == 1, "body {}", call.body);
+    let runs = api.runs(&once).await?;
+    ensure!(runs[0]["result"] == json!({ "httpStatus": 200, "excerpt": "effect applied" }), "run {}", runs[0]);
+    for field in ["ownerId", "scheduleKind", "createdAt", "updatedAt"] {
+        ensure!(!api.job(&once).await?[field].is_null(), "job field {field}");
+    }
 
     // Failing target: 1 + maxRetries attempts, then FAILED.
     receiver.fail("broken");
@@ -141,7 +146,10 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         .await?;
     api.wait_status(&failing, "FAILED").await?;
     ensure!(receiver.calls("broken").len() == 3, "{} calls to the failing target", receiver.calls("broken").len());
-    ensure!(api.runs(&failing).await?.len() == 3, "three runs recorded");
+    let runs = api.runs(&failing).await?;
+    ensure!(runs.len() == 3, "three runs recorded");
+    let failed = json!({ "httpStatus": 500, "excerpt": "receiver: failing on purpose" });
+    ensure!(runs.iter().all(|r| r["result"] == failed && r["status"] == "FAILED"), "runs {runs:?}");
     eprintln!("failing target: 3 attempts, then FAILED");
 
     // Cron: fires every second; cancelled, it stops.
@@ -186,5 +194,32 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     ensure!(fences.first() < fences.last(), "the re-claim carries a higher fence: {fences:?}");
     ensure!(receiver.effects().get(keys[0]) == Some(&1), "the effect is applied once");
     eprintln!("worker node {victim} killed mid-webhook: re-claimed, {} calls, one effect", calls.len());
+
+    // With maxRetries 0 the killed attempt was the only one: the job is never run twice.
+    cluster.start_node(victim)?;
+    cluster.wait_ready(Duration::from_secs(30)).await?;
+    receiver.delay("once-only", 4_000);
+    let once_only = api
+        .create(json!({ "type": "webhook", "target": receiver.url("once-only"), "payload": {},
+                        "schedule": { "runAt": rfc3339(now_ms()) }, "maxRetries": 0, "timeoutSeconds": 10 }))
+        .await?;
+    let wait = Deadline::after(Duration::from_secs(20), "the once-only webhook is called");
+    while receiver.calls("once-only").is_empty() {
+        wait.tick("not called yet").await?;
+    }
+    let holder = api.job(&once_only).await?["leaseOwner"].as_str().context("lease owner")?.to_owned();
+    let victim: u64 = holder.trim_start_matches("node").split('-').next().context("node id")?.parse()?;
+    cluster.kill9(victim)?;
+    let survivor = cluster.live_ids()[0];
+    let api = Api { url: cluster.http_url(survivor), ..api };
+    let job = api.wait_status(&once_only, "FAILED").await?;
+    ensure!(
+        receiver.calls("once-only").len() == 1,
+        "a maxRetries 0 job ran {} times",
+        receiver.calls("once-only").len()
+    );
+    let runs = api.runs(&once_only).await?;
+    ensure!(runs.len() == 1 && runs[0]["status"] == "TIMED_OUT", "runs {runs:?}, job {job}");
+    eprintln!("maxRetries 0, worker killed: one call, the run TIMED_OUT, the job FAILED");
     Ok(())
 }
