@@ -101,9 +101,11 @@ fn next_fire(schedule: &cron::Schedule, tz: Tz, after_ms: u64) -> Option<u64> {
 /// whole local minute after it that exists.
 fn gap_end(tz: Tz, missing: NaiveDateTime) -> Option<DateTime<Tz>> {
     let minute = missing.with_second(0)?.with_nanosecond(0)?;
-    (1..=DST_GAP_MINUTES_MAX).find_map(|m| match tz.from_local_datetime(&(minute + Duration::minutes(m))) {
-        LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => Some(t),
-        LocalResult::None => None,
+    (1..=DST_GAP_MINUTES_MAX).find_map(|m| {
+        match tz.from_local_datetime(&minute.checked_add_signed(Duration::minutes(m))?) {
+            LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => Some(t),
+            LocalResult::None => None,
+        }
     })
 }
 

@@ -81,17 +81,29 @@ impl Txn<'_> {
     /// Keys of `[start, end)` as of the previous entry (this entry's writes not included),
     /// at most `max`.
     pub(crate) fn committed_keys(&self, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
-        let mut keys = Vec::new();
-        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
-        for item in self.db.rocks().iterator_cf(self.db.cf(cf::STATE), mode) {
-            let (key, _) = item?;
-            if *key >= *end || keys.len() >= max {
-                break;
-            }
-            keys.push(key.into_vec());
-        }
-        Ok(keys)
+        range(self.db, start, end, max, |key, _| Ok(key.into_vec()))
     }
+}
+
+/// Up to `max` entries of `[start, end)` of the state, in key order, each through `each`:
+/// the one range scan of the crate.
+fn range<T>(
+    db: &Db,
+    start: &[u8],
+    end: &[u8],
+    max: usize,
+    mut each: impl FnMut(Box<[u8]>, Box<[u8]>) -> Result<T, StorageError>,
+) -> Result<Vec<T>, StorageError> {
+    let mut out = Vec::new();
+    let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
+    for item in db.rocks().iterator_cf(db.cf(cf::STATE), mode) {
+        let (key, value) = item?;
+        if *key >= *end || out.len() >= max {
+            break;
+        }
+        out.push(each(key, value)?);
+    }
+    Ok(out)
 }
 
 impl StateMachine {
@@ -146,18 +158,10 @@ impl StateMachine {
 
     /// Keys of `[start, end)`, at most `limit`.
     pub(crate) fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StorageError> {
-        let mut out = Vec::new();
-        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
-        for item in self.db.rocks().iterator_cf(self.db.cf(cf::STATE), mode) {
-            let (key, _) = item?;
-            if *key >= *end || out.len() >= limit {
-                break;
-            }
-            out.push(key.into_vec());
-        }
-        Ok(out)
+        range(&self.db, start, end, limit, |key, _| Ok(key.into_vec()))
     }
 
+    /// Entries of `[start, end)`, decoded, at most `limit`.
     pub(crate) fn scan<T: DeserializeOwned>(
         &self,
         what: &'static str,
@@ -165,16 +169,7 @@ impl StateMachine {
         end: &[u8],
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, T)>, StorageError> {
-        let mut out = Vec::new();
-        let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
-        for item in self.db.rocks().iterator_cf(self.db.cf(cf::STATE), mode) {
-            let (key, value) = item?;
-            if *key >= *end || out.len() >= limit {
-                break;
-            }
-            out.push((key.into_vec(), decode(what, &value)?));
-        }
-        Ok(out)
+        range(&self.db, start, end, limit, |key, value| Ok((key.into_vec(), decode(what, &value)?)))
     }
 
     /// Builds a consistent image of the whole state from one RocksDB snapshot view.
