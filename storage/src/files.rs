@@ -12,12 +12,38 @@ use crate::{keys, StorageError};
 /// Numbered conflicted-copy names tried (`<device>`, `<device> 2`, …) before the copy is
 /// named by its (random, fresh) file id instead, so naming never runs out.
 const CONFLICT_COPIES_NUMBERED: u64 = 1_000;
+/// Suffixed variants (`<id>.1`, `<id>.2`, …) of a proposed file id tried when it is taken.
+const FILE_ID_VARIANTS: u64 = 1_000;
 /// How long a conflicting commit's answer is kept for its retries, in ms (24 h).
 pub const CONFLICT_RECORD_TTL_MS: u64 = 24 * 3600 * 1000;
 
 fn file_at(txn: &Txn<'_>, namespace_id: &str, path: &str) -> Result<Option<FileRecord>, StorageError> {
     let Some(id) = txn.get::<String>("file path", &keys::file_path(namespace_id, path))? else { return Ok(None) };
     txn.get("file", &keys::file(&id))
+}
+
+/// The id a new file gets: `proposed` (a fresh uuid from the API), or — should a command
+/// carry an id that some file already has — a variant of it that no file has, so that one
+/// file's versions never land on another's. Total: the last resort is the namespace cursor's
+/// next value, which no earlier variant can hold.
+fn unused_file_id(txn: &Txn<'_>, proposed: &str) -> Result<String, StorageError> {
+    if txn.get_raw(&keys::file(proposed))?.is_none() {
+        return Ok(proposed.to_string());
+    }
+    for n in 1..=FILE_ID_VARIANTS {
+        let candidate = format!("{proposed}.{n}");
+        if txn.get_raw(&keys::file(&candidate))?.is_none() {
+            return Ok(candidate);
+        }
+    }
+    let mut n = FILE_ID_VARIANTS;
+    loop {
+        n = n.saturating_add(1);
+        let candidate = format!("{proposed}.{}", blake3::hash(format!("{proposed}/{n}").as_bytes()).to_hex());
+        if txn.get_raw(&keys::file(&candidate))?.is_none() || n == u64::MAX {
+            return Ok(candidate);
+        }
+    }
 }
 
 pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, StorageError> {
@@ -32,7 +58,10 @@ pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, Stora
         if c.deleted && gone {
             return Ok(Outcome::Rejected(Rejection::NotFound(format!("no file at {}", c.path))));
         }
-        let id = file.as_ref().map_or(c.new_file_id.clone(), |f| f.id.clone());
+        let id = match &file {
+            Some(f) => f.id.clone(),
+            None => unused_file_id(txn, &c.new_file_id)?,
+        };
         let version = write_version(txn, c, &id, file.as_ref(), &c.path)?;
         return Ok(Outcome::FileCommitted { file_id: id, version, unchanged: false });
     }
@@ -119,7 +148,10 @@ pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, Stor
         new_file_id: m.new_file_id.clone(),
         copy_file_id: String::new(),
     };
-    let id = target.as_ref().map_or(m.new_file_id.clone(), |f| f.id.clone());
+    let id = match &target {
+        Some(f) => f.id.clone(),
+        None => unused_file_id(txn, &m.new_file_id)?,
+    };
     let version = write_version(txn, &commit, &id, target.as_ref(), &m.to)?;
     commit.path = m.from.clone();
     commit.chunks = Vec::new();
@@ -153,7 +185,10 @@ fn keep_copy(
     path: FilePath,
     existing: Option<FileRecord>,
 ) -> Result<ConflictedCopy, StorageError> {
-    let id = existing.as_ref().map_or(c.copy_file_id.clone(), |f| f.id.clone());
+    let id = match &existing {
+        Some(f) => f.id.clone(),
+        None => unused_file_id(txn, &c.copy_file_id)?,
+    };
     let version = write_version(txn, c, &id, existing.as_ref(), &path)?;
     Ok(ConflictedCopy { path, file_id: id, version })
 }

@@ -279,3 +279,16 @@ fn expiry_reports_more_when_its_bound_is_reached() {
     assert_eq!(apply(&sm, expire.clone()), Outcome::Collected { removed: 2, more: true });
     assert_eq!(apply(&sm, expire), Outcome::Collected { removed: 0, more: false });
 }
+
+#[test]
+fn a_new_file_never_takes_an_id_another_file_has() {
+    // Found by the apply property test: a command proposing an id that is taken must not
+    // write its versions over the other file's.
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    assert_eq!(apply(&sm, commit("/one.txt", &["a"], 0, "laptop", "1")), committed("file-1", 1));
+    assert_eq!(apply(&sm, commit("/two.txt", &["b"], 0, "laptop", "1")), committed("file-1.1", 1));
+    assert_eq!(sm.file_at("ns", "/one.txt").expect("read").expect("file").1.chunks, vec![h("a")]);
+    assert_eq!(sm.file_at("ns", "/two.txt").expect("read").expect("file").1.chunks, vec![h("b")]);
+    assert_eq!(sm.versions("file-1").expect("history").len(), 1);
+}

@@ -4,7 +4,7 @@
 //! Each record kind has an expiry index (`keys::Expiring`) so the purge reads only what is
 //! due, in time order, and never runs on the request path.
 
-use crate::command::{Command, IdempotencyOutcome, Outcome, RateCheck};
+use crate::command::{Command, IdempotencyOutcome, Outcome, RateCheck, Rejection};
 use crate::keys::Expiring;
 use crate::records::{
     ConflictRecord, IdempotencyRecord, IdempotencyResult, IdempotencyStatus, RateRecord, SavedResponse,
@@ -61,6 +61,16 @@ pub(crate) fn idempotent(
     on_success: &Option<SavedResponse>,
     command: &Command,
 ) -> Result<Outcome, StorageError> {
+    // The API never nests key guards; a nested one's answer would not fit a saved record.
+    if matches!(
+        command,
+        Command::Idempotent { .. }
+            | Command::IdempotencyBegin { .. }
+            | Command::IdempotencyComplete { .. }
+            | Command::IdempotencyRelease { .. }
+    ) {
+        return Ok(Outcome::Rejected(Rejection::Conflict("an idempotency guard cannot wrap another".into())));
+    }
     if let Some(earlier) = existing(txn, scope, fingerprint)? {
         return Ok(Outcome::Idempotency(earlier));
     }

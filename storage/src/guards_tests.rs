@@ -218,3 +218,22 @@ fn a_curable_rejection_is_not_saved_under_the_key() {
         Outcome::Idempotency(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(_) })
     ));
 }
+
+#[test]
+fn a_key_guard_inside_another_is_rejected_and_saves_nothing() {
+    // Found by the apply property test: a replay answer nested in a saved record collided
+    // with the record's own tag, and the record could no longer be read.
+    let (_dir, sm) = open();
+    let begin = Command::IdempotencyBegin { scope: [7; 32], fingerprint: [1; 32], ttl_ms: 1_000, lease_ms: 1_000 };
+    let nested = Command::Idempotent {
+        scope: [7; 32],
+        fingerprint: [1; 32],
+        ttl_ms: 1_000,
+        on_success: None,
+        command: Box::new(begin.clone()),
+    };
+    assert!(matches!(apply(&sm, 1, nested.clone()), Outcome::Rejected(Rejection::Conflict(_))));
+    assert!(matches!(apply(&sm, 2, nested), Outcome::Rejected(Rejection::Conflict(_))));
+    // The key is untouched: a plain begin under it starts afresh.
+    assert!(matches!(apply(&sm, 3, begin), Outcome::Idempotency(IdempotencyOutcome::Begun)));
+}

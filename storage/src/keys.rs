@@ -17,6 +17,8 @@ pub mod meta {
     pub const COMMITTED: &[u8] = b"committed";
     pub const PURGED: &[u8] = b"purged";
     pub const SNAPSHOT: &[u8] = b"snapshot";
+    /// Set while a node that lost its data awaits being added again (raft::membership).
+    pub const REJOIN_FLOOR: &[u8] = b"rejoin_floor";
 }
 
 /// Table tags of [`crate::cf::STATE`].

@@ -1,21 +1,26 @@
 //! Job schedules: a one-off instant, or a cron expression in an explicit IANA timezone.
 //!
-//! Cron follows standard (Vixie) cron: 5 fields `minute hour day-of-month month day-of-week`
-//! (6 with seconds first also accepted); day of week 0–7 with 0 and 7 = Sunday, names
-//! `SUN`–`SAT` and `JAN`–`DEC`; when both day of month and day of week are restricted (neither
-//! starts with `*`), a day matching either fires. The `cron` crate evaluates the fields (its
-//! own day-of-week numbering is 1 = Sunday, and it ANDs the day fields), so the day-of-week
-//! field is translated and the OR case runs as two schedules.
+//! Cron follows standard (Vixie/Debian) cron: 5 fields `minute hour day-of-month month
+//! day-of-week` (6 with seconds first also accepted); day of week 0–7 with 0 and 7 = Sunday,
+//! names `SUN`–`SAT` and `JAN`–`DEC`; when both day of month and day of week are restricted
+//! (neither starts with `*`), a day matching either fires. The `cron` crate evaluates the fields
+//! (its own day-of-week numbering is 1 = Sunday, and it ANDs the day fields), so the
+//! day-of-week field is translated and the OR case runs as two schedules.
 //!
-//! Fires are computed on local wall-clock times: a local time that a DST change skips fires
-//! at the first instant after the gap (several in one gap coalesce into one); a local time
-//! that a DST change repeats fires once, at its first occurrence. Pure functions of their
+//! DST follows Debian cron. A job at a fixed local time (5 fields, minute and hour not starting
+//! with `*`, e.g. `30 2 * * *`) is computed on local wall-clock times: a time that a DST change
+//! skips fires at the first instant after the gap (several in one gap coalesce into one), a
+//! time that a DST change repeats fires once, at its first occurrence. Every other schedule
+//! (`*/15 * * * *`, `0 */2 * * *`, 6 fields) follows real time: it fires at each instant whose
+//! local time matches, so an interval job keeps its interval across a change — a skipped
+//! local time does not exist, a repeated hour fires again. Checked against an independent
+//! implementation's tables (`tests/data/cron_next_fires.json`). Pure functions of their
 //! arguments (no clock), so they may run inside `apply`.
 
 use std::collections::BTreeSet;
 use std::str::FromStr;
 
-use chrono::{DateTime, Duration, LocalResult, NaiveDateTime, TimeZone, Timelike, Utc};
+use chrono::{DateTime, Duration, LocalResult, NaiveDateTime, Offset, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
@@ -23,6 +28,11 @@ use serde::{Deserialize, Serialize};
 const CRON_CANDIDATES_MAX: usize = 1_000;
 /// Longest DST gap searched for its end, in minutes (real gaps are 30 or 60).
 const DST_GAP_MINUTES_MAX: i64 = 24 * 60;
+/// UTC-offset changes crossed while looking for one real-time fire, at most.
+const OFFSET_CHANGES_MAX: usize = 64;
+/// Step of the search for an offset change between two instants, in seconds (real zones
+/// change their offset weeks apart).
+const OFFSET_PROBE_S: i64 = 24 * 3600;
 /// Day-of-week names in standard numbering (0 = Sunday).
 const DAY_NAMES: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
 
@@ -75,13 +85,22 @@ impl CronSchedule {
     /// The first fire strictly after `after_ms` (Unix ms), if any.
     pub fn next_after(&self, after_ms: u64) -> Option<u64> {
         let (schedules, tz) = (self.compile().ok()?, self.tz().ok()?);
-        schedules.iter().filter_map(|schedule| next_fire(schedule, tz, after_ms)).min()
+        let after = Utc.timestamp_millis_opt(i64::try_from(after_ms).ok()?).single()?;
+        let fire = if self.fixed_time() { next_wall_clock_fire } else { next_real_time_fire };
+        let next = schedules.iter().filter_map(|schedule| fire(schedule, tz, after)).min()?;
+        u64::try_from(next.timestamp_millis()).ok()
+    }
+
+    /// Debian cron's "fixed time" job: 5 fields whose minute and hour do not start with `*`.
+    fn fixed_time(&self) -> bool {
+        let fields: Vec<&str> = self.expr.split_whitespace().collect();
+        fields.len() == 5 && !fields[0].starts_with(['*', '?']) && !fields[1].starts_with(['*', '?'])
     }
 }
 
-/// The first fire of one `cron` schedule after `after_ms`, in `tz`.
-fn next_fire(schedule: &cron::Schedule, tz: Tz, after_ms: u64) -> Option<u64> {
-    let after = Utc.timestamp_millis_opt(i64::try_from(after_ms).ok()?).single()?;
+/// The first fire of a fixed-time schedule after `after`, on `tz`'s wall clock: a skipped local
+/// time fires at the end of the gap, a repeated one at its first occurrence only.
+fn next_wall_clock_fire(schedule: &cron::Schedule, tz: Tz, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
     let local_after = after.with_timezone(&tz).naive_local();
     // Iterate in local wall-clock time (labelled UTC so the cron crate sees no DST).
     for candidate in schedule.after(&Utc.from_utc_datetime(&local_after)).take(CRON_CANDIDATES_MAX) {
@@ -89,12 +108,63 @@ fn next_fire(schedule: &cron::Schedule, tz: Tz, after_ms: u64) -> Option<u64> {
             LocalResult::Single(t) | LocalResult::Ambiguous(t, _) => t,
             LocalResult::None => gap_end(tz, candidate.naive_utc())?,
         };
-        let fire_ms = u64::try_from(fire.timestamp_millis()).ok()?;
-        if fire_ms > after_ms {
-            return Some(fire_ms);
+        if fire > after {
+            return Some(fire.with_timezone(&Utc));
         }
     }
     None
+}
+
+/// The first instant after `after` whose local time in `tz` matches `schedule`. Between two
+/// offset changes local time is UTC plus a constant, so the search runs the schedule on that
+/// segment's local times and moves to the next segment when the candidate lies beyond it.
+fn next_real_time_fire(schedule: &cron::Schedule, tz: Tz, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    // Fires are searched from `start` on, inclusive; `offset` holds from `start` until the next change.
+    let mut start = after.checked_add_signed(Duration::milliseconds(1))?;
+    for _ in 0..OFFSET_CHANGES_MAX {
+        let offset = offset_at(tz, start);
+        let local_before = start.naive_utc().checked_add_signed(offset - Duration::milliseconds(1))?;
+        let local = schedule.after(&Utc.from_utc_datetime(&local_before)).next()?;
+        let fire = Utc.from_utc_datetime(&local.naive_utc().checked_sub_signed(offset)?);
+        match offset_change(tz, start, fire, offset) {
+            None => return Some(fire),
+            Some(change) => start = change,
+        }
+    }
+    None
+}
+
+/// `tz`'s UTC offset at `at`.
+fn offset_at(tz: Tz, at: DateTime<Utc>) -> Duration {
+    Duration::seconds(i64::from(tz.offset_from_utc_datetime(&at.naive_utc()).fix().local_minus_utc()))
+}
+
+/// The first instant in `(from, to]` at which `tz`'s offset is no longer `offset` (the offset
+/// at `from`), to the second (zones change on whole seconds).
+fn offset_change(tz: Tz, from: DateTime<Utc>, to: DateTime<Utc>, offset: Duration) -> Option<DateTime<Utc>> {
+    let (from_s, to_s) = (from.timestamp(), to.timestamp());
+    let differs = |s: i64| Utc.timestamp_opt(s, 0).single().is_some_and(|t| offset_at(tz, t) != offset);
+    let mut low = from_s;
+    let mut high = loop {
+        let probe = low.saturating_add(OFFSET_PROBE_S).min(to_s);
+        if differs(probe) {
+            break probe;
+        }
+        if probe >= to_s {
+            return None;
+        }
+        low = probe;
+    };
+    // `low` has the offset, `high` does not: bisect to the first second that does not.
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if differs(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    Utc.timestamp_opt(high, 0).single()
 }
 
 /// The first instant after the DST gap that swallowed the local time `missing`: the first
@@ -204,7 +274,14 @@ mod tests {
             "2026-03-07T00:00:00Z",
             &["2026-03-07T07:30:00.000Z", "2026-03-08T07:00:00.000Z", "2026-03-09T06:30:00.000Z"],
         );
-        // Every quarter hour in the gap coalesces into that one fire, then 03:15 EDT.
+        // Fixed times in one gap coalesce into that one fire.
+        check(
+            "0,30 2 * * *",
+            "America/New_York",
+            "2026-03-08T06:50:00Z",
+            &["2026-03-08T07:00:00.000Z", "2026-03-09T06:00:00.000Z"],
+        );
+        // A quarter-hourly job follows real time: no 02:xx exists that day, 03:00 EDT comes next.
         check(
             "*/15 2,3 * * *",
             "America/New_York",
@@ -229,12 +306,27 @@ mod tests {
             "2026-03-28T12:00:00Z",
             &["2026-03-29T01:00:00.000Z", "2026-03-30T00:30:00.000Z"],
         );
-        // 2026-10-25: 02:30 repeats; hourly at :30 fires 02:30 once, then 03:30 CET.
+        // 2026-10-25: 02:30 repeats. A fixed-time job fires at the first 02:30 only; an hourly
+        // job follows real time and fires in both hours, then 03:30 CET.
+        check(
+            "30 2 * * *",
+            "Europe/Berlin",
+            "2026-10-24T12:00:00Z",
+            &["2026-10-25T00:30:00.000Z", "2026-10-26T01:30:00.000Z"],
+        );
         check(
             "30 * * * *",
             "Europe/Berlin",
             "2026-10-24T23:45:00Z",
-            &["2026-10-25T00:30:00.000Z", "2026-10-25T02:30:00.000Z", "2026-10-25T03:30:00.000Z"],
+            &["2026-10-25T00:30:00.000Z", "2026-10-25T01:30:00.000Z", "2026-10-25T02:30:00.000Z"],
+        );
+        // 2026-03-29: an hourly job at :30 has no 02:30 that day; one hour after 01:30 CET
+        // comes 03:30 CEST.
+        check(
+            "30 * * * *",
+            "Europe/Berlin",
+            "2026-03-29T00:15:00Z",
+            &["2026-03-29T00:30:00.000Z", "2026-03-29T01:30:00.000Z"],
         );
     }
 
