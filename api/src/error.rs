@@ -2,7 +2,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use raftbox_raft::WriteError;
+use raftbox_raft::{MembershipError, WriteError};
 use raftbox_storage::{Rejection, StorageError};
 use serde_json::json;
 
@@ -78,6 +78,17 @@ impl From<WriteError> for ApiError {
             WriteError::TooLarge { .. } => ApiError::PayloadTooLarge(error.to_string()),
             WriteError::Invalid(_) => ApiError::BadRequest(error.to_string()),
             _ => ApiError::Unavailable(error.to_string()),
+        }
+    }
+}
+
+impl From<MembershipError> for ApiError {
+    fn from(error: MembershipError) -> ApiError {
+        match error {
+            MembershipError::Invalid(detail) => ApiError::Conflict(detail),
+            MembershipError::NotFound(detail) => ApiError::NotFound(detail),
+            MembershipError::Unavailable(detail) => ApiError::Unavailable(detail),
+            e @ (MembershipError::Unknown(_) | MembershipError::NotLeader) => ApiError::Unavailable(e.to_string()),
         }
     }
 }

@@ -92,6 +92,7 @@ struct RaftConfig {
     logs_to_keep: Option<u64>,
     write_timeout_ms: Option<u64>,
     max_clock_offset_ms: Option<u64>,
+    membership_timeout_ms: Option<u64>,
 }
 
 /// A validated node configuration.
@@ -159,6 +160,7 @@ impl Config {
             write_timeout_ms: file.raft.write_timeout_ms.unwrap_or(d.write_timeout_ms),
             bootstrap_wait_ms: d.bootstrap_wait_ms,
             max_clock_offset_ms: file.raft.max_clock_offset_ms.unwrap_or(d.max_clock_offset_ms),
+            membership_timeout_ms: file.raft.membership_timeout_ms.unwrap_or(d.membership_timeout_ms),
         };
         if raft.heartbeat_ms == 0 || raft.heartbeat_ms >= raft.election_timeout_min_ms {
             bail!("raft.heartbeat_ms must be positive and below raft.election_timeout_min_ms");
@@ -170,8 +172,12 @@ impl Config {
             bail!("raft.snapshot_logs_since_last must be positive");
         }
         in_range("raft.write_timeout_ms", raft.write_timeout_ms, 100, 600_000)?;
+        in_range("raft.membership_timeout_ms", raft.membership_timeout_ms, 1_000, 3_600_000)?;
         in_range("raft.max_clock_offset_ms", raft.max_clock_offset_ms, 10, 3_600_000)?;
         in_range("http.request_timeout_ms", file.http.request_timeout_ms, 1_000, 3_600_000)?;
+        if raft.membership_timeout_ms >= file.http.request_timeout_ms {
+            bail!("raft.membership_timeout_ms must be below http.request_timeout_ms (a change answers before the request times out)");
+        }
         let mut names = BTreeSet::new();
         let mut rate_limits = Vec::new();
         for limit in file.rate_limits {

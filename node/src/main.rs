@@ -4,6 +4,7 @@
 //! - [`serve`]: wiring of storage, Raft, gRPC and HTTP; signals and graceful shutdown.
 //! - [`bench`]: the benchmark client.
 //! - [`client`]: what the client subcommands share (connection flags, API calls).
+//! - [`cluster_client`]: `raftbox cluster`, members and membership change.
 //! - [`files_client`]: `raftbox files`, the file-service client.
 //! - [`jobs_client`]: `raftbox jobs`, the job-service client.
 //! - [`executor`]: the job executor (claims, leases, webhooks, built-in and maintenance tasks).
@@ -11,6 +12,7 @@
 
 mod bench;
 mod client;
+mod cluster_client;
 mod config;
 mod executor;
 mod files_client;
@@ -36,6 +38,8 @@ enum Commands {
     Files(files_client::FilesArgs),
     /// Schedule and inspect jobs on a running cluster (create, get, ls, runs, cancel).
     Jobs(jobs_client::JobsArgs),
+    /// Show and change the cluster's members (members, add, remove; admin token).
+    Cluster(cluster_client::ClusterArgs),
     /// Measure write throughput and latency of a running cluster with N concurrent writers.
     Bench(bench::BenchArgs),
 }
@@ -55,6 +59,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime.block_on(serve::run(config))
         }
         Commands::Bench(args) => runtime.block_on(bench::run(args)),
+        Commands::Cluster(args) => runtime.block_on(cluster_client::run(args)),
         Commands::Files(args) => runtime.block_on(files_client::run(args)),
         Commands::Jobs(args) => runtime.block_on(jobs_client::run(args)),
     }

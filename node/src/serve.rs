@@ -53,6 +53,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(executor::run(node.clone(), config.jobs.clone(), config.files.clone(), stopped()));
     tokio::spawn(ensure_system_jobs(node.clone(), config.files.maintenance_interval_s));
 
+    node.settle_vote_right(&config.members).await.context("check whether this node lost its data")?;
     if config.bootstrap {
         node.bootstrap(config.members.clone()).await.context("bootstrap cluster")?;
     }

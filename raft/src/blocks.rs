@@ -98,7 +98,10 @@ impl Blocks {
     }
 
     async fn send(&self, addr: &str, hash: BlockHash, data: Bytes) -> Result<(), tonic::Status> {
-        let mut client = self.peers.client(addr).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut client = self
+            .peers
+            .client_on(crate::network::Lane::Bulk, addr)
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let mut request = tonic::Request::new(BlockData { hash: hash.0.to_vec(), data });
         request.set_timeout(Duration::from_millis(BLOCK_TRANSFER_TIMEOUT_MS));
         client.put_block(request).await.map(|_| ())
@@ -130,7 +133,10 @@ impl Blocks {
 
     /// One peer's copy, verified; `None` if it does not hold the block.
     async fn fetch(&self, addr: &str, hash: BlockHash) -> Result<Option<Bytes>, tonic::Status> {
-        let mut client = self.peers.client(addr).map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let mut client = self
+            .peers
+            .client_on(crate::network::Lane::Bulk, addr)
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
         let mut request = tonic::Request::new(BlockRequest { hash: hash.0.to_vec() });
         request.set_timeout(Duration::from_millis(BLOCK_TRANSFER_TIMEOUT_MS));
         match client.get_block(request).await {

@@ -17,6 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::membership::VoteRight;
 use crate::network::Peers;
 use crate::pb::StatusRequest;
 use crate::types::{NodeId, Raft};
@@ -86,7 +87,9 @@ pub(crate) async fn watch_clock(
     peers: Peers,
     max_offset_ms: u64,
     health: watch::Sender<ClockHealth>,
+    vote_right: watch::Receiver<VoteRight>,
 ) {
+    let mut electing = None;
     let mut ticks = tokio::time::interval(CLOCK_CHECK_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -113,8 +116,13 @@ pub(crate) async fn watch_clock(
             } else {
                 tracing::warn!(?offsets_ms, max_offset_ms, "clock is off from the cluster; this node will not lead");
             }
-            raft.runtime_config().elect(ok);
             raft.runtime_config().heartbeat(ok);
+        }
+        // A node that lost its data does not stand for election either (crate::membership).
+        let elect = ok && vote_right.borrow().may_vote();
+        if electing != Some(elect) {
+            raft.runtime_config().elect(elect);
+            electing = Some(elect);
         }
         health.send_replace(ClockHealth { ok: Some(ok), offsets_ms });
     }

@@ -6,6 +6,7 @@
 //! - [`proposer`]: client-write batching and leader forwarding.
 //! - [`blocks`]: block transfer between nodes (majority-durable puts, fetch from peers).
 //! - [`node`]: a running node: write, linearizable read barrier, bootstrap.
+//! - [`membership`]: online membership change; a node that lost its data does not vote.
 //! - [`secret`]: the cluster secret every node-to-node call carries.
 //! - [`clock`]: the clock-offset check that keeps a node with a wrong clock from leading.
 
@@ -13,6 +14,7 @@ pub mod blocks;
 pub mod clock;
 pub mod error;
 pub mod log_store;
+pub mod membership;
 pub mod network;
 pub mod node;
 pub mod proposer;
@@ -28,6 +30,7 @@ pub mod pb {
 
 pub use clock::ClockHealth;
 pub use error::{StartError, WriteError};
+pub use membership::{Member, MembershipAnswer, MembershipChange, MembershipError, VoteRight};
 pub use node::{RaftNode, RaftSettings};
 pub use secret::ClusterSecret;
 pub use service::{serve, RaftGrpc};

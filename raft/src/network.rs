@@ -51,10 +51,21 @@ const _: () = assert!(MESSAGE_BYTES_MAX > raftbox_storage::blocks::BLOCK_BYTES_M
 /// A client of a peer's `RaftService` whose every call carries the cluster secret.
 pub type PeerClient = RaftServiceClient<InterceptedService<Channel, ClusterSecret>>;
 
-/// A cache of one lazily-connected channel per peer address.
+/// Which connection to a peer a call travels on: Raft and control calls never queue behind
+/// block transfers (megabytes each) on one HTTP/2 connection, so heartbeats stay on time
+/// while a large file is replicated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Raft messages, forwarding, read index, status, membership.
+    Control,
+    /// `PutBlock` / `GetBlock`.
+    Bulk,
+}
+
+/// A cache of lazily-connected channels: one per peer address and [`Lane`].
 #[derive(Debug, Clone)]
 pub struct Peers {
-    channels: Arc<Mutex<HashMap<String, Channel>>>,
+    channels: Arc<Mutex<HashMap<(Lane, String), Channel>>>,
     secret: ClusterSecret,
 }
 
@@ -63,11 +74,18 @@ impl Peers {
         Peers { channels: Arc::default(), secret }
     }
 
-    /// A client for the peer at `grpc_addr` (host:port); connects on first use.
+    /// A client for the peer at `grpc_addr` (host:port) on the control lane; connects on
+    /// first use.
     pub fn client(&self, grpc_addr: &str) -> Result<PeerClient, tonic::transport::Error> {
+        self.client_on(Lane::Control, grpc_addr)
+    }
+
+    /// A client for the peer at `grpc_addr` on `lane`; connects on first use.
+    pub fn client_on(&self, lane: Lane, grpc_addr: &str) -> Result<PeerClient, tonic::transport::Error> {
+        let key = (lane, grpc_addr.to_string());
         let channel = {
             let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-            match channels.get(grpc_addr) {
+            match channels.get(&key) {
                 Some(channel) => channel.clone(),
                 None => {
                     let channel = Endpoint::from_shared(format!("http://{grpc_addr}"))?
@@ -77,7 +95,7 @@ impl Peers {
                         .keep_alive_timeout(Duration::from_millis(KEEPALIVE_TIMEOUT_MS))
                         .keep_alive_while_idle(true)
                         .connect_lazy();
-                    channels.insert(grpc_addr.to_string(), channel.clone());
+                    channels.insert(key, channel.clone());
                     channel
                 }
             }

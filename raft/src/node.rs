@@ -15,6 +15,7 @@ use crate::blocks::Blocks;
 use crate::clock::{watch_clock, ClockHealth};
 use crate::error::{StartError, WriteError};
 use crate::log_store::LogStore;
+use crate::membership::{self, Member, MembershipAnswer, MembershipChange, MembershipError, VoteRight};
 use crate::network::{NetworkFactory, Peers};
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{ReadIndexRequest, StatusRequest};
@@ -41,6 +42,8 @@ pub struct RaftSettings {
     /// Largest tolerated offset of this node's clock from the other members', in ms; beyond
     /// it the node does not lead (see [`crate::clock`]).
     pub max_clock_offset_ms: u64,
+    /// How long a membership change may take, a learner's catch-up included.
+    pub membership_timeout_ms: u64,
 }
 
 impl Default for RaftSettings {
@@ -54,6 +57,7 @@ impl Default for RaftSettings {
             write_timeout_ms: 5_000,
             bootstrap_wait_ms: 10_000,
             max_clock_offset_ms: 500,
+            membership_timeout_ms: 30_000,
         }
     }
 }
@@ -65,6 +69,8 @@ const BOOTSTRAP_POLL: Duration = Duration::from_millis(100);
 
 struct Inner {
     id: NodeId,
+    db: Db,
+    vote_right: watch::Sender<VoteRight>,
     blocks: Blocks,
     raft: Raft,
     state: StateMachine,
@@ -103,13 +109,25 @@ impl RaftNode {
             ..Default::default()
         }
         .validate()?;
+        let vote_right = watch::Sender::new(membership::initial_vote_right(&db)?);
         let state = StateMachine::new(db.clone());
         let sm_store = StateMachineStore::new(state.clone())?;
         let peers = Peers::new(secret.clone());
         let network = NetworkFactory { peers: peers.clone() };
-        let raft = Raft::new(id, Arc::new(config), network, LogStore::new(db), sm_store).await?;
+        let raft = Raft::new(id, Arc::new(config), network, LogStore::new(db.clone()), sm_store).await?;
         let (clock_tx, clock) = watch::channel(ClockHealth { ok: None, offsets_ms: Default::default() });
-        tokio::spawn(watch_clock(id, raft.clone(), peers.clone(), settings.max_clock_offset_ms, clock_tx));
+        tokio::spawn(watch_clock(
+            id,
+            raft.clone(),
+            peers.clone(),
+            settings.max_clock_offset_ms,
+            clock_tx,
+            vote_right.subscribe(),
+        ));
+        if matches!(*vote_right.borrow(), VoteRight::AwaitingReadd { .. }) {
+            tracing::warn!(node = id, "this node lost its data and awaits being added again; it does not vote");
+            tokio::spawn(membership::watch_readd(id, raft.clone(), db.clone(), vote_right.clone()));
+        }
         let proposer = Proposer::spawn(ProposerContext {
             node_id: id,
             raft: raft.clone(),
@@ -118,7 +136,7 @@ impl RaftNode {
             clock: clock.clone(),
         });
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
-        let inner = Inner { id, blocks, raft, state, proposer, peers, secret, clock, settings };
+        let inner = Inner { id, db, vote_right, blocks, raft, state, proposer, peers, secret, clock, settings };
         Ok(RaftNode { inner: Arc::new(inner) })
     }
 
@@ -134,6 +152,94 @@ impl RaftNode {
 
     pub fn id(&self) -> NodeId {
         self.inner.id
+    }
+
+    /// Whether this node may vote (a node that lost its data may not; see
+    /// [`crate::membership`]).
+    pub fn vote_right(&self) -> VoteRight {
+        *self.inner.vote_right.borrow()
+    }
+
+    /// On a node that started with no Raft state: asks the configured `members` whether the
+    /// cluster already counts this node as a voter — then it lost its data and does not vote
+    /// until it is removed and added again. Bounded; call it before bootstrapping.
+    pub async fn settle_vote_right(&self, members: &BTreeMap<NodeId, NodeInfo>) -> Result<(), StartError> {
+        if self.vote_right() != VoteRight::Checking {
+            return Ok(());
+        }
+        let addrs = members.iter().filter(|(id, _)| **id != self.inner.id).map(|(_, i)| i.grpc_addr.clone()).collect();
+        let inner = &self.inner;
+        membership::settle_fresh_node(inner.id, &inner.db, &inner.peers, addrs, &inner.vote_right).await?;
+        if matches!(self.vote_right(), VoteRight::AwaitingReadd { .. }) {
+            let (raft, db, right) = (inner.raft.clone(), inner.db.clone(), inner.vote_right.clone());
+            tokio::spawn(membership::watch_readd(inner.id, raft, db, right));
+        }
+        Ok(())
+    }
+
+    /// The members of the cluster as this node sees them.
+    pub fn members(&self) -> Vec<Member> {
+        membership::members_of(&self.metrics())
+    }
+
+    /// Changes the cluster's membership through the leader (forwarded from a follower),
+    /// within the membership timeout.
+    pub async fn change_membership(&self, change: MembershipChange) -> Result<MembershipAnswer, MembershipError> {
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.membership_timeout_ms);
+        loop {
+            let (leader, addr) = wait_for_leader(&self.inner.raft, deadline)
+                .await
+                .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+            let result = if leader == self.inner.id {
+                membership::change_on_leader(&self.inner.raft, &change, deadline).await
+            } else {
+                self.forward_membership(&addr, &change, deadline).await
+            };
+            match result {
+                Err(MembershipError::NotLeader) if Instant::now() < deadline => {
+                    let mut metrics = self.inner.raft.metrics();
+                    let _ = tokio::time::timeout(Duration::from_millis(50), metrics.changed()).await;
+                }
+                Err(MembershipError::NotLeader) => {
+                    return Err(MembershipError::Unavailable(
+                        "no leader accepted the change before the deadline".into(),
+                    ))
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Carries out a change forwarded to this node if it leads; `NotLeader` otherwise.
+    pub(crate) async fn change_membership_here(
+        &self,
+        change: &MembershipChange,
+    ) -> Result<MembershipAnswer, MembershipError> {
+        if self.inner.raft.current_leader().await != Some(self.inner.id) {
+            return Err(MembershipError::NotLeader);
+        }
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.membership_timeout_ms);
+        membership::change_on_leader(&self.inner.raft, change, deadline).await
+    }
+
+    async fn forward_membership(
+        &self,
+        addr: &str,
+        change: &MembershipChange,
+        deadline: Instant,
+    ) -> Result<MembershipAnswer, MembershipError> {
+        let json = serde_json::to_vec(change).map_err(|e| MembershipError::Invalid(e.to_string()))?;
+        let mut client = self.inner.peers.client(addr).map_err(|e| MembershipError::Unavailable(e.to_string()))?;
+        let mut request = tonic::Request::new(crate::pb::RaftMessage { json });
+        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        let reply = match tokio::time::timeout_at(deadline, client.change_membership(request)).await {
+            Err(_) => return Err(MembershipError::Unknown("the leader did not answer before the deadline".into())),
+            Ok(Err(status)) if crate::proposer::never_sent(&status) => return Err(MembershipError::NotLeader),
+            Ok(Err(status)) => return Err(MembershipError::Unknown(format!("forwarding to the leader: {status}"))),
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        serde_json::from_slice(&reply.json)
+            .map_err(|e| MembershipError::Unknown(format!("undecodable answer from the leader: {e}")))?
     }
 
     pub fn raft(&self) -> &Raft {

@@ -9,6 +9,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::error::WriteError;
+use crate::membership::MembershipChange;
 use crate::network::MESSAGE_BYTES_MAX;
 use crate::node::RaftNode;
 use crate::pb::forward_reply::Result as ForwardResult;
@@ -58,6 +59,13 @@ impl RaftService for RaftGrpc {
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
+        let right = self.node.vote_right();
+        if !right.may_vote() {
+            return Err(Status::failed_precondition(format!(
+                "node {} does not vote ({right:?}): it lost its data and must be removed and added again",
+                self.node.id()
+            )));
+        }
         let rpc = decode(request.get_ref())?;
         reply(self.node.raft().vote(rpc).await)
     }
@@ -123,7 +131,22 @@ impl RaftService for RaftGrpc {
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         let initialized = self.node.raft().is_initialized().await.map_err(|e| Status::unavailable(e.to_string()))?;
-        Ok(Response::new(StatusReply { initialized, node_id: self.node.id(), now_ms: crate::clock::now_ms() }))
+        let metrics = self.node.metrics();
+        Ok(Response::new(StatusReply {
+            initialized,
+            node_id: self.node.id(),
+            now_ms: crate::clock::now_ms(),
+            voter_ids: metrics.membership_config.membership().voter_ids().collect(),
+            last_log_index: metrics.last_log_index.unwrap_or(0),
+        }))
+    }
+
+    /// A membership change forwarded by a follower; carried out only on the leader.
+    async fn change_membership(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let change: MembershipChange = decode(request.get_ref())?;
+        let result = self.node.change_membership_here(&change).await;
+        let json = serde_json::to_vec(&result).map_err(|e| Status::internal(format!("encode reply: {e}")))?;
+        Ok(Response::new(RaftMessage { json }))
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod accounts;
 mod blocks;
+mod cluster;
 mod files;
 mod jobs;
 mod probes;
@@ -37,6 +38,8 @@ pub fn router() -> Router<AppState> {
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))
         .route("/v1/cluster", get(probes::cluster))
+        .route("/v1/admin/cluster/members", get(cluster::list).post(cluster::add))
+        .route("/v1/admin/cluster/members/{id}", axum::routing::delete(cluster::remove))
         .route("/v1/admin/users", post(accounts::create_user))
         .route("/v1/admin/users/{user_id}", get(accounts::get_user))
         .route("/v1/admin/users/{user_id}/tokens", post(accounts::create_token))

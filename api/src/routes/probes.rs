@@ -9,6 +9,7 @@ use axum::Json;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::cluster::{member_views, MemberView};
 use crate::{ApiError, AppState};
 
 /// Process is up.
@@ -35,20 +36,14 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct Member {
-    id: u64,
-    http_addr: String,
-    grpc_addr: String,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct ClusterInfo {
     node_id: u64,
     leader_id: Option<u64>,
     term: u64,
     role: String,
-    members: Vec<Member>,
+    /// `false` while this node, having lost its data, awaits being added again.
+    votes: bool,
+    members: Vec<MemberView>,
     last_applied: u64,
     last_log_index: u64,
     snapshot_index: Option<u64>,
@@ -57,17 +52,13 @@ pub struct ClusterInfo {
 /// This node's view of the cluster.
 pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
     let m = state.node.metrics();
-    let members = m
-        .membership_config
-        .membership()
-        .nodes()
-        .map(|(id, info)| Member { id: *id, http_addr: info.http_addr.clone(), grpc_addr: info.grpc_addr.clone() })
-        .collect();
+    let members = member_views(raftbox_raft::membership::members_of(&m));
     Json(ClusterInfo {
         node_id: m.id,
         leader_id: m.current_leader,
         term: m.current_term,
         role: format!("{:?}", m.state),
+        votes: state.node.vote_right().may_vote(),
         members,
         last_applied: m.last_applied.map(|id| id.index).unwrap_or(0),
         last_log_index: m.last_log_index.unwrap_or(0),
