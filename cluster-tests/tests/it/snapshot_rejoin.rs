@@ -1,18 +1,22 @@
-//! Invariant: a node whose data directory is wiped rejoins through a snapshot. The leader
-//! snapshots often and keeps little log, so once it has purged the head of its log the empty
-//! node can only be rebuilt from a snapshot; it must then apply as far as the leader, report
-//! a `snapshotIndex`, and hold every user — the early ones included.
+//! Invariant: a node whose data directory is wiped is rebuilt through a snapshot, and votes
+//! again only after it was removed and added back. The leader snapshots often and keeps
+//! little log, so once it has purged the head of its log the empty node can only be rebuilt
+//! from a snapshot; it must apply as far as the leader, report a `snapshotIndex`, refuse to
+//! vote (it forgot its votes), and hold every user — the early ones included. Removed and
+//! added again through the membership API, it votes.
 //!
-//! The second phase checks the rebuilt node can carry the cluster: the two other nodes are
-//! stopped, one of them wiped and restarted, so the rebuilt node holds the only complete log
-//! and must win the election; every user is then read through it while it leads, and the
-//! other two nodes are rebuilt from it.
+//! The second phase checks the rebuilt node can carry the cluster: another node is frozen
+//! while writes go on, then the leader is killed: the frozen node's log is behind, so only
+//! the rebuilt node can win, with the frozen node's vote; every user is read through it
+//! while it leads. The third phase wipes a second node: it too refuses to vote until removed
+//! and added again, and catches up.
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    create_users, ensure_distinct_ids, within, Cluster, ClusterOptions, CreatedUser, Deadline, RaftTuning, Seed,
+    add_member, create_users, ensure_distinct_ids, remove_member, within, Cluster, ClusterOptions, CreatedUser,
+    Deadline, Outcome, RaftTuning, Seed,
 };
 use rand::seq::SliceRandom as _;
 
@@ -20,10 +24,14 @@ use rand::seq::SliceRandom as _;
 const TEST_DEADLINE: Duration = Duration::from_secs(240);
 /// The node wiped and rebuilt. Not node 1: node 1 carries `bootstrap = true`.
 const REBUILT: u64 = 3;
-/// The other node wiped in the second phase (also not the bootstrap node).
+/// The node frozen in the second phase and wiped in the third.
 const WIPED_VOTER: u64 = 2;
-/// The node stopped, not wiped, in the second phase.
+/// The leader killed in the second phase.
 const STOPPED: u64 = 1;
+/// Users created while [`WIPED_VOTER`] is frozen, so its log falls behind.
+const FROZEN_USERS: usize = 50;
+/// Deadline of a membership change (a learner's catch-up included).
+const MEMBERSHIP_DEADLINE: Duration = Duration::from_secs(60);
 /// Snapshot policy under test.
 const SNAPSHOT_LOGS_SINCE_LAST: u64 = 50;
 const LOGS_TO_KEEP: u64 = 10;
@@ -92,26 +100,49 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     cluster.start_node(REBUILT)?;
     let target = cluster.view(leader).await?.last_applied;
     let view = cluster
-        .wait_view(REBUILT, REJOIN_DEADLINE, "the wiped node to install a snapshot and catch up", |v| {
-            v.last_applied >= target && v.snapshot_index.is_some()
+        .wait_view(REBUILT, REJOIN_DEADLINE, "the wiped node to install a snapshot, catch up, and not vote", |v| {
+            v.last_applied >= target && v.snapshot_index.is_some() && !v.votes
         })
         .await?;
-    eprintln!("node {REBUILT} rebuilt: {view:?}");
+    eprintln!("node {REBUILT} rebuilt, not voting: {view:?}");
+    readd(cluster, REBUILT, STOPPED).await?;
 
     let mut sample: Vec<CreatedUser> = early.iter().take(SAMPLE_EARLIEST).cloned().collect();
     sample.extend(users.choose_multiple(&mut rng, SAMPLE_RANDOM).cloned());
     cluster.verify_users(REBUILT, &sample).await.context("sampled users through the rebuilt node")?;
 
-    lead_from_rebuilt_node(cluster).await?;
+    users.extend(lead_from_rebuilt_node(cluster).await?);
     cluster.verify_users(REBUILT, &users).await.context("every user through the rebuilt node while it leads")?;
     eprintln!("all {} users served by the rebuilt node as leader", users.len());
 
+    // A second wiped voter: silent until removed and added again, then caught up.
+    cluster.kill9(WIPED_VOTER)?;
+    cluster.wipe(WIPED_VOTER)?;
+    cluster.start_node(WIPED_VOTER)?;
+    cluster.wait_view(WIPED_VOTER, REJOIN_DEADLINE, "the wiped voter to refuse to vote", |v| !v.votes).await?;
+    cluster.start_node(STOPPED)?;
+    readd(cluster, WIPED_VOTER, REBUILT).await?;
     for id in [WIPED_VOTER, STOPPED] {
-        if !cluster.is_running(id) {
-            cluster.start_node(id)?;
-        }
         cluster.wait_caught_up(id, REJOIN_DEADLINE).await?;
     }
+    Ok(())
+}
+
+/// Removes node `id` and adds it again (same addresses) through node `via`; then it votes.
+async fn readd(cluster: &Cluster, id: u64, via: u64) -> Result<()> {
+    let (http, url, token) = (cluster.client(), cluster.http_url(via), cluster.admin_token().to_owned());
+    let removed = remove_member(&http, &url, &token, id).await?;
+    ensure!(removed.is_ok(), "remove node {id} through node {via}: {removed:?}");
+    let (http_addr, grpc_addr) = cluster.addresses(id);
+    let wait = Deadline::after(MEMBERSHIP_DEADLINE, format!("node {id} to be added again as a voter"));
+    loop {
+        match add_member(&http, &url, &token, id, &http_addr, &grpc_addr).await? {
+            Outcome::Ok(body) if body["complete"] == true => break,
+            other => wait.tick(&format!("{other:?}")).await?,
+        }
+    }
+    let view = cluster.wait_view(id, REJOIN_DEADLINE, "the re-added node to vote", |v| v.votes).await?;
+    eprintln!("node {id} removed and added again: {view:?}");
     Ok(())
 }
 
@@ -140,18 +171,20 @@ async fn top_up_until_snapshot(cluster: &Cluster, leader: u64, urls: &[String]) 
     }
 }
 
-/// Stops the other two nodes, wipes [`WIPED_VOTER`] and restarts it: the rebuilt node then
-/// holds the only complete log, so it alone can be elected.
-async fn lead_from_rebuilt_node(cluster: &mut Cluster) -> Result<()> {
-    for id in [STOPPED, WIPED_VOTER] {
-        if cluster.is_running(id) {
-            cluster.kill9(id)?;
-        }
-    }
-    cluster.wipe(WIPED_VOTER)?;
-    cluster.start_node(WIPED_VOTER)?;
+/// Freezes [`WIPED_VOTER`] while users are created, kills the leader [`STOPPED`] and lets
+/// the frozen node run again: its log is behind the rebuilt node's, so only the rebuilt node
+/// can be elected — with the frozen node's vote. Returns the users created meanwhile.
+async fn lead_from_rebuilt_node(cluster: &mut Cluster) -> Result<Vec<CreatedUser>> {
+    let leader = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
+    ensure!(leader == STOPPED, "node {leader} leads, expected node {STOPPED}");
+    cluster.pause(WIPED_VOTER)?;
+    let (http, token) = (cluster.client(), cluster.admin_token().to_owned());
+    let urls = cluster.http_urls(&[STOPPED, REBUILT]);
+    let created = create_users(&http, &urls, &token, names("frozen", FROZEN_USERS), LANES).await?;
+    cluster.kill9(STOPPED)?;
+    cluster.resume(WIPED_VOTER)?;
     let leader = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
     ensure!(leader == REBUILT, "node {leader} leads, expected the rebuilt node {REBUILT}");
     eprintln!("the rebuilt node {REBUILT} leads");
-    Ok(())
+    Ok(created)
 }
