@@ -12,11 +12,13 @@
 //! - `maintenance`: orphan blocks reclaimed, old versions expired, missed blocks replicated.
 //! - `jobs_exec`: webhooks fire once and on time, retry, recur, cancel, survive a killed worker.
 //! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
-//! - `snapshot_rejoin`: a wiped node rejoins through a snapshot and can lead.
+//! - `snapshot_rejoin`: a wiped node is rebuilt from a snapshot, votes only once removed and
+//!   added again, and can lead.
 //! - `restart_durability`: SIGKILL of every node at once loses no acknowledged write.
 //! - `shared_rate_limit`: a limit holds across all nodes hammered at once.
 //! - `idempotency_across_nodes`: one key sent to every node at once runs once.
 //! - `limiter_failure_modes`: without quorum, fail-open admits and fail-closed rejects.
+//! - `membership`: nodes join and leave under load; five nodes survive two down; bad changes refused.
 //! - `poison_pill`: requests that once stopped every node are applied, and survive a restart.
 //! - `lost_quorum`: a leader without quorum answers 503 in time; a lagging follower's long poll.
 //! - `grpc_secret`: node-to-node calls without the cluster secret are refused.
@@ -36,6 +38,7 @@ mod jobs_exec;
 mod limiter_failure_modes;
 mod lost_quorum;
 mod maintenance;
+mod membership;
 mod poison_pill;
 mod restart_durability;
 mod shared_rate_limit;
