@@ -747,12 +747,11 @@ impl Drop for Cluster {
             eprintln!("{}", self.log_tails(LOG_TAIL_LINES));
         }
         let keep = env::var(KEEP_ENV).is_ok_and(|value| value == "1");
+        // A failed run keeps its directory (configs, node logs, histories) for the post-mortem.
         if let Some(dir) = self.dir.take() {
-            if keep {
+            if keep || failed {
                 let path = dir.keep();
-                eprintln!("{KEEP_ENV}=1: cluster directory kept at {}", path.display());
-            } else if failed {
-                eprintln!("cluster directory {} removed; rerun with {KEEP_ENV}=1 to keep it", self.root.display());
+                eprintln!("cluster directory kept at {} (node logs, configs, histories)", path.display());
             }
         }
     }

@@ -17,6 +17,7 @@
 //!   log fails the test; on failure the log tails and the cluster directory are printed
 //!   (`RAFTBOX_KEEP=1` keeps the directory).
 
+pub mod checker;
 mod client;
 mod cluster;
 pub mod net;

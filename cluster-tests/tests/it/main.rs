@@ -23,12 +23,14 @@
 //! - `lost_quorum`: a leader without quorum answers 503 in time; a lagging follower's long poll.
 //! - `grpc_secret`: node-to-node calls without the cluster secret are refused.
 //! - `block_replication`: the replicator walks the whole index; no early reclaiming.
+//! - `checker`: the linearizability checker on histories whose verdict is known.
 //! - `clock_skew`: a node with a wrong clock does not lead.
 //! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
 
 mod big_file;
 mod block_replication;
 mod blocks_durable;
+mod checker;
 mod clock_skew;
 mod failover;
 mod files_sync;

@@ -1,0 +1,149 @@
+//! The linearizability checker itself, on histories whose verdict is known: classic register
+//! cases, unknown outcomes, lost updates, and simulated linearizable histories (which must
+//! pass, quickly) with one read corrupted (which must fail).
+
+use std::time::{Duration, Instant};
+
+use raftbox_cluster_tests::checker::{check, Operation, RegisterInput, RegisterOutput, Verdict, VersionedRegister};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng as _};
+
+const BUDGET: Duration = Duration::from_secs(10);
+
+fn commit(
+    client: u64,
+    base: u64,
+    content: u64,
+    call: u64,
+    ret: Option<(u64, RegisterOutput)>,
+) -> Operation<RegisterInput, RegisterOutput> {
+    Operation { client, input: RegisterInput::Commit { base, content }, call, ret }
+}
+
+fn read(
+    client: u64,
+    call: u64,
+    ret: u64,
+    version: u64,
+    content: Option<u64>,
+) -> Operation<RegisterInput, RegisterOutput> {
+    Operation { client, input: RegisterInput::Read, call, ret: Some((ret, RegisterOutput::Read { version, content })) }
+}
+
+fn ok(t: u64, version: u64) -> Option<(u64, RegisterOutput)> {
+    Some((t, RegisterOutput::Committed { version }))
+}
+
+fn verdict(history: &[Operation<RegisterInput, RegisterOutput>]) -> Verdict {
+    check(&VersionedRegister, history, BUDGET)
+}
+
+#[test]
+fn sequential_and_concurrent_histories() {
+    // Sequential: commit, read.
+    assert_eq!(verdict(&[commit(1, 0, 7, 0, ok(10, 1)), read(2, 20, 30, 1, Some(7))]), Verdict::Linearizable);
+    // A read overlapping the commit may see either side.
+    assert_eq!(verdict(&[commit(1, 0, 7, 0, ok(10, 1)), read(2, 5, 8, 0, None)]), Verdict::Linearizable);
+    assert_eq!(verdict(&[commit(1, 0, 7, 0, ok(10, 1)), read(2, 5, 8, 1, Some(7))]), Verdict::Linearizable);
+}
+
+#[test]
+fn a_stale_read_after_an_acknowledged_commit_fails() {
+    let history = [commit(1, 0, 7, 0, ok(10, 1)), read(2, 20, 30, 0, None)];
+    assert!(matches!(verdict(&history), Verdict::NotLinearizable { .. }), "{:?}", verdict(&history));
+}
+
+#[test]
+fn a_lost_update_fails() {
+    // Two commits on base 0 both acknowledged as version 1: one must have conflicted.
+    let history = [commit(1, 0, 7, 0, ok(10, 1)), commit(2, 0, 8, 1, ok(11, 1))];
+    assert!(matches!(verdict(&history), Verdict::NotLinearizable { .. }));
+    // A read seeing content that no commit wrote.
+    assert!(matches!(verdict(&[read(1, 0, 1, 1, Some(99))]), Verdict::NotLinearizable { .. }));
+}
+
+#[test]
+fn unknown_commits_may_or_may_not_have_happened() {
+    let unknown = commit(1, 0, 7, 0, None);
+    assert_eq!(verdict(&[unknown.clone(), read(2, 50, 60, 1, Some(7))]), Verdict::Linearizable);
+    assert_eq!(verdict(&[unknown.clone(), read(2, 50, 60, 0, None)]), Verdict::Linearizable);
+    // But not happened, then undone.
+    let history = [unknown, read(2, 50, 60, 1, Some(7)), read(2, 70, 80, 0, None)];
+    assert!(matches!(verdict(&history), Verdict::NotLinearizable { .. }));
+}
+
+#[test]
+fn conflicts_report_the_current_version() {
+    let history = [
+        commit(1, 0, 7, 0, ok(10, 1)),
+        commit(2, 0, 8, 20, Some((30, RegisterOutput::Conflict { current: 1 }))),
+        read(3, 40, 50, 1, Some(7)),
+    ];
+    assert_eq!(verdict(&history), Verdict::Linearizable);
+    let wrong =
+        [commit(1, 0, 7, 0, ok(10, 1)), commit(2, 0, 8, 20, Some((30, RegisterOutput::Conflict { current: 0 })))];
+    assert!(matches!(verdict(&wrong), Verdict::NotLinearizable { .. }));
+}
+
+/// Histories of a simulated linearizable register: each operation takes effect at a
+/// random instant inside its interval; some outcomes are lost.
+fn simulated(seed: u64, clients: u64, ops: usize) -> Vec<Operation<RegisterInput, RegisterOutput>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut state: (u64, Option<u64>) = (0, None);
+    let mut free_at = vec![0u64; clients as usize];
+    let mut known_version = vec![0u64; clients as usize];
+    let mut history = Vec::new();
+    let mut now = 0u64;
+    for content in 0..ops as u64 {
+        now += rng.gen_range(1..5);
+        let client = rng.gen_range(0..clients);
+        let c = client as usize;
+        let call = now.max(free_at[c]);
+        let effect = call + rng.gen_range(0..20);
+        let ret = effect + rng.gen_range(0..20);
+        free_at[c] = ret + 1;
+        // Effects are applied in call order of their effect instants only approximately:
+        // keep it simple by applying in generation order with monotone effect instants.
+        let (input, output) = if rng.gen_bool(0.5) {
+            (RegisterInput::Read, RegisterOutput::Read { version: state.0, content: state.1 })
+        } else {
+            let base = known_version[c];
+            let input = RegisterInput::Commit { base, content };
+            if base == state.0 {
+                state = (state.0 + 1, Some(content));
+                (input, RegisterOutput::Committed { version: state.0 })
+            } else {
+                (input, RegisterOutput::Conflict { current: state.0 })
+            }
+        };
+        known_version[c] = state.0;
+        let lost = matches!(input, RegisterInput::Commit { .. }) && rng.gen_bool(0.05);
+        history.push(Operation { client, input, call, ret: (!lost).then_some((ret, output)) });
+        now = effect;
+    }
+    history
+}
+
+#[test]
+fn simulated_linearizable_histories_pass_quickly() {
+    for seed in 0..20 {
+        let history = simulated(seed, 8, 500);
+        let started = Instant::now();
+        assert_eq!(verdict(&history), Verdict::Linearizable, "seed {seed}");
+        assert!(started.elapsed() < Duration::from_secs(5), "seed {seed} took {:?}", started.elapsed());
+    }
+}
+
+#[test]
+fn a_corrupted_read_is_caught() {
+    for seed in 0..20 {
+        let mut history = simulated(seed, 8, 300);
+        let Some(i) = history.iter().rposition(|op| matches!(op.input, RegisterInput::Read) && op.ret.is_some()) else {
+            continue;
+        };
+        if let Some((t, _)) = history[i].ret {
+            history[i].ret = Some((t, RegisterOutput::Read { version: 9_999, content: Some(123_456) }));
+        }
+        assert!(matches!(verdict(&history), Verdict::NotLinearizable { .. }), "seed {seed}");
+    }
+}
