@@ -20,8 +20,10 @@
 pub mod checker;
 mod client;
 mod cluster;
+pub mod nemesis;
 pub mod net;
 pub mod receiver;
+pub mod register;
 mod support;
 mod workload;
 
@@ -38,8 +40,8 @@ const PEER_DOWN_LOG_FRAGMENT: &str = "Unreachable node";
 /// frozen or cut off, or — on a loaded two-core machine — a 100 ms heartbeat that took
 /// longer. These are events the tests judge by their own deadlines, so such lines are always
 /// allowed; a panic, and any other ERROR line, fails a test.
-const PEER_FAULT_LOG_FRAGMENTS: [&str; 3] =
-    [PEER_DOWN_LOG_FRAGMENT, "RPCError err=timeout", "timeout while confirming leadership"];
+const PEER_FAULT_LOG_FRAGMENTS: [&str; 4] =
+    [PEER_DOWN_LOG_FRAGMENT, "RPCError err=timeout", "timeout while confirming leadership", "ms when Vote "];
 
 /// Interval between two probes of a condition awaited with a deadline.
 pub const POLL_INTERVAL_MS: u64 = 25;

@@ -79,7 +79,7 @@ impl Network {
             return Ok(());
         }
         let ns = self.namespace(id);
-        let veth = format!("{}v{id}", self.prefix);
+        let veth = self.veth(id);
         run(&["ip", "netns", "add", &ns])?;
         self.nodes.insert(id);
         run(&["ip", "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns])?;
@@ -179,7 +179,15 @@ impl Network {
             if std::path::Path::new("/run/netns").join(&ns).exists() {
                 let _ = Command::new("ip").args(["netns", "del", &ns]).output();
             }
+            if std::path::Path::new("/sys/class/net").join(self.veth(id)).exists() {
+                let _ = Command::new("ip").args(["link", "del", &self.veth(id)]).output();
+            }
         }
+    }
+
+    /// The root-namespace end of node `id`'s veth pair.
+    fn veth(&self, id: u64) -> String {
+        format!("{}v{id}", self.prefix)
     }
 
     /// A description for logs: the cut links.
@@ -196,9 +204,10 @@ impl Network {
 }
 
 impl Drop for Network {
-    /// Deleting a namespace deletes its end of the veth, and with it the pair.
+    /// Deleting a veth end deletes the pair; the namespaces go once their processes have.
     fn drop(&mut self) {
         for id in &self.nodes {
+            let _ = Command::new("ip").args(["link", "del", &self.veth(*id)]).output();
             let _ = Command::new("ip").args(["netns", "del", &self.namespace(*id)]).output();
         }
         let _ = Command::new("ip").args(["link", "del", &self.bridge]).output();

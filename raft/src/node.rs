@@ -215,7 +215,7 @@ impl RaftNode {
         &self,
         change: &MembershipChange,
     ) -> Result<MembershipAnswer, MembershipError> {
-        if self.inner.raft.current_leader().await != Some(self.inner.id) {
+        if self.metrics().current_leader != Some(self.inner.id) {
             return Err(MembershipError::NotLeader);
         }
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.membership_timeout_ms);

@@ -78,7 +78,9 @@ impl RaftService for RaftGrpc {
     async fn forward(&self, request: Request<ForwardRequest>) -> Result<Response<ForwardReply>, Status> {
         let commands: Vec<Command> = serde_json::from_slice(&request.get_ref().commands)
             .map_err(|e| Status::invalid_argument(format!("decode commands: {e}")))?;
-        let leader = self.node.raft().current_leader().await;
+        // From the metrics, not a round trip to the Raft core: a caller that gives up must
+        // not leave the core answering no one.
+        let leader = self.node.metrics().current_leader;
         let result = if leader != Some(self.node.id()) || !self.node.clock().may_lead() {
             ForwardResult::NotLeader(leader.unwrap_or(0))
         } else {
@@ -101,7 +103,7 @@ impl RaftService for RaftGrpc {
     async fn read_index(&self, _request: Request<ReadIndexRequest>) -> Result<Response<ReadIndexReply>, Status> {
         let result = match self.node.confirmed_read_index().await {
             Some(index) => ReadIndexResult::Index(index),
-            None => ReadIndexResult::NotLeader(self.node.raft().current_leader().await.unwrap_or(0)),
+            None => ReadIndexResult::NotLeader(self.node.metrics().current_leader.unwrap_or(0)),
         };
         Ok(Response::new(ReadIndexReply { result: Some(result) }))
     }
@@ -130,8 +132,10 @@ impl RaftService for RaftGrpc {
     }
 
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
-        let initialized = self.node.raft().is_initialized().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        // From the metrics (a probe may give up at any time; see `forward`): a node is
+        // initialized once it holds a membership from a log entry.
         let metrics = self.node.metrics();
+        let initialized = metrics.membership_config.log_id().is_some();
         Ok(Response::new(StatusReply {
             initialized,
             node_id: self.node.id(),

@@ -23,6 +23,8 @@
 //! - `lost_quorum`: a leader without quorum answers 503 in time; a lagging follower's long poll.
 //! - `grpc_secret`: node-to-node calls without the cluster secret are refused.
 //! - `block_replication`: the replicator walks the whole index; no early reclaiming.
+//! - `chaos`: files under partitions, pauses, kills and clock skew; histories checked
+//!   linearizable, no acknowledged commit lost, conflicted copies kept.
 //! - `checker`: the linearizability checker on histories whose verdict is known.
 //! - `clock_skew`: a node with a wrong clock does not lead.
 //! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
@@ -30,6 +32,7 @@
 mod big_file;
 mod block_replication;
 mod blocks_durable;
+mod chaos;
 mod checker;
 mod clock_skew;
 mod failover;

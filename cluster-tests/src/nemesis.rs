@@ -1,0 +1,163 @@
+//! Nemeses: faults injected from outside the nodes (the production binary runs unmodified),
+//! every few seconds, each healed before the next: `kill -9` and restart, SIGSTOP/SIGCONT
+//! pauses, network partitions enforced by the kernel (the leader isolated, a minority cut
+//! off, one-way loss, a bridge node that sees both sides), and clock skew (libfaketime).
+//! Every fault and heal is logged with its time, so a history can be read against it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom as _;
+use rand::Rng as _;
+
+use crate::cluster::Cluster;
+
+/// The kinds of fault a nemesis draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// SIGKILL a node (the leader half of the time); restart it at heal.
+    Kill,
+    /// SIGSTOP a node (the leader half of the time) for longer than an election timeout.
+    Pause,
+    /// Cut the leader off from every other node (clients still reach it).
+    IsolateLeader,
+    /// Cut a minority off from the rest.
+    Minority,
+    /// Drop packets from one node to another, not back.
+    OneWay,
+    /// Two sides that cannot talk, and one node that talks to both.
+    Bridge,
+    /// Move one node's wall clock by several seconds (needs `fake_clocks`).
+    ClockSkew,
+}
+
+impl FaultKind {
+    /// The kinds that need network namespaces.
+    pub fn needs_network(self) -> bool {
+        matches!(self, FaultKind::IsolateLeader | FaultKind::Minority | FaultKind::OneWay | FaultKind::Bridge)
+    }
+}
+
+/// One fault, as applied.
+#[derive(Debug, Clone)]
+pub enum Fault {
+    Kill(u64),
+    Pause(u64),
+    /// Links cut (`from → to` directed pairs), described.
+    Network(String),
+    ClockSkew(u64, String),
+}
+
+/// What the nemesis did, with times since the test's start.
+#[derive(Debug, Clone)]
+pub struct NemesisEvent {
+    pub at: Duration,
+    pub what: String,
+}
+
+/// How the nemesis behaves.
+#[derive(Debug, Clone)]
+pub struct NemesisSpec {
+    pub kinds: Vec<FaultKind>,
+    /// How long a fault lasts, and the calm between two faults (ranges, ms).
+    pub fault_ms: (u64, u64),
+    pub calm_ms: (u64, u64),
+    /// How long the fault phase lasts in all.
+    pub duration: Duration,
+}
+
+/// Injects faults into `cluster` as `spec` says until its duration is over, then heals
+/// everything. Returns the log of what it did.
+pub async fn run(
+    cluster: &mut Cluster,
+    spec: &NemesisSpec,
+    rng: &mut StdRng,
+    epoch: Instant,
+) -> Result<Vec<NemesisEvent>> {
+    let mut events = Vec::new();
+    let log = |events: &mut Vec<NemesisEvent>, what: String| {
+        eprintln!("nemesis +{:.1}s: {what}", epoch.elapsed().as_secs_f64());
+        events.push(NemesisEvent { at: epoch.elapsed(), what });
+    };
+    let started = Instant::now();
+    while started.elapsed() < spec.duration {
+        // The schedule's own pace: the calm between faults, not a synchronisation.
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(spec.calm_ms.0..=spec.calm_ms.1))).await;
+        let kind = *spec.kinds.choose(rng).context("no fault kinds")?;
+        let fault = inject(cluster, kind, rng).await?;
+        log(&mut events, format!("{fault:?}"));
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(spec.fault_ms.0..=spec.fault_ms.1))).await;
+        heal(cluster, &fault)?;
+        log(&mut events, format!("healed {fault:?}"));
+    }
+    Ok(events)
+}
+
+/// A node to hit: the leader half of the time (if one is known), else any running node.
+async fn target(cluster: &Cluster, rng: &mut StdRng) -> Result<u64> {
+    if rng.gen_bool(0.5) {
+        if let Some(leader) = cluster.leader_id().await.filter(|id| cluster.is_running(*id)) {
+            return Ok(leader);
+        }
+    }
+    cluster.live_ids().choose(rng).copied().context("no running node")
+}
+
+async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Result<Fault> {
+    let ids = cluster.node_ids();
+    let fault = match kind {
+        FaultKind::Kill => {
+            let id = target(cluster, rng).await?;
+            cluster.kill9(id)?;
+            Fault::Kill(id)
+        }
+        FaultKind::Pause => {
+            let id = target(cluster, rng).await?;
+            cluster.pause(id)?;
+            Fault::Pause(id)
+        }
+        FaultKind::ClockSkew => {
+            let id = *ids.choose(rng).context("no node")?;
+            let offset = format!("{}{}s", if rng.gen_bool(0.5) { "+" } else { "-" }, rng.gen_range(2..=30));
+            cluster.set_clock_offset(id, &offset)?;
+            Fault::ClockSkew(id, offset)
+        }
+        FaultKind::IsolateLeader | FaultKind::Minority | FaultKind::OneWay | FaultKind::Bridge => {
+            let leader = cluster.leader_id().await;
+            let network = cluster.network().context("network faults need `network_namespaces`")?;
+            let mut shuffled = ids.clone();
+            shuffled.shuffle(rng);
+            match kind {
+                FaultKind::IsolateLeader => network.isolate(leader.unwrap_or(shuffled[0]))?,
+                FaultKind::Minority => {
+                    let (minority, majority) = shuffled.split_at((ids.len() - 1) / 2);
+                    network.partition(&[minority.to_vec(), majority.to_vec()])?;
+                }
+                FaultKind::OneWay => network.drop_one_way(shuffled[0], shuffled[1])?,
+                _ => {
+                    // [a.., bridge] and [bridge, b..]: the bridge node talks to both sides.
+                    let bridge = shuffled[0];
+                    let rest = &shuffled[1..];
+                    let (left, right) = rest.split_at(rest.len() / 2);
+                    let mut one = left.to_vec();
+                    one.push(bridge);
+                    let mut two = right.to_vec();
+                    two.push(bridge);
+                    network.partition(&[one, two])?;
+                }
+            }
+            Fault::Network(network.describe())
+        }
+    };
+    Ok(fault)
+}
+
+fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
+    match fault {
+        Fault::Kill(id) => cluster.start_node(*id),
+        Fault::Pause(id) => cluster.resume(*id),
+        Fault::ClockSkew(id, _) => cluster.set_clock_offset(*id, "+0"),
+        Fault::Network(_) => cluster.network().context("network")?.heal(),
+    }
+}
