@@ -12,12 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use raftbox_raft::RaftNode;
+use raftbox_storage::command::IdempotencyOutcome;
 use raftbox_storage::jobs::{
     Job, JobSpec, RunReport, RunResult, RunStatus, Schedule, RESULT_EXCERPT_BYTES_MAX, RETRY_BACKOFF_MS_MAX,
 };
 use raftbox_storage::paths::cut;
+use raftbox_storage::records::IdempotencyResult;
 use raftbox_storage::schedule::format_utc;
-use raftbox_storage::{Command, Outcome};
+use raftbox_storage::{Command, Outcome, Rejection};
 use rand::Rng as _;
 use serde::Deserialize;
 use serde_json::json;
@@ -27,6 +29,8 @@ use crate::maintenance::FilesConfig;
 
 /// How often the executor looks at its local state for due work.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Pause between two tries of a fenced job write whose outcome is unknown.
+const FENCED_RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// Records one maintenance command handles, at most (each is one bounded Raft command).
 const MAINTENANCE_BATCH_RECORDS: u32 = 1_000;
 /// Commands one maintenance run issues, at most, before it leaves the rest to the next run.
@@ -91,12 +95,32 @@ pub async fn run(
 }
 
 async fn claim(ctx: &Arc<Context>, free: usize) {
-    let command =
-        Command::ClaimJobs { worker: ctx.worker.clone(), lease_ms: ctx.config.lease_ms, max_jobs: free as u32 };
-    let jobs = match ctx.node.write(command).await {
-        Ok(Outcome::JobsClaimed { jobs }) => jobs,
+    // The claim runs under a key of its own, so that a claim whose outcome is unknown can be
+    // repeated: the repeat replays the jobs the first one claimed (instead of leaving them
+    // claimed by no one who knows, until their lease runs out) or claims them now.
+    let key = *blake3::hash(format!("claim/{}/{}", ctx.worker, uuid::Uuid::new_v4()).as_bytes()).as_bytes();
+    let command = Command::Idempotent {
+        scope: key,
+        fingerprint: key,
+        ttl_ms: ctx.config.lease_ms,
+        on_success: None,
+        command: Box::new(Command::ClaimJobs {
+            worker: ctx.worker.clone(),
+            lease_ms: ctx.config.lease_ms,
+            max_jobs: free as u32,
+        }),
+    };
+    let lease_end = tokio::time::Instant::now() + Duration::from_millis(ctx.config.lease_ms);
+    let claimed = match repeat_while_unknown(&ctx.node, command, lease_end).await.map(|(outcome, _)| outcome) {
+        Ok(Outcome::Idempotency(IdempotencyOutcome::Applied { outcome })) => *outcome,
+        Ok(Outcome::Idempotency(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(outcome) })) => {
+            *outcome
+        }
         Ok(other) => return tracing::warn!(outcome = ?other, "unexpected claim outcome"),
         Err(e) => return tracing::debug!(error = %e, "claim failed"),
+    };
+    let Outcome::JobsClaimed { jobs } = claimed else {
+        return tracing::warn!(outcome = ?claimed, "unexpected claim outcome");
     };
     for job in jobs {
         let Ok(permit) = ctx.slots.clone().try_acquire_owned() else {
@@ -123,9 +147,12 @@ async fn attempt(ctx: &Context, job: Job) {
         worker: ctx.worker.clone(),
         run_ttl_ms: ctx.config.run_retention_s.saturating_mul(1_000),
     };
-    match ctx.node.write(start).await {
-        Ok(Outcome::Done) => {}
-        Ok(other) => return tracing::info!(job = %job.id, outcome = ?other, "attempt not started"),
+    let lease_end = tokio::time::Instant::now() + Duration::from_millis(ctx.config.lease_ms);
+    match repeat_while_unknown(&ctx.node, start, lease_end).await {
+        // A repeat of a start that took effect finds the run already started under our fence.
+        Ok((Outcome::Done, _)) => {}
+        Ok((Outcome::Rejected(Rejection::Conflict(_)), true)) => {}
+        Ok((other, _)) => return tracing::info!(job = %job.id, outcome = ?other, "attempt not started"),
         Err(e) => return tracing::warn!(job = %job.id, error = %e, "attempt not started; the lease will expire"),
     }
     let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, ctx.config.lease_ms));
@@ -139,10 +166,46 @@ async fn attempt(ctx: &Context, job: Job) {
         result: ran.result,
         retry_at_ms: now_ms() + backoff_ms(job.retry_backoff_ms, job.attempts),
     };
-    match ctx.node.write(Command::FinishRun(Box::new(report))).await {
-        Ok(Outcome::Done) => tracing::debug!(job = %job.id, status = ?ran.status, "attempt finished"),
-        Ok(other) => tracing::info!(job = %job.id, outcome = ?other, "attempt report refused"),
+    // The lease was renewed until now: the report may be repeated until it would lapse.
+    let lease_end = tokio::time::Instant::now() + Duration::from_millis(ctx.config.lease_ms);
+    match repeat_while_unknown(&ctx.node, Command::FinishRun(Box::new(report)), lease_end).await {
+        Ok((Outcome::Done, _)) => tracing::debug!(job = %job.id, status = ?ran.status, "attempt finished"),
+        // A repeat of a report that took effect finds the fence no longer holding.
+        Ok((Outcome::Rejected(Rejection::StaleFence { .. }), true)) => {
+            tracing::debug!(job = %job.id, "attempt report applied by an earlier try")
+        }
+        Ok((other, _)) => tracing::info!(job = %job.id, outcome = ?other, "attempt report refused"),
         Err(e) => tracing::warn!(job = %job.id, error = %e, "attempt report lost; the lease will expire"),
+    }
+}
+
+/// Writes a job command, repeating it while its outcome is unknown, until `deadline`.
+/// Only for commands whose repeat is safe, never blind: a fenced command (start, report)
+/// carries the fence of this worker's claim, so a repeat of one that took effect is refused
+/// by the fence check (or, for a start, finds the run already started) and changes nothing;
+/// a claim runs under its own idempotency key and a repeat replays it. Returns the outcome
+/// and whether it answers a repeat (so a refusal may mean "done before").
+async fn repeat_while_unknown(
+    node: &RaftNode,
+    command: Command,
+    deadline: tokio::time::Instant,
+) -> Result<(Outcome, bool), raftbox_raft::WriteError> {
+    let mut repeated = false;
+    loop {
+        match node.write(command.clone()).await {
+            Ok(outcome) => return Ok((outcome, repeated)),
+            Err(
+                e @ (raftbox_raft::WriteError::ShuttingDown
+                | raftbox_raft::WriteError::Invalid(_)
+                | raftbox_raft::WriteError::TooLarge { .. }),
+            ) => return Err(e),
+            Err(e) if tokio::time::Instant::now() + FENCED_RETRY_PAUSE >= deadline => return Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "fenced job write without an answer; repeating it");
+                repeated = true;
+                tokio::time::sleep(FENCED_RETRY_PAUSE).await;
+            }
+        }
     }
 }
 

@@ -21,6 +21,7 @@
 //! - `membership`: nodes join and leave under load; five nodes survive two down; bad changes refused.
 //! - `poison_pill`: requests that once stopped every node are applied, and survive a restart.
 //! - `lost_quorum`: a leader without quorum answers 503 in time; a lagging follower's long poll.
+//! - `guards_chaos`: rate limits, idempotency keys and job fires under kills and pauses.
 //! - `grpc_secret`: node-to-node calls without the cluster secret are refused.
 //! - `block_replication`: the replicator walks the whole index; no early reclaiming.
 //! - `chaos`: files under partitions, pauses, kills and clock skew; histories checked
@@ -38,6 +39,7 @@ mod clock_skew;
 mod failover;
 mod files_sync;
 mod grpc_secret;
+mod guards_chaos;
 mod idempotency_across_nodes;
 mod jobs_exec;
 mod limiter_failure_modes;

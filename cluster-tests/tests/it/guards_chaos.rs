@@ -1,0 +1,245 @@
+//! Chaos for the guards and the scheduler: while nodes are killed, paused and partitioned,
+//!
+//! - **rate limits**: a user hammers a token-bucket limit (failing closed) through every
+//!   node; the admissions never exceed the bucket's size plus what refilled meanwhile;
+//! - **idempotency**: clients create users with an `Idempotency-Key`, and after an unknown
+//!   outcome retry with the same key until they get an answer: every key ends with one
+//!   effect and every answer for it is the same;
+//! - **jobs**: a job fires every second at a local receiver: a fence is never handed to two
+//!   fires (fences are not reused across leader changes), every fire due after the faults
+//!   stop arrives, and no fire's effect is applied twice.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{ensure, Context as _, Result};
+use raftbox_cluster_tests::nemesis::{self, FaultKind, NemesisSpec};
+use raftbox_cluster_tests::receiver::Receiver;
+use raftbox_cluster_tests::{
+    get_user, new_user, send, within, Cluster, ClusterOptions, Deadline, Outcome, RaftTuning, Seed, RETRY_BACKOFF_MS,
+};
+use rand::{Rng as _, SeedableRng as _};
+use serde_json::json;
+
+const TEST_DEADLINE: Duration = Duration::from_secs(300);
+const FAULT_PHASE: Duration = Duration::from_secs(20);
+const FAULT_MS: (u64, u64) = (1_000, 3_000);
+const CALM_MS: (u64, u64) = (500, 1_500);
+/// The token bucket on `/v1/me`, per user: size and refill per second.
+const BUCKET_SIZE: u64 = 10;
+const BUCKET_REFILL_PER_S: u64 = 5;
+const HAMMER_CLIENTS: usize = 4;
+const KEYED_CLIENTS: usize = 3;
+/// How long a keyed creation is retried while its outcome stays unknown.
+const KEYED_RETRY_DEADLINE: Duration = Duration::from_secs(60);
+/// After the faults: how long the job must keep firing, every due fire arriving.
+const JOB_CALM: Duration = Duration::from_secs(8);
+/// Fires that may still be in flight when the check starts, at the end of the calm.
+const JOB_IN_FLIGHT_S: u64 = 2;
+const RECOVERY_DEADLINE: Duration = Duration::from_secs(30);
+
+fn limits_toml() -> String {
+    format!(
+        "[[rate_limits]]\nname = \"me-bucket\"\nscope = \"user\"\nroutes = [\"/v1/me\"]\n\
+         algorithm = \"token_bucket\"\ncapacity = {BUCKET_SIZE}\nrefill_per_s = {BUCKET_REFILL_PER_S}\n\
+         failure = \"closed\"\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_keys_and_jobs_under_faults() {
+    let seed = Seed::new("guards_chaos::limits_keys_and_jobs_under_faults");
+    let options = ClusterOptions {
+        extra_toml: limits_toml(),
+        raft: RaftTuning { write_timeout_ms: 2_000, ..RaftTuning::default() },
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    let mut rng = seed.rng();
+    let epoch = Instant::now();
+    let urls = cluster.http_urls(&cluster.node_ids());
+    let http = cluster.client();
+    let admin = cluster.admin_token().to_owned();
+    let (_, hammer_token) = new_user(cluster, 1, "hammer", "hammer").await?;
+
+    // The job: every second, to the receiver.
+    let receiver = Receiver::start().await?;
+    let job = json!({
+        "type": "webhook", "target": receiver.url("fire"), "payload": {},
+        "schedule": { "cron": "* * * * * *", "timezone": "UTC" }, "maxRetries": 3,
+    });
+    let created = send(http.post(format!("{}/v1/jobs", urls[0])).bearer_auth(&admin).json(&job)).await?;
+    let job_id = created.body().and_then(|b| b["jobId"].as_str()).context(format!("create the job: {created:?}"))?;
+    let job_id = job_id.to_owned();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammers: Vec<_> = (0..HAMMER_CLIENTS)
+        .map(|i| {
+            let (http, url, token, stop) =
+                (http.clone(), urls[i % urls.len()].clone(), hammer_token.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut admitted = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(Outcome::Ok(_)) = send(http.get(format!("{url}/v1/me")).bearer_auth(&token)).await {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let keyed: Vec<_> = (0..KEYED_CLIENTS)
+        .map(|c| {
+            let (http, urls, admin, stop) = (http.clone(), urls.clone(), admin.clone(), stop.clone());
+            let mut rng = rand::rngs::StdRng::seed_from_u64(rng.gen());
+            tokio::spawn(async move { keyed_creations(http, urls, admin, c, stop, &mut rng).await })
+        })
+        .collect();
+    let hammer_started = Instant::now();
+
+    let spec = NemesisSpec {
+        kinds: vec![FaultKind::Kill, FaultKind::Pause],
+        fault_ms: FAULT_MS,
+        calm_ms: CALM_MS,
+        duration: FAULT_PHASE,
+    };
+    nemesis::run(cluster, &spec, &mut rng, epoch).await?;
+    cluster.wait_for_leader(None, RECOVERY_DEADLINE).await?;
+    let healed_ms = now_ms();
+    // The calm: the job fires on; the workloads go on too.
+    let wait = Deadline::after(JOB_CALM + RECOVERY_DEADLINE, "the calm after the faults");
+    while now_ms() < healed_ms + JOB_CALM.as_millis() as u64 {
+        wait.tick("calm").await?;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = hammer_started.elapsed();
+    let mut admitted = 0;
+    for hammer in hammers {
+        admitted += hammer.await?;
+    }
+    let mut answers: BTreeMap<String, Vec<(u16, String)>> = BTreeMap::new();
+    for client in keyed {
+        answers.extend(client.await??);
+    }
+    let check_ms = now_ms();
+
+    // Rate limit: never more than the bucket allows over the whole run.
+    let allowed = BUCKET_SIZE + (elapsed.as_millis() as u64 * BUCKET_REFILL_PER_S).div_ceil(1_000);
+    eprintln!("rate limit: {admitted} admitted over {elapsed:?}, at most {allowed}");
+    ensure!(admitted <= allowed, "{admitted} admitted, the bucket allows at most {allowed}");
+    ensure!(admitted > 0, "nothing admitted: the limiter never decided");
+
+    // Idempotency: one answer per key, and its user exists.
+    for (key, seen) in &answers {
+        let first = &seen[0];
+        ensure!(seen.iter().all(|a| a == first), "key {key}: different answers {seen:?}");
+        ensure!(first.0 == 201, "key {key}: answered {first:?}");
+        let user = get_user(&http, &urls[1], &admin, &first.1).await?;
+        ensure!(user.is_ok(), "key {key}: user {} missing: {user:?}", first.1);
+    }
+    eprintln!("idempotency: {} keys, each one effect and one answer", answers.len());
+
+    // Jobs.
+    let calls = receiver.calls("fire");
+    let mut fences: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    let mut fires: BTreeSet<u64> = BTreeSet::new();
+    for call in &calls {
+        let fence: u64 = call.headers.get("x-raftbox-fence-token").and_then(|f| f.parse().ok()).context("fence")?;
+        let scheduled = call.body["scheduledFor"].as_str().context("scheduledFor")?.to_owned();
+        ensure!(call.headers.get("x-raftbox-job-id") == Some(&job_id), "a call for another job: {call:?}");
+        fences.entry(fence).or_default().insert(scheduled.clone());
+        let at = chrono::DateTime::parse_from_rfc3339(&scheduled).context("parse scheduledFor")?;
+        fires.insert(u64::try_from(at.timestamp()).context("scheduledFor before 1970")?);
+    }
+    for (fence, scheduled) in &fences {
+        ensure!(scheduled.len() == 1, "fence {fence} was handed to several fires: {scheduled:?}");
+    }
+    for (key, count) in receiver.effects() {
+        ensure!(count <= 1, "fire {key} took effect {count} times");
+    }
+    let due: Vec<u64> = ((healed_ms / 1_000 + 2)..(check_ms / 1_000).saturating_sub(JOB_IN_FLIGHT_S)).collect();
+    let missing: Vec<u64> = due.iter().copied().filter(|s| !fires.contains(s)).collect();
+    eprintln!(
+        "jobs: {} calls, {} fires, {} distinct fences; {} fires due after the faults",
+        calls.len(),
+        fires.len(),
+        fences.len(),
+        due.len()
+    );
+    ensure!(!due.is_empty(), "no fire was due after the faults");
+    ensure!(missing.is_empty(), "fires due after the faults never arrived (Unix s): {missing:?}");
+    Ok(())
+}
+
+/// Creates users with an `Idempotency-Key` until stopped; after an unknown outcome the same
+/// request is sent again (to any node) until an answer comes. Returns every answer by key.
+async fn keyed_creations(
+    http: reqwest::Client,
+    urls: Vec<String>,
+    admin: String,
+    client: usize,
+    stop: Arc<AtomicBool>,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<BTreeMap<String, Vec<(u16, String)>>> {
+    let mut answers: BTreeMap<String, Vec<(u16, String)>> = BTreeMap::new();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let key = format!("chaos-key-{client}-{n}");
+        let body = json!({ "name": format!("keyed-{client}-{n}") });
+        let wait = Deadline::after(KEYED_RETRY_DEADLINE, format!("an answer for key {key}"));
+        loop {
+            let url = &urls[rng.gen_range(0..urls.len())];
+            let request = http
+                .post(format!("{url}/v1/admin/users"))
+                .bearer_auth(&admin)
+                .header("idempotency-key", &key)
+                .json(&body);
+            match send(request).await? {
+                Outcome::Ok(body) => {
+                    let user = body["userId"].as_str().context("userId")?.to_owned();
+                    answers.entry(key.clone()).or_default().push((201, user));
+                    break;
+                }
+                // Still running under another request of the same key: ask again.
+                Outcome::Rejected(409, text) if text.contains("in progress") => {}
+                Outcome::Rejected(status, text) => {
+                    answers.entry(key.clone()).or_default().push((status, text));
+                    break;
+                }
+                Outcome::Unknown(why) => {
+                    answers.entry(key.clone()).or_default();
+                    wait.tick(&why).await?;
+                    continue;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(RETRY_BACKOFF_MS)).await;
+        }
+        // Sometimes repeat a request whose answer is known: it must answer the same.
+        if rng.gen_bool(0.3) {
+            let url = &urls[rng.gen_range(0..urls.len())];
+            let request = http
+                .post(format!("{url}/v1/admin/users"))
+                .bearer_auth(&admin)
+                .header("idempotency-key", &key)
+                .json(&body);
+            if let Outcome::Ok(body) = send(request).await? {
+                let user = body["userId"].as_str().context("userId")?.to_owned();
+                answers.entry(key.clone()).or_default().push((201, user));
+            }
+        }
+    }
+    answers.retain(|_, seen| !seen.is_empty());
+    Ok(answers)
+}
