@@ -11,7 +11,9 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom as _;
 use rand::Rng as _;
 
+use crate::client::{add_member, remove_member, Outcome};
 use crate::cluster::Cluster;
+use crate::support::Deadline;
 
 /// The kinds of fault a nemesis draws from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +32,9 @@ pub enum FaultKind {
     Bridge,
     /// Move one node's wall clock by several seconds (needs `fake_clocks`).
     ClockSkew,
+    /// Replace a follower as an operator replaces a machine: remove it, wipe its disk,
+    /// start it empty and add it back (learner, then voter) at heal.
+    Replace,
 }
 
 impl FaultKind {
@@ -47,6 +52,7 @@ pub enum Fault {
     /// Links cut (`from → to` directed pairs), described.
     Network(String),
     ClockSkew(u64, String),
+    Replace(u64),
 }
 
 /// What the nemesis did, with times since the test's start.
@@ -88,7 +94,7 @@ pub async fn run(
         let fault = inject(cluster, kind, rng).await?;
         log(&mut events, format!("{fault:?}"));
         tokio::time::sleep(Duration::from_millis(rng.gen_range(spec.fault_ms.0..=spec.fault_ms.1))).await;
-        heal(cluster, &fault)?;
+        heal(cluster, &fault).await?;
         log(&mut events, format!("healed {fault:?}"));
     }
     Ok(events)
@@ -123,6 +129,18 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
             cluster.set_clock_offset(id, &offset)?;
             Fault::ClockSkew(id, offset)
         }
+        FaultKind::Replace => {
+            let leader = cluster.leader_id().await;
+            let followers: Vec<u64> = cluster.live_ids().into_iter().filter(|id| Some(*id) != leader).collect();
+            let id = *followers.choose(rng).context("no running follower")?;
+            let via = leader.unwrap_or(*ids.iter().find(|n| **n != id).context("another node")?);
+            let removed = remove_member(&cluster.client(), &cluster.http_url(via), cluster.admin_token(), id).await?;
+            anyhow::ensure!(removed.is_ok(), "remove node {id} through node {via}: {removed:?}");
+            cluster.kill9(id)?;
+            cluster.wipe(id)?;
+            cluster.start_node(id)?;
+            Fault::Replace(id)
+        }
         FaultKind::IsolateLeader | FaultKind::Minority | FaultKind::OneWay | FaultKind::Bridge => {
             let leader = cluster.leader_id().await;
             let network = cluster.network().context("network faults need `network_namespaces`")?;
@@ -153,11 +171,32 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
     Ok(fault)
 }
 
-fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
+async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
     match fault {
+        Fault::Replace(id) => readd(cluster, *id).await,
         Fault::Kill(id) => cluster.start_node(*id),
         Fault::Pause(id) => cluster.resume(*id),
         Fault::ClockSkew(id, _) => cluster.set_clock_offset(*id, "+0"),
         Fault::Network(_) => cluster.network().context("network")?.heal(),
+    }
+}
+
+/// How long adding a replaced node back may take (its catch-up included).
+const READD_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Adds node `id` back through any other running node, repeating the request while it
+/// catches up or while the outcome is unknown (adding a voter again changes nothing).
+async fn readd(cluster: &Cluster, id: u64) -> Result<()> {
+    let (http_addr, grpc_addr) = cluster.addresses(id);
+    let wait = Deadline::after(READD_DEADLINE, format!("node {id} added back as a voter"));
+    loop {
+        let via = cluster.live_ids().into_iter().find(|n| *n != id).context("no other running node")?;
+        let answer =
+            add_member(&cluster.client(), &cluster.http_url(via), cluster.admin_token(), id, &http_addr, &grpc_addr)
+                .await?;
+        match answer {
+            Outcome::Ok(body) if body["complete"] == true => return Ok(()),
+            other => wait.tick(&format!("through node {via}: {other:?}")).await?,
+        }
     }
 }

@@ -13,7 +13,8 @@
 //! leader isolated, a minority cut off, one-way loss, a bridge node — plus pauses and kills.
 //! A machine that cannot create namespaces fails this test; it never skips it.
 //! `crashes_pauses_and_clocks`: `kill -9` and restart, SIGSTOP longer than an election
-//! timeout, and a node's clock moved by seconds (libfaketime).
+//! timeout, a node's clock moved by seconds (libfaketime), and a follower replaced as an
+//! operator replaces a machine (removed, wiped, started empty, added back).
 //!
 //! The history (one JSON line per operation) and the nemesis log are written to the cluster
 //! directory, which a failed run keeps; the seed replays the schedule.
@@ -28,9 +29,16 @@ use raftbox_cluster_tests::nemesis::{self, FaultKind, NemesisSpec};
 use raftbox_cluster_tests::register::{content_bytes, RegisterRecord, RegisterSpec, RegisterWorkload, FOREIGN_CONTENT};
 use raftbox_cluster_tests::{new_user, send, within, Cluster, ClusterOptions, Deadline, Outcome, RaftTuning, Seed};
 
-const TEST_DEADLINE: Duration = Duration::from_secs(300);
-/// How long faults are injected.
-const FAULT_PHASE: Duration = Duration::from_secs(25);
+/// Beyond the fault phase: start-up, recovery, final reads and checks.
+const TEST_OVERHEAD: Duration = Duration::from_secs(240);
+/// How long faults are injected, unless `RAFTBOX_CHAOS_S` says otherwise (scripts/chaos).
+const FAULT_PHASE_S: u64 = 25;
+const FAULT_PHASE_ENV: &str = "RAFTBOX_CHAOS_S";
+
+fn fault_phase() -> Duration {
+    let seconds = std::env::var(FAULT_PHASE_ENV).ok().and_then(|v| v.parse().ok()).unwrap_or(FAULT_PHASE_S);
+    Duration::from_secs(seconds)
+}
 const FAULT_MS: (u64, u64) = (1_000, 4_000);
 const CALM_MS: (u64, u64) = (500, 2_000);
 const CLIENTS: usize = 6;
@@ -67,16 +75,16 @@ async fn partitions() {
         FaultKind::Kill,
     ];
     let mut cluster = Cluster::start(options(true, false)).await.expect("start the cluster in network namespaces");
-    let result = within(TEST_DEADLINE, files_under_faults(&mut cluster, &seed, kinds)).await;
+    let result = within(fault_phase() + TEST_OVERHEAD, files_under_faults(&mut cluster, &seed, kinds)).await;
     cluster.conclude(result);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_pauses_and_clocks() {
     let seed = Seed::new("chaos::crashes_pauses_and_clocks");
-    let kinds = vec![FaultKind::Kill, FaultKind::Pause, FaultKind::ClockSkew];
+    let kinds = vec![FaultKind::Kill, FaultKind::Pause, FaultKind::ClockSkew, FaultKind::Replace];
     let mut cluster = Cluster::start(options(false, true)).await.expect("start the cluster");
-    let result = within(TEST_DEADLINE, files_under_faults(&mut cluster, &seed, kinds)).await;
+    let result = within(fault_phase() + TEST_OVERHEAD, files_under_faults(&mut cluster, &seed, kinds)).await;
     cluster.conclude(result);
 }
 
@@ -93,7 +101,7 @@ async fn files_under_faults(cluster: &mut Cluster, seed: &Seed, kinds: Vec<Fault
     };
     let workload = RegisterWorkload::spawn(cluster.client(), spec, &mut rng, epoch);
 
-    let nemesis_spec = NemesisSpec { kinds, fault_ms: FAULT_MS, calm_ms: CALM_MS, duration: FAULT_PHASE };
+    let nemesis_spec = NemesisSpec { kinds, fault_ms: FAULT_MS, calm_ms: CALM_MS, duration: fault_phase() };
     let events = nemesis::run(cluster, &nemesis_spec, &mut rng, epoch).await?;
 
     // Recovery: a leader, and the workload acknowledged again.
