@@ -16,6 +16,7 @@ pub mod idempotency;
 pub mod json;
 pub mod ratelimit;
 pub mod routes;
+pub mod webhooks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -45,6 +46,8 @@ pub struct ApiConfig {
     pub idempotency: idempotency::IdempotencyConfig,
     pub rate_limiting: ratelimit::RateLimitingConfig,
     pub rate_limits: Vec<ratelimit::RateLimit>,
+    /// Where webhooks may go (checked at job creation and by the executor at each call).
+    pub webhooks: webhooks::WebhookPolicy,
 }
 
 /// HTTP settings (node TOML `[http]`).

@@ -117,6 +117,20 @@ pub async fn put_block(http: &reqwest::Client, url: &str, token: &str, data: &[u
     }
 }
 
+/// `GET /v1/blocks/{hash}`: the block's bytes; any answer but 200 is an error.
+pub async fn get_block(http: &reqwest::Client, url: &str, token: &str, hash: &str) -> Result<Vec<u8>> {
+    let response = http.get(format!("{url}/v1/blocks/{hash}")).bearer_auth(token).send().await?;
+    ensure!(response.status().as_u16() == 200, "GET block {hash} through {url}: {}", response.status());
+    Ok(response.bytes().await?.to_vec())
+}
+
+/// `POST /v1/blocks/status {"hashes"}`: those of `hashes` the node does not hold.
+pub async fn missing_blocks(http: &reqwest::Client, url: &str, token: &str, hashes: &[String]) -> Result<Vec<String>> {
+    let request = http.post(format!("{url}/v1/blocks/status")).bearer_auth(token).json(&json!({ "hashes": hashes }));
+    let body: Value = request.send().await?.json().await?;
+    Ok(serde_json::from_value(body["missing"].clone())?)
+}
+
 /// `POST /v1/files/commit` of `path` with `chunks` on `base`, as `device`.
 pub async fn commit_file(
     http: &reqwest::Client,

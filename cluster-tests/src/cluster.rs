@@ -59,6 +59,9 @@ pub struct ClusterOptions {
     /// Run each node in its own network namespace behind a bridge ([`crate::net`]), so a
     /// test can cut links with [`Cluster::network`]. Needs root; fails loudly without.
     pub network_namespaces: bool,
+    /// The nodes' `[webhooks] allow` list: by default loopback and 10/8 (where a test's
+    /// receiver listens, on loopback or on the namespaces' bridge).
+    pub webhook_allow: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -70,6 +73,7 @@ impl Default for ClusterOptions {
             fake_clocks: false,
             clock_offsets: BTreeMap::new(),
             network_namespaces: false,
+            webhook_allow: ["127.0.0.0/8", "::1/128", "10.0.0.0/8"].map(String::from).to_vec(),
         }
     }
 }
@@ -209,6 +213,7 @@ impl Cluster {
             token_path: &self.token_path,
             secret_path: &self.secret_path,
             raft: &self.options.raft,
+            webhook_allow: &self.options.webhook_allow,
             extra_toml: &self.options.extra_toml,
         });
         fs::write(&config_path, config).with_context(|| format!("write {}", config_path.display()))?;
@@ -235,6 +240,13 @@ impl Cluster {
         let mut members: Vec<Member> = self.nodes.values().map(|n| n.member.clone()).collect();
         members.push(member.clone());
         self.prepare_node(&member, &members, false)
+    }
+
+    /// Rewrites node `id`'s config with `edit` (it takes effect at the node's next start).
+    pub fn edit_config(&self, id: u64, edit: impl FnOnce(&str) -> String) -> Result<()> {
+        let path = &self.node(id).config_path;
+        let text = fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        fs::write(path, edit(&text)).with_context(|| format!("write {}", path.display()))
     }
 
     /// Node `id`'s HTTP and gRPC addresses (`host:port`), as the membership API takes them.
@@ -765,6 +777,7 @@ struct NodeConfig<'a> {
     token_path: &'a Path,
     secret_path: &'a Path,
     raft: &'a RaftTuning,
+    webhook_allow: &'a [String],
     extra_toml: &'a str,
 }
 
@@ -801,6 +814,8 @@ fn render_config(config: &NodeConfig<'_>) -> String {
         raft.logs_to_keep,
         raft.write_timeout_ms,
     ));
+    let allow: Vec<String> = config.webhook_allow.iter().map(|a| toml_string(a)).collect();
+    out.push_str(&format!("\n[webhooks]\nallow = [{}]\n", allow.join(", ")));
     out.push('\n');
     out.push_str(config.extra_toml);
     out
@@ -869,6 +884,7 @@ mod tests {
                 token_path: Path::new("/tmp/x/admin.token"),
                 secret_path: Path::new("/tmp/x/cluster.secret"),
                 raft: &raft,
+                webhook_allow: &[],
                 extra_toml: "",
             })
         };

@@ -44,7 +44,13 @@ fn now_ms() -> u64 {
 
 impl Receiver {
     pub async fn start() -> anyhow::Result<Receiver> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        Receiver::start_on(std::net::Ipv4Addr::LOCALHOST).await
+    }
+
+    /// A receiver on `ip` (port 0): the bridge address when the nodes run in network
+    /// namespaces, where the test's loopback is out of their reach.
+    pub async fn start_on(ip: std::net::Ipv4Addr) -> anyhow::Result<Receiver> {
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Mutex::new(Inner::default()));
         let app = Router::new().route("/{*path}", post(handle)).with_state(inner.clone());

@@ -64,6 +64,8 @@ impl RegisterRecord {
 
 /// The content a commit wrote, by block hash (shared by the clients).
 type Contents = Arc<Mutex<HashMap<String, u64>>>;
+/// Blocks whose upload was acknowledged: hash → content id.
+type Stored = Arc<Mutex<BTreeMap<String, u64>>>;
 
 /// The bytes of content `id`: one small block of its own.
 pub fn content_bytes(id: u64) -> Vec<u8> {
@@ -75,6 +77,7 @@ pub struct RegisterWorkload {
     stop: Arc<AtomicBool>,
     acked: Arc<AtomicUsize>,
     contents: Contents,
+    stored: Stored,
     tasks: JoinSet<Result<Vec<RegisterRecord>>>,
 }
 
@@ -84,6 +87,7 @@ impl RegisterWorkload {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(AtomicUsize::new(0));
         let contents: Contents = Arc::default();
+        let stored: Stored = Arc::default();
         let mut tasks = JoinSet::new();
         for client in 0..spec.clients as u64 {
             let task = Client {
@@ -93,6 +97,7 @@ impl RegisterWorkload {
                 rng: StdRng::seed_from_u64(rng.gen()),
                 epoch,
                 contents: contents.clone(),
+                stored: stored.clone(),
                 acked: acked.clone(),
                 known: BTreeMap::new(),
                 next_content: client * CONTENT_IDS_PER_CLIENT,
@@ -100,7 +105,7 @@ impl RegisterWorkload {
             let stop = stop.clone();
             tasks.spawn(task.run(stop));
         }
-        RegisterWorkload { stop, acked, contents, tasks }
+        RegisterWorkload { stop, acked, contents, stored, tasks }
     }
 
     /// Operations with a known outcome so far.
@@ -108,7 +113,13 @@ impl RegisterWorkload {
         self.acked.load(Ordering::Relaxed)
     }
 
-    /// Stops the clients (each finishes its operation in flight) and returns every record.
+    /// Blocks whose upload was acknowledged so far: hash → content id.
+    pub fn stored_blocks(&self) -> BTreeMap<String, u64> {
+        self.stored.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Stops the clients (each finishes its operation in flight) and returns every record,
+    /// and the content id of every block hash the clients wrote.
     pub async fn stop(mut self) -> Result<(Vec<RegisterRecord>, HashMap<String, u64>)> {
         self.stop.store(true, Ordering::Relaxed);
         let mut records = Vec::new();
@@ -128,6 +139,7 @@ struct Client {
     rng: StdRng,
     epoch: Instant,
     contents: Contents,
+    stored: Stored,
     acked: Arc<AtomicUsize>,
     /// The version this client last saw at each path: the base of its next commit there.
     known: BTreeMap<String, u64>,
@@ -222,6 +234,7 @@ impl Client {
         if !send(put).await?.is_ok() {
             return Ok(None);
         }
+        self.stored.lock().unwrap_or_else(PoisonError::into_inner).insert(hash.clone(), content);
         let base = self.known.get(path).copied().unwrap_or(0);
         let body = json!({ "path": path, "chunks": [hash], "baseVersion": base, "size": data.len(), "mtime": 0 });
         let request = self

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use raftbox_api::idempotency::IdempotencyConfig;
 use raftbox_api::ratelimit::{RateLimitConfig, RateLimitingConfig};
+use raftbox_api::webhooks::{WebhookPolicy, WebhooksConfig};
 use raftbox_api::{ApiConfig, HttpConfig};
 
 use crate::executor::JobsConfig;
@@ -72,6 +73,8 @@ struct FileConfig {
     files: FilesConfig,
     #[serde(default)]
     jobs: JobsConfig,
+    #[serde(default)]
+    webhooks: WebhooksConfig,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -213,6 +216,7 @@ impl Config {
                 idempotency: file.idempotency,
                 rate_limiting: file.rate_limiting,
                 rate_limits,
+                webhooks: WebhookPolicy::new(&file.webhooks).map_err(|e| anyhow::anyhow!(e))?,
             },
         })
     }

@@ -26,6 +26,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 
 use crate::maintenance::FilesConfig;
+use raftbox_api::webhooks::WebhookPolicy;
 
 /// How often the executor looks at its local state for due work.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -64,6 +65,7 @@ struct Context {
     config: JobsConfig,
     files: FilesConfig,
     http: reqwest::Client,
+    webhooks: WebhookPolicy,
     slots: Arc<Semaphore>,
 }
 
@@ -72,12 +74,13 @@ pub async fn run(
     node: RaftNode,
     config: JobsConfig,
     files: FilesConfig,
+    webhooks: WebhookPolicy,
     stopped: impl std::future::Future<Output = ()>,
 ) {
     let worker = format!("node{}-{}", node.id(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1) as usize));
-    let http = reqwest::Client::builder().build().unwrap_or_default();
-    let ctx = Arc::new(Context { node, worker, config, files, http, slots });
+    let http = webhook_client(webhooks.clone());
+    let ctx = Arc::new(Context { node, worker, config, files, http, webhooks, slots });
     let mut ticks = tokio::time::interval(POLL_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stopped);
@@ -269,6 +272,9 @@ fn summary(text: &str) -> RunResult {
 /// The call a webhook job makes. Its result keeps the HTTP status and the first
 /// [`RESULT_EXCERPT_BYTES_MAX`] bytes of the answer (read no further).
 async fn webhook(ctx: &Context, job: &Job, run_id: &str) -> Result<RunResult, (String, Option<RunResult>)> {
+    // An address literal does not pass the resolver: check it here (the rule may also have
+    // changed since the job was created).
+    ctx.webhooks.check_form(&job.target).map_err(|e| (e, None))?;
     let scheduled_for = format_utc(job.scheduled_for_ms.unwrap_or(0));
     let body = json!({
         "jobId": job.id, "runId": run_id, "scheduledFor": scheduled_for, "attempt": job.attempts, "payload": job.payload,
@@ -283,7 +289,7 @@ async fn webhook(ctx: &Context, job: &Job, run_id: &str) -> Result<RunResult, (S
         .json(&body)
         .send()
         .await
-        .map_err(|e| (format!("call {}: {e}", job.target), None))?;
+        .map_err(|e| (format!("call {}: {}", job.target, error_chain(&e)), None))?;
     let status = response.status();
     let mut head = Vec::new();
     while head.len() < RESULT_EXCERPT_BYTES_MAX {
@@ -299,6 +305,55 @@ async fn webhook(ctx: &Context, job: &Job, run_id: &str) -> Result<RunResult, (S
         Ok(result)
     } else {
         Err((format!("{} answered {status}", job.target), Some(result)))
+    }
+}
+
+/// An error and its causes, one line (a refused address is in a cause).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The webhook client: no redirects, and a resolver that drops every address the webhook
+/// rule refuses (so a name that resolves to the node's own network is refused at call time,
+/// whatever it resolved to when the job was created).
+fn webhook_client(policy: WebhookPolicy) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(Arc::new(CheckedResolver { policy }))
+        .build()
+        .unwrap_or_default()
+}
+
+struct CheckedResolver {
+    policy: WebhookPolicy,
+}
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let found = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            let by_name = policy.allows_name(&host);
+            let (allowed, refused): (Vec<_>, Vec<_>) = found.partition(|addr| by_name || policy.allows_ip(addr.ip()));
+            if allowed.is_empty() {
+                let refused: Vec<String> = refused.iter().map(|a| a.ip().to_string()).collect();
+                let message = format!(
+                    "{host} resolves only to addresses webhooks may not call ({}); allow them in [webhooks] allow",
+                    refused.join(", ")
+                );
+                return Err(message.into());
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(allowed.into_iter());
+            Ok(addrs)
+        })
     }
 }
 
@@ -385,5 +440,52 @@ mod tests {
         for interval_s in [1, 45, 60, 7_200] {
             assert_eq!(system_jobs(interval_s)[0].schedule, Schedule::Interval { every_ms: interval_s * 1_000 });
         }
+    }
+
+    /// A one-shot HTTP server on loopback answering every request with `response`; the
+    /// number of requests it got.
+    async fn serve(response: &'static str) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = hits.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket.write_all(response.as_bytes()).await;
+            }
+        });
+        (port, hits)
+    }
+
+    fn policy(allow: &[&str]) -> WebhookPolicy {
+        let config = raftbox_api::webhooks::WebhooksConfig { allow: allow.iter().map(|s| s.to_string()).collect() };
+        WebhookPolicy::new(&config).expect("policy")
+    }
+
+    #[tokio::test]
+    async fn a_name_resolving_to_loopback_is_refused_at_call_time() {
+        let (port, hits) = serve("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+        let refused = webhook_client(policy(&[])).post(format!("http://localhost:{port}/")).send().await;
+        let error = refused.expect_err("localhost resolves to loopback");
+        assert!(error_chain(&error).contains("may not call"), "{}", error_chain(&error));
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the target was called");
+        let allowed =
+            webhook_client(policy(&["127.0.0.0/8", "::1/128"])).post(format!("http://localhost:{port}/")).send().await;
+        assert_eq!(allowed.expect("allowed").status(), 200);
+    }
+
+    #[tokio::test]
+    async fn redirects_are_not_followed() {
+        let (port, hits) = serve(
+            "HTTP/1.1 302 Found\r\nlocation: http://169.254.169.254/latest/meta-data/\r\ncontent-length: 0\r\n\r\n",
+        )
+        .await;
+        let answer = webhook_client(policy(&["127.0.0.0/8"])).post(format!("http://127.0.0.1:{port}/")).send().await;
+        assert_eq!(answer.expect("answered").status(), 302);
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

@@ -50,7 +50,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let state = AppState { node: node.clone(), config: std::sync::Arc::new(config.api.clone()) };
     let http = tokio::spawn(raftbox_api::serve(http_listener, state, stopped()));
     tokio::spawn(maintenance::run(node.clone(), config.files.clone(), stopped()));
-    tokio::spawn(executor::run(node.clone(), config.jobs.clone(), config.files.clone(), stopped()));
+    let webhooks = config.api.webhooks.clone();
+    tokio::spawn(executor::run(node.clone(), config.jobs.clone(), config.files.clone(), webhooks, stopped()));
     tokio::spawn(ensure_system_jobs(node.clone(), config.files.maintenance_interval_s));
 
     node.settle_vote_right(&config.members).await.context("check whether this node lost its data")?;

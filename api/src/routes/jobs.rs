@@ -55,12 +55,14 @@ fn parse_schedule(request: &ScheduleRequest, now: u64) -> Result<(Schedule, u64)
     }
 }
 
-fn check_target(job_type: &str, target: &str) -> Result<(), ApiError> {
+/// A job's target: bounded, and for a webhook a URL the node's webhook rule lets it call
+/// (see [`crate::webhooks`]; its host's addresses are resolved and checked).
+async fn check_target(state: &AppState, job_type: &str, target: &str) -> Result<(), ApiError> {
     if target.chars().count() > TARGET_CHARS_MAX {
         return Err(ApiError::BadRequest(format!("target is at most {TARGET_CHARS_MAX} characters")));
     }
-    if job_type == "webhook" && !(target.starts_with("http://") || target.starts_with("https://")) {
-        return Err(ApiError::BadRequest("a webhook's target is an http:// or https:// URL".into()));
+    if job_type == "webhook" {
+        state.config.webhooks.check(target).await.map_err(ApiError::BadRequest)?;
     }
     Ok(())
 }
@@ -104,7 +106,7 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
         )));
     }
     let target = request.target.unwrap_or_default();
-    check_target(&request.job_type, &target)?;
+    check_target(&state, &request.job_type, &target).await?;
     check_payload(&request.payload)?;
     let max_retries = check_retries(request.max_retries)?;
     let timeout_s = request.timeout_seconds.unwrap_or(TIMEOUT_S_DEFAULT);
@@ -223,7 +225,7 @@ pub async fn patch(
         patch.payload = Some(merged);
     }
     if let Some(target) = request.target {
-        check_target(&job.job_type, &target)?;
+        check_target(&state, &job.job_type, &target).await?;
         patch.target = Some(target);
     }
     if let Some(max_retries) = request.max_retries {

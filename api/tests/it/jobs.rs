@@ -53,6 +53,10 @@ async fn create_get_list_patch_cancel() {
     assert_eq!((status, runs["runs"].clone()), (StatusCode::OK, json!([])));
 }
 
+fn webhook(target: &str) -> serde_json::Value {
+    json!({ "type": "webhook", "target": target, "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0 })
+}
+
 #[tokio::test]
 async fn invalid_jobs_are_400() {
     let node = TestNode::start().await;
@@ -60,6 +64,13 @@ async fn invalid_jobs_are_400() {
     let cases = [
         json!({ "type": "teleport", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0 }),
         json!({ "type": "webhook", "target": "ftp://x", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0 }),
+        // The node's own network and cloud metadata are out of reach (no allow-list here).
+        webhook("http://127.0.0.1:7081/v1/admin/users"),
+        webhook("http://localhost:7081/"),
+        webhook("http://169.254.169.254/latest/meta-data/"),
+        webhook("http://[::1]:7081/"),
+        webhook("http://10.0.0.1/"),
+        webhook("http://user:secret@example.com/"),
         job(json!({ "cron": "not a cron", "timezone": "UTC" })),
         job(json!({ "cron": "* * * * *", "timezone": "Atlantis/Capital" })),
         job(json!({ "cron": "* * * * *" })),

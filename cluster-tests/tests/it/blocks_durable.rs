@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
-use raftbox_cluster_tests::{within, Cluster, ClusterOptions, Seed};
+use raftbox_cluster_tests::{get_block, within, Cluster, ClusterOptions, Seed};
 use rand::{Rng as _, RngCore as _};
 
 const TEST_DEADLINE: Duration = Duration::from_secs(180);
@@ -23,17 +23,6 @@ async fn acknowledged_blocks_survive_kill_of_any_node() {
 
 fn hex(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
-}
-
-async fn get_block(cluster: &Cluster, id: u64, hash: &str) -> Result<Vec<u8>> {
-    let response = cluster
-        .client()
-        .get(format!("{}/v1/blocks/{hash}", cluster.http_url(id)))
-        .bearer_auth(cluster.admin_token())
-        .send()
-        .await?;
-    ensure!(response.status().as_u16() == 200, "node {id}: GET {hash}: {}", response.status());
-    Ok(response.bytes().await?.to_vec())
 }
 
 async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
@@ -60,13 +49,15 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         cluster.kill9(victim)?;
         for survivor in cluster.live_ids() {
             for (hash, data) in &acked {
-                ensure!(&get_block(cluster, survivor, hash).await? == data, "node {survivor}: {hash} differs");
+                let got = get_block(&http, &cluster.http_url(survivor), cluster.admin_token(), hash).await?;
+                ensure!(&got == data, "node {survivor}: {hash} differs");
             }
         }
         cluster.start_node(victim)?;
         cluster.wait_ready(READY_DEADLINE).await?;
         for (hash, data) in &acked {
-            ensure!(&get_block(cluster, victim, hash).await? == data, "restarted node {victim}: {hash} differs");
+            let got = get_block(&http, &cluster.http_url(victim), cluster.admin_token(), hash).await?;
+            ensure!(&got == data, "restarted node {victim}: {hash} differs");
         }
         eprintln!("node {victim} killed: every block served by the others, and by it after restart");
     }

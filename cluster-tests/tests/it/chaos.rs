@@ -6,6 +6,7 @@
 //! - every acknowledged commit is in the final history, at its version, with its content;
 //!   versions are gapless;
 //! - every conflicted copy holds the losing commit's content;
+//! - every acknowledged block reads back byte-identical through every node;
 //! - the cluster recovers: writes are acknowledged again after the faults stop;
 //! - no node panicked (the harness fails a test on any panic line in a node log).
 //!
@@ -27,7 +28,9 @@ use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::checker::{check_by_key, RegisterInput, RegisterOutput, VersionedRegister};
 use raftbox_cluster_tests::nemesis::{self, FaultKind, NemesisSpec};
 use raftbox_cluster_tests::register::{content_bytes, RegisterRecord, RegisterSpec, RegisterWorkload, FOREIGN_CONTENT};
-use raftbox_cluster_tests::{new_user, send, within, Cluster, ClusterOptions, Deadline, Outcome, RaftTuning, Seed};
+use raftbox_cluster_tests::{
+    get_block, in_lanes, new_user, send, within, Cluster, ClusterOptions, Deadline, Outcome, RaftTuning, Seed,
+};
 
 /// Beyond the fault phase: start-up, recovery, final reads and checks.
 const TEST_OVERHEAD: Duration = Duration::from_secs(240);
@@ -51,6 +54,8 @@ const ACKED_AFTER_RECOVERY_MIN: usize = 30;
 const ACKED_MIN: usize = 100;
 /// Time the checker may spend on one path.
 const CHECK_BUDGET: Duration = Duration::from_secs(60);
+/// Concurrent block reads of the final check, per node.
+const BLOCK_READ_LANES: usize = 16;
 /// A write times out quickly, so that unknown outcomes are many and clients move on.
 const WRITE_TIMEOUT_MS: u64 = 2_000;
 
@@ -111,6 +116,7 @@ async fn files_under_faults(cluster: &mut Cluster, seed: &Seed, kinds: Vec<Fault
     while workload.acked() < target {
         wait.tick(&format!("{} acknowledged", workload.acked())).await?;
     }
+    let stored = workload.stored_blocks();
     let (mut records, contents) = workload.stop().await?;
 
     // Final reads through every node, after everything else.
@@ -143,6 +149,27 @@ async fn files_under_faults(cluster: &mut Cluster, seed: &Seed, kinds: Vec<Fault
 
     check_versions(cluster, &records, &token).await?;
     check_conflicted_copies(cluster, &records, &token).await?;
+    check_blocks(cluster, stored, &token).await?;
+    Ok(())
+}
+
+/// Every acknowledged block reads back byte-identical through every node.
+async fn check_blocks(cluster: &Cluster, stored: BTreeMap<String, u64>, token: &str) -> Result<()> {
+    let count = stored.len();
+    for node in cluster.node_ids() {
+        let (http, url, token) = (cluster.client(), cluster.http_url(node), token.to_owned());
+        let items: Vec<(String, u64)> = stored.clone().into_iter().collect();
+        in_lanes(items, BLOCK_READ_LANES, move |(hash, content)| {
+            let (http, url, token) = (http.clone(), url.clone(), token.clone());
+            async move {
+                let bytes = get_block(&http, &url, &token, &hash).await?;
+                ensure!(bytes == content_bytes(content), "block {hash} through {url} differs");
+                Ok(())
+            }
+        })
+        .await?;
+    }
+    eprintln!("{count} acknowledged blocks byte-identical through every node");
     Ok(())
 }
 

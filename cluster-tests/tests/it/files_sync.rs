@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use futures_util::StreamExt as _;
-use raftbox_cluster_tests::{create_token, create_user, within, Cluster, ClusterOptions, Seed};
+use raftbox_cluster_tests::{
+    create_token, create_user, missing_blocks, put_block, within, Cluster, ClusterOptions, Seed,
+};
 use rand::{Rng as _, RngCore as _};
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
@@ -30,31 +32,6 @@ struct Client {
 }
 
 impl Client {
-    async fn put(&self, url: &str, data: &[u8]) -> Result<String> {
-        let hash = blake3::hash(data).to_hex().to_string();
-        let response = self
-            .http
-            .put(format!("{url}/v1/blocks/{hash}"))
-            .bearer_auth(&self.token)
-            .body(data.to_vec())
-            .send()
-            .await?;
-        ensure!(response.status().as_u16() == 201, "PUT block: {}", response.status());
-        Ok(hash)
-    }
-
-    async fn missing(&self, url: &str, hashes: &[String]) -> Result<Vec<String>> {
-        let response = self
-            .http
-            .post(format!("{url}/v1/blocks/status"))
-            .bearer_auth(&self.token)
-            .json(&json!({ "hashes": hashes }))
-            .send()
-            .await?;
-        let body: Value = response.json().await?;
-        Ok(serde_json::from_value(body["missing"].clone())?)
-    }
-
     async fn commit(&self, url: &str, path: &str, chunks: &[String], size: usize) -> Result<Value> {
         let body = json!({ "path": path, "chunks": chunks, "baseVersion": 0, "size": size, "mtime": 0 });
         let response =
@@ -90,7 +67,7 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
     rng.fill_bytes(&mut data);
     let mut chunks = Vec::new();
     for piece in split(&data, 5) {
-        chunks.push(client.put(&n1, &piece).await?);
+        chunks.push(put_block(&http, &n1, &client.token, &piece).await?);
     }
     client.commit(&n1, "/photos/a.raw", &chunks, data.len()).await?;
     let file: Value =
@@ -106,7 +83,7 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
 
     // The commit through node 1 reached the listener on node 2; now one through node 3 too.
     let namespace = wait_for_message(&mut socket).await?;
-    let more = client.put(&n3, b"second file").await?;
+    let more = put_block(&http, &n3, &client.token, b"second file").await?;
     client.commit(&n3, "/b.txt", &[more], 11).await?;
     let again = wait_for_message(&mut socket).await?;
     ensure!(namespace == again, "notifications name the user's namespace");
@@ -115,16 +92,16 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
     // An upload interrupted after two of four chunks resumes by asking status again.
     let pieces: Vec<Vec<u8>> = (0..4).map(|i| format!("resumable piece {i} {}", seed.value()).into_bytes()).collect();
     let hashes: Vec<String> = pieces.iter().map(|p| blake3::hash(p).to_hex().to_string()).collect();
-    ensure!(client.missing(&n2, &hashes).await? == hashes, "nothing uploaded yet");
+    ensure!(missing_blocks(&http, &n2, &client.token, &hashes).await? == hashes, "nothing uploaded yet");
     for piece in &pieces[..2] {
-        client.put(&n2, piece).await?;
+        put_block(&http, &n2, &client.token, piece).await?;
     }
-    let missing = client.missing(&n3, &hashes).await?;
+    let missing = missing_blocks(&http, &n3, &client.token, &hashes).await?;
     ensure!(missing == hashes[2..], "status after the interruption: {missing:?}");
     for piece in &pieces[2..] {
-        client.put(&n1, piece).await?;
+        put_block(&http, &n1, &client.token, piece).await?;
     }
-    ensure!(client.missing(&n2, &hashes).await?.is_empty(), "all uploaded");
+    ensure!(missing_blocks(&http, &n2, &client.token, &hashes).await?.is_empty(), "all uploaded");
     client.commit(&n2, "/resumed.bin", &hashes, 4).await?;
     eprintln!("interrupted upload resumed: only the 2 missing chunks were sent");
     Ok(())

@@ -1,4 +1,6 @@
-//! Chaos for the guards and the scheduler: while nodes are killed, paused and partitioned,
+//! Chaos for the guards and the scheduler: while nodes are killed, paused and partitioned
+//! (each node in its own network namespace; the leader isolated, a minority cut off, one-way
+//! loss),
 //!
 //! - **rate limits**: a user hammers a token-bucket limit (failing closed) through every
 //!   node; the admissions never exceed the bucket's size plus what refilled meanwhile;
@@ -6,8 +8,9 @@
 //!   outcome retry with the same key until they get an answer: every key ends with one
 //!   effect and every answer for it is the same;
 //! - **jobs**: a job fires every second at a local receiver: a fence is never handed to two
-//!   fires (fences are not reused across leader changes), every fire due after the faults
-//!   stop arrives, and no fire's effect is applied twice.
+//!   fires and fences grow with the fires' times (they are not reused across leader
+//!   changes), every fire due after the faults stop arrives, and no fire's effect is
+//!   applied twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,6 +56,7 @@ async fn limits_keys_and_jobs_under_faults() {
     let seed = Seed::new("guards_chaos::limits_keys_and_jobs_under_faults");
     let options = ClusterOptions {
         extra_toml: limits_toml(),
+        network_namespaces: true,
         raft: RaftTuning { write_timeout_ms: 2_000, ..RaftTuning::default() },
         ..ClusterOptions::default()
     };
@@ -74,7 +78,9 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     let (_, hammer_token) = new_user(cluster, 1, "hammer", "hammer").await?;
 
     // The job: every second, to the receiver.
-    let receiver = Receiver::start().await?;
+    // The nodes live in namespaces: the receiver listens on the bridge, which they reach.
+    let bridge = cluster.network().context("network namespaces")?.bridge_ip();
+    let receiver = Receiver::start_on(bridge).await?;
     let job = json!({
         "type": "webhook", "target": receiver.url("fire"), "payload": {},
         "schedule": { "cron": "* * * * * *", "timezone": "UTC" }, "maxRetries": 3,
@@ -109,7 +115,13 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     let hammer_started = Instant::now();
 
     let spec = NemesisSpec {
-        kinds: vec![FaultKind::Kill, FaultKind::Pause],
+        kinds: vec![
+            FaultKind::Kill,
+            FaultKind::Pause,
+            FaultKind::IsolateLeader,
+            FaultKind::Minority,
+            FaultKind::OneWay,
+        ],
         fault_ms: FAULT_MS,
         calm_ms: CALM_MS,
         duration: FAULT_PHASE,
@@ -165,6 +177,9 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     for (fence, scheduled) in &fences {
         ensure!(scheduled.len() == 1, "fence {fence} was handed to several fires: {scheduled:?}");
     }
+    // In fence order, the fires' times never go back: a later fire never got an older fence.
+    let in_fence_order: Vec<&String> = fences.values().filter_map(|s| s.iter().next()).collect();
+    ensure!(in_fence_order.windows(2).all(|w| w[0] <= w[1]), "fences do not follow the fires' order: {fences:?}");
     for (key, count) in receiver.effects() {
         ensure!(count <= 1, "fire {key} took effect {count} times");
     }

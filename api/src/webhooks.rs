@@ -1,0 +1,233 @@
+//! Where webhooks may go. A webhook is a request the cluster makes on a user's behalf, so
+//! without a rule any user could make the nodes call their own ports, the cluster's private
+//! network or a cloud metadata service (`169.254.169.254`). The rule:
+//!
+//! - only `http` and `https` URLs with a host, and no user name or password in them;
+//! - an address in a private, loopback, link-local, shared, unspecified, multicast,
+//!   broadcast or documentation range (IPv4 and IPv6, IPv4-mapped included) is refused,
+//!   unless the allow-list (`[webhooks] allow`: CIDRs, addresses or host names) names it;
+//!   every other address is allowed;
+//! - a host name counts by the addresses it resolves to — all of them, checked when a job is
+//!   created or changed, and again by the executor at each call (its resolver drops refused
+//!   addresses, so a name that later resolves elsewhere is refused too) — unless the name
+//!   itself is allow-listed;
+//! - the executor follows no redirects.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use serde::Deserialize;
+use url::{Host, Url};
+
+/// How long resolving a webhook's host may take at creation.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The node's `[webhooks]` settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhooksConfig {
+    /// CIDRs (`10.0.0.0/8`), addresses (`127.0.0.1`) or host names (`hooks.internal`)
+    /// webhooks may reach although they are private, loopback or link-local.
+    pub allow: Vec<String>,
+}
+
+/// The parsed rule.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookPolicy {
+    nets: Vec<IpNet>,
+    hosts: Vec<String>,
+}
+
+impl WebhookPolicy {
+    /// Parses the allow-list; the error names the entry that is neither a CIDR, an address
+    /// nor a host name.
+    pub fn new(config: &WebhooksConfig) -> Result<WebhookPolicy, String> {
+        let mut policy = WebhookPolicy::default();
+        for entry in &config.allow {
+            let entry = entry.trim();
+            if let Ok(net) = entry.parse::<IpNet>() {
+                policy.nets.push(net);
+            } else if let Ok(ip) = entry.parse::<IpAddr>() {
+                policy.nets.push(IpNet::from(ip));
+            } else if Host::parse(entry).is_ok_and(|h| matches!(h, Host::Domain(_))) && !entry.is_empty() {
+                policy.hosts.push(entry.to_ascii_lowercase());
+            } else {
+                return Err(format!("webhooks.allow: {entry:?} is not a CIDR, an address or a host name"));
+            }
+        }
+        Ok(policy)
+    }
+
+    /// Whether a call to `ip` is allowed.
+    pub fn allows_ip(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.nets.iter().any(|net| net.contains(&ip)) || !is_special(ip)
+    }
+
+    /// Whether host name `name` is allow-listed as such (then all its addresses are allowed).
+    pub fn allows_name(&self, name: &str) -> bool {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        self.hosts.iter().any(|h| *h == name)
+    }
+
+    /// Checks a URL's form and, for an address literal, the address: the parsed URL, or why
+    /// it is refused. A host name still has to be resolved ([`WebhookPolicy::check`]).
+    pub fn check_form(&self, target: &str) -> Result<Url, String> {
+        let url = Url::parse(target).map_err(|e| format!("target {target:?} is not a URL: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(format!("a webhook's target is an http:// or https:// URL, not {}://", url.scheme()));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err("a webhook's target carries no user name or password".into());
+        }
+        match url.host() {
+            None => Err("a webhook's target needs a host".into()),
+            Some(Host::Ipv4(ip)) => self.address_ok(IpAddr::V4(ip)).map(|_| url.clone()),
+            Some(Host::Ipv6(ip)) => self.address_ok(IpAddr::V6(ip)).map(|_| url.clone()),
+            Some(Host::Domain(_)) => Ok(url.clone()),
+        }
+    }
+
+    fn address_ok(&self, ip: IpAddr) -> Result<(), String> {
+        if self.allows_ip(ip) {
+            Ok(())
+        } else {
+            Err(format!(
+                "webhooks may not call {ip}: a private, loopback or link-local address (allow it in [webhooks] allow)"
+            ))
+        }
+    }
+
+    /// Checks `target` fully: its form, and every address its host resolves to (within
+    /// [`RESOLVE_TIMEOUT`]). A name that does not resolve is refused.
+    pub async fn check(&self, target: &str) -> Result<(), String> {
+        let url = self.check_form(target)?;
+        let Some(Host::Domain(name)) = url.host() else { return Ok(()) };
+        if self.allows_name(name) {
+            return Ok(());
+        }
+        let port = url.port_or_known_default().unwrap_or(80);
+        let lookup = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name, port))).await;
+        let addrs: Vec<SocketAddr> = match lookup {
+            Ok(Ok(addrs)) => addrs.collect(),
+            Ok(Err(e)) => return Err(format!("webhook host {name:?} does not resolve: {e}")),
+            Err(_) => return Err(format!("webhook host {name:?} did not resolve within {RESOLVE_TIMEOUT:?}")),
+        };
+        if addrs.is_empty() {
+            return Err(format!("webhook host {name:?} resolves to no address"));
+        }
+        for addr in addrs {
+            self.address_ok(addr.ip()).map_err(|e| format!("{name:?} resolves to {}: {e}", addr.ip()))?;
+        }
+        Ok(())
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Addresses a webhook must not reach by default.
+fn is_special(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_special_v4(v4),
+        IpAddr::V6(v6) => is_special_v6(v6),
+    }
+}
+
+fn is_special_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, ..] = ip.octets();
+    ip.is_private()
+        || ip.is_loopback()
+        || ip.is_link_local()
+        || ip.is_unspecified()
+        || ip.is_broadcast()
+        || ip.is_multicast()
+        || ip.is_documentation()
+        || a == 0 // "this network"
+        || (a == 100 && (64..128).contains(&b)) // shared address space (carrier-grade NAT)
+        || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
+        || (a == 198 && (b == 18 || b == 19)) // benchmarking
+        || a >= 240 // reserved
+}
+
+fn is_special_v6(ip: Ipv6Addr) -> bool {
+    let first = ip.segments()[0];
+    ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || (first & 0xfe00) == 0xfc00 // unique local
+        || (first & 0xffc0) == 0xfe80 // link-local
+        || (first & 0xffc0) == 0xfec0 // site-local (deprecated)
+        || first == 0x2001 && ip.segments()[1] == 0x0db8 // documentation
+        || first == 0x0064 && ip.segments()[1] == 0xff9b // NAT64, may reach IPv4 private space
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(allow: &[&str]) -> WebhookPolicy {
+        WebhookPolicy::new(&WebhooksConfig { allow: allow.iter().map(|s| s.to_string()).collect() }).expect("valid")
+    }
+
+    #[test]
+    fn private_loopback_link_local_and_metadata_addresses_are_refused_by_default() {
+        let p = policy(&[]);
+        for target in [
+            "http://127.0.0.1:7081/v1/admin/users",
+            "http://127.1/",
+            "http://10.1.2.3/",
+            "http://172.16.0.1/",
+            "http://192.168.1.1/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://0.0.0.0/",
+            "http://100.64.0.1/",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://[fd00::1]/",
+            "http://[fe80::1]/",
+            "http://2130706433/",
+        ] {
+            assert!(p.check_form(target).is_err(), "{target} must be refused");
+        }
+        for target in ["https://93.184.216.34/hook", "http://[2606:4700::1111]/", "https://hooks.example.com/x"] {
+            assert!(p.check_form(target).is_ok(), "{target} must pass the form check");
+        }
+    }
+
+    #[test]
+    fn only_http_urls_with_a_host_and_no_credentials() {
+        let p = policy(&[]);
+        for target in
+            ["ftp://example.com/", "file:///etc/passwd", "http://user:pw@example.com/", "not a url", "http://"]
+        {
+            assert!(p.check_form(target).is_err(), "{target} must be refused");
+        }
+    }
+
+    #[test]
+    fn the_allow_list_opens_cidrs_addresses_and_names() {
+        let p = policy(&["127.0.0.0/8", "10.9.8.7", "hooks.internal"]);
+        assert!(p.check_form("http://127.0.0.1:9000/").is_ok());
+        assert!(p.check_form("http://[::ffff:127.0.0.1]/").is_ok());
+        assert!(p.check_form("http://10.9.8.7/").is_ok());
+        assert!(p.check_form("http://10.9.8.8/").is_err());
+        assert!(p.allows_name("HOOKS.internal."));
+        assert!(WebhookPolicy::new(&WebhooksConfig { allow: vec!["not a cidr/99".into()] }).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_name_counts_by_the_addresses_it_resolves_to() {
+        let closed = policy(&[]);
+        let error = closed.check("http://localhost:9/").await.expect_err("localhost resolves to loopback");
+        assert!(error.contains("resolves to"), "{error}");
+        assert!(policy(&["127.0.0.0/8", "::1/128"]).check("http://localhost:9/").await.is_ok());
+        assert!(policy(&["localhost"]).check("http://localhost:9/").await.is_ok());
+    }
+}
