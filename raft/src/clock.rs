@@ -35,12 +35,37 @@ pub struct ClockHealth {
     /// Estimated offset of each member's clock from this node's (peer minus this node), in
     /// ms; members that did not answer are absent.
     pub offsets_ms: BTreeMap<NodeId, i64>,
+    /// When the last check found the clock fine: the wall clock then (Unix ms) and the
+    /// monotonic instant. Stamps are kept near the wall clock this predicts (see
+    /// [`ClockHealth::stamp`]).
+    pub agreed_at: Option<(u64, Instant)>,
+    /// The configured bound on the offset, in ms.
+    pub max_offset_ms: u64,
 }
 
 impl ClockHealth {
     /// Whether this node may lead and propose.
     pub fn may_lead(&self) -> bool {
         self.ok == Some(true)
+    }
+
+    /// The time a leader stamps into a batch: the wall clock, kept within the offset bound
+    /// of what the monotonic clock predicts since the last check that found it fine. A
+    /// wall clock that jumps between two checks (a second apart) therefore moves the
+    /// replicated clock by at most the bound — it cannot expire every lease at once or
+    /// freeze refills — and the next check stops the node from leading.
+    pub fn stamp(&self) -> u64 {
+        self.stamp_for(now_ms(), Instant::now())
+    }
+
+    fn stamp_for(&self, wall_ms: u64, now: Instant) -> u64 {
+        match self.agreed_at {
+            Some((agreed_wall_ms, agreed)) => {
+                let expected = agreed_wall_ms.saturating_add(now.saturating_duration_since(agreed).as_millis() as u64);
+                wall_ms.clamp(expected.saturating_sub(self.max_offset_ms), expected.saturating_add(self.max_offset_ms))
+            }
+            None => wall_ms,
+        }
     }
 }
 
@@ -124,7 +149,8 @@ pub(crate) async fn watch_clock(
             raft.runtime_config().elect(elect);
             electing = Some(elect);
         }
-        health.send_replace(ClockHealth { ok: Some(ok), offsets_ms });
+        let agreed_at = if ok { Some((now_ms(), Instant::now())) } else { health.borrow().agreed_at };
+        health.send_replace(ClockHealth { ok: Some(ok), offsets_ms, agreed_at, max_offset_ms });
     }
 }
 
@@ -134,6 +160,26 @@ mod tests {
 
     fn s(offset_ms: i64) -> Sample {
         Sample { offset_ms, uncertainty_ms: 1 }
+    }
+
+    #[test]
+    fn a_wall_clock_jump_between_checks_moves_stamps_by_the_bound_at_most() {
+        let agreed = Instant::now();
+        let health = ClockHealth {
+            ok: Some(true),
+            offsets_ms: BTreeMap::new(),
+            agreed_at: Some((1_000_000, agreed)),
+            max_offset_ms: 500,
+        };
+        let later = agreed + Duration::from_millis(300);
+        // An honest clock passes as it is.
+        assert_eq!(health.stamp_for(1_000_300, later), 1_000_300);
+        // An hour ahead, or behind: held within the bound of the prediction.
+        assert_eq!(health.stamp_for(1_000_300 + 3_600_000, later), 1_000_800);
+        assert_eq!(health.stamp_for(1_000_300 - 600_000, later), 999_800);
+        // Before any agreeing check there is nothing to predict from.
+        let fresh = ClockHealth { agreed_at: None, ..health };
+        assert_eq!(fresh.stamp_for(42, later), 42);
     }
 
     #[test]

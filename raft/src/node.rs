@@ -115,7 +115,12 @@ impl RaftNode {
         let peers = Peers::new(secret.clone());
         let network = NetworkFactory { peers: peers.clone() };
         let raft = Raft::new(id, Arc::new(config), network, LogStore::new(db.clone()), sm_store).await?;
-        let (clock_tx, clock) = watch::channel(ClockHealth { ok: None, offsets_ms: Default::default() });
+        let (clock_tx, clock) = watch::channel(ClockHealth {
+            ok: None,
+            offsets_ms: Default::default(),
+            agreed_at: None,
+            max_offset_ms: settings.max_clock_offset_ms,
+        });
         tokio::spawn(watch_clock(
             id,
             raft.clone(),

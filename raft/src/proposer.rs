@@ -17,7 +17,7 @@ use raftbox_storage::{Batch, Command, Outcome};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::clock::{now_ms, ClockHealth};
+use crate::clock::ClockHealth;
 use crate::error::WriteError;
 use crate::network::{Peers, ENTRY_BYTES_MAX};
 use crate::pb::forward_reply::Result as ForwardResult;
@@ -149,13 +149,17 @@ async fn commit(ctx: &ProposerContext, units: &[Unit], deadline: Instant) -> Res
     loop {
         let (leader, addr) = wait_for_leader(&ctx.raft, deadline).await?;
         if leader == ctx.node_id {
-            if !ctx.clock.borrow().may_lead() {
-                return Err(WriteError::Unavailable(
-                    "this node's clock is off from the cluster; it does not lead".into(),
-                ));
-            }
+            let stamp = {
+                let clock = ctx.clock.borrow();
+                if !clock.may_lead() {
+                    return Err(WriteError::Unavailable(
+                        "this node's clock is off from the cluster; it does not lead".into(),
+                    ));
+                }
+                clock.stamp()
+            };
             let commands = units.iter().flat_map(|u| u.commands.iter().cloned()).collect();
-            return propose(&ctx.raft, Batch { now_ms: now_ms(), commands }, deadline).await;
+            return propose(&ctx.raft, Batch { now_ms: stamp, commands }, deadline).await;
         }
         let encoded = join_encoded(units);
         match forward(&ctx.peers, &addr, encoded, deadline).await? {
@@ -249,13 +253,15 @@ pub(crate) fn never_sent(status: &tonic::Status) -> bool {
                 transport.source().is_some_and(|s| s.is::<tonic::transport::Error>() || s.is::<std::io::Error>());
         }
         if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                ErrorKind::ConnectionRefused
-                    | ErrorKind::AddrNotAvailable
-                    | ErrorKind::NetworkUnreachable
-                    | ErrorKind::HostUnreachable
-            ) || (connecting && io.kind() == ErrorKind::TimedOut);
+            // Refused and address-not-available only happen while connecting; unreachable and
+            // timed-out can also hit an established connection after bytes left (an ICMP
+            // error, a stalled peer), so they count only when the error came from connecting.
+            return matches!(io.kind(), ErrorKind::ConnectionRefused | ErrorKind::AddrNotAvailable)
+                || (connecting
+                    && matches!(
+                        io.kind(),
+                        ErrorKind::TimedOut | ErrorKind::NetworkUnreachable | ErrorKind::HostUnreachable
+                    ));
         }
         source = error.source();
     }
