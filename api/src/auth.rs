@@ -97,7 +97,17 @@ pub async fn lookup(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principa
         state.node.read_barrier().await?;
         found = state_machine.token(hash)?;
     }
-    Ok(found.map(|(token, user)| Principal { user, token_id: token.id, token_name: token.name }))
+    match found {
+        Some((token, _)) if token.expires_ms.is_some_and(|at| at <= now_ms()) => {
+            Err(ApiError::Unauthenticated("token expired".into()))
+        }
+        found => Ok(found.map(|(token, user)| Principal { user, token_id: token.id, token_name: token.name })),
+    }
+}
+
+/// This node's wall clock, Unix ms (token expiry is judged by the node that reads).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -53,18 +53,28 @@ impl Default for IdempotencyConfig {
 pub struct Success {
     pub status: StatusCode,
     pub body: serde_json::Value,
+    /// What a replay under the key answers instead of `body`, when `body` holds a secret
+    /// that must not be stored (the saved answer travels through the Raft log and the
+    /// state).
+    pub replay_body: Option<serde_json::Value>,
 }
 
 impl Success {
     pub fn created(body: impl serde::Serialize) -> Success {
-        Success { status: StatusCode::CREATED, body: serde_json::to_value(body).unwrap_or_default() }
+        Success { status: StatusCode::CREATED, body: serde_json::to_value(body).unwrap_or_default(), replay_body: None }
+    }
+
+    /// A replay answers `body` instead (see [`Success::replay_body`]).
+    pub fn replayed_as(mut self, body: serde_json::Value) -> Success {
+        self.replay_body = Some(body);
+        self
     }
 
     fn saved(&self) -> SavedResponse {
         SavedResponse {
             status: self.status.as_u16(),
             headers: vec![("content-type".into(), "application/json".into())],
-            body: self.body.to_string(),
+            body: self.replay_body.as_ref().unwrap_or(&self.body).to_string(),
         }
     }
 }

@@ -39,11 +39,12 @@ pub(crate) fn create_token(
     user_id: &str,
     name: &str,
     token_hash: &[u8; 32],
+    expires_ms: Option<u64>,
 ) -> Result<Outcome, StorageError> {
     if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
         return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
     }
-    put_token(txn, token_id, user_id, name, token_hash)
+    put_token(txn, token_id, user_id, name, token_hash, expires_ms)
 }
 
 fn put_token(
@@ -52,13 +53,38 @@ fn put_token(
     user_id: &str,
     name: &str,
     token_hash: &[u8; 32],
+    expires_ms: Option<u64>,
 ) -> Result<Outcome, StorageError> {
     if txn.get_raw(&keys::token(token_hash))?.is_some() {
         return Ok(Outcome::Rejected(Rejection::Conflict("token already registered".into())));
     }
-    let token = Token { id: token_id.into(), user_id: user_id.into(), name: name.into(), created_ms: txn.now_ms };
+    if txn.get_raw(&keys::user_token(user_id, token_id))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("token id {token_id} is taken"))));
+    }
+    let token =
+        Token { id: token_id.into(), user_id: user_id.into(), name: name.into(), created_ms: txn.now_ms, expires_ms };
     txn.put(keys::token(token_hash), &token);
+    txn.put_raw(keys::user_token(user_id, token_id), token_hash.to_vec());
     Ok(Outcome::TokenCreated { token_id: token_id.into() })
+}
+
+/// Removes a user's token (its record and its index entry).
+pub(crate) fn revoke_token(txn: &mut Txn<'_>, user_id: &str, token_id: &str) -> Result<Outcome, StorageError> {
+    let index = keys::user_token(user_id, token_id);
+    let Some(raw) = txn.get_raw(&index)? else {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("token {token_id} of user {user_id}"))));
+    };
+    let hash: [u8; 32] =
+        raw.try_into().map_err(|_| StorageError::Corrupt(format!("token index of {token_id} is not a hash")))?;
+    // Ids are joined into one key with a separator: make sure this is the token named.
+    let named =
+        txn.get::<Token>("token", &keys::token(&hash))?.is_some_and(|t| t.id == token_id && t.user_id == user_id);
+    if !named {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("token {token_id} of user {user_id}"))));
+    }
+    txn.delete(keys::token(&hash));
+    txn.delete(index);
+    Ok(Outcome::Done)
 }
 
 /// Makes sure an admin user holding this token exists (every node configured with the
@@ -80,7 +106,7 @@ pub(crate) fn ensure_admin(
             other => return Ok(other),
         },
     };
-    match put_token(txn, token_id, &admin_id, "admin", token_hash)? {
+    match put_token(txn, token_id, &admin_id, "admin", token_hash, None)? {
         Outcome::TokenCreated { .. } => Ok(Outcome::AdminReady { user_id: admin_id }),
         other => Ok(other),
     }
@@ -100,6 +126,21 @@ impl StateMachine {
             .user(&token.user_id)?
             .ok_or_else(|| StorageError::Corrupt(format!("token {} names a missing user", token.id)))?;
         Ok(Some((token, user)))
+    }
+
+    /// A user's tokens (those created since tokens are indexed by user), by token id.
+    pub fn tokens(&self, user_id: &str) -> Result<Vec<Token>, StorageError> {
+        let (start, end) = keys::user_token_range(user_id);
+        let mut tokens = Vec::new();
+        for (key, hash) in self.scan_raw(&start, &end, usize::MAX)? {
+            let hash: [u8; 32] = hash
+                .try_into()
+                .map_err(|_| StorageError::Corrupt(format!("token index {key:?} does not hold a hash")))?;
+            if let Some(token) = self.read::<Token>("token", &keys::token(&hash))? {
+                tokens.push(token);
+            }
+        }
+        Ok(tokens)
     }
 
     pub fn namespace(&self, namespace_id: &str) -> Result<Option<Namespace>, StorageError> {

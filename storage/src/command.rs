@@ -36,6 +36,14 @@ pub enum Command {
         user_id: String,
         name: String,
         token_hash: [u8; 32],
+        /// When it stops working (Unix ms); `None`: never.
+        #[serde(default)]
+        expires_ms: Option<u64>,
+    },
+    /// Revokes a user's token: it stops working on every node as each applies this.
+    RevokeToken {
+        user_id: String,
+        token_id: String,
     },
     /// Makes sure an admin user holding this token exists (idempotent: every node that is
     /// configured with the admin token proposes it once at start).

@@ -50,6 +50,7 @@ mod tag {
     pub const JOB_RUN_EXPIRY: u8 = 0x18;
     pub const CONFLICT: u8 = 0x19;
     pub const CONFLICT_EXPIRY: u8 = 0x1a;
+    pub const USER_TOKEN: u8 = 0x1b;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -267,6 +268,16 @@ pub fn user_name(name: &str) -> Vec<u8> {
 /// Tokens are keyed by the blake3 hash of the secret; the secret itself is never stored.
 pub fn token(token_hash: &[u8; 32]) -> Vec<u8> {
     tagged(tag::TOKEN, token_hash)
+}
+
+/// A user's tokens: (user, token id) → the token's secret hash (for listing and revoking).
+pub fn user_token(user_id: &str, token_id: &str) -> Vec<u8> {
+    joined(tag::USER_TOKEN, user_id, token_id.as_bytes())
+}
+
+/// Every [`user_token`] key of a user.
+pub fn user_token_range(user_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::USER_TOKEN, user_id, &[]), joined(tag::USER_TOKEN, user_id, &[0xff]))
 }
 
 /// Chunk index entry of a block.

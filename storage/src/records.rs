@@ -17,6 +17,9 @@ pub struct Token {
     pub user_id: String,
     pub name: String,
     pub created_ms: u64,
+    /// When the token stops working (Unix ms); `None`: never.
+    #[serde(default)]
+    pub expires_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -161,6 +161,16 @@ impl StateMachine {
         range(&self.db, start, end, limit, |key, _| Ok(key.into_vec()))
     }
 
+    /// Entries of `[start, end)` as raw bytes, at most `limit`.
+    pub(crate) fn scan_raw(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+        range(&self.db, start, end, limit, |key, value| Ok((key.into_vec(), value.into_vec())))
+    }
+
     /// Entries of `[start, end)`, decoded, at most `limit`.
     pub(crate) fn scan<T: DeserializeOwned>(
         &self,
@@ -253,9 +263,10 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::CreateUser { user_id, namespace_id, name } => {
             accounts::create_user(txn, user_id, namespace_id, name, false)
         }
-        Command::CreateToken { token_id, user_id, name, token_hash } => {
-            accounts::create_token(txn, token_id, user_id, name, token_hash)
+        Command::CreateToken { token_id, user_id, name, token_hash, expires_ms } => {
+            accounts::create_token(txn, token_id, user_id, name, token_hash, *expires_ms)
         }
+        Command::RevokeToken { user_id, token_id } => accounts::revoke_token(txn, user_id, token_id),
         Command::EnsureAdmin { user_id, namespace_id, token_id, token_hash } => {
             accounts::ensure_admin(txn, user_id, namespace_id, token_id, token_hash)
         }

@@ -33,6 +33,7 @@ fn create_user_then_token_in_one_batch() {
                         user_id: "u1".into(),
                         name: "laptop".into(),
                         token_hash: hash,
+                        expires_ms: None,
                     },
                 ],
             )),
@@ -67,6 +68,7 @@ fn duplicate_name_and_unknown_user_are_rejected_without_effect() {
                         user_id: "nobody".into(),
                         name: "x".into(),
                         token_hash: [7; 32],
+                        expires_ms: None,
                     },
                 ],
             )),
@@ -148,4 +150,45 @@ fn chunks_register_once() {
     sm.apply(b"m2", Some(&batch(9, vec![Command::RegisterChunk { hash, size: 1 }]))).expect("apply");
     let chunk = sm.chunk(&hash).expect("read").expect("registered");
     assert_eq!((chunk.size, chunk.refcount, chunk.created_ms), (1, 0, 7));
+}
+
+#[test]
+fn tokens_are_listed_per_user_and_a_revoked_token_is_gone() {
+    let (_dir, sm) = open();
+    let create = |token_id: &str, user_id: &str, byte: u8, expires_ms: Option<u64>| Command::CreateToken {
+        token_id: token_id.into(),
+        user_id: user_id.into(),
+        name: format!("{token_id}-device"),
+        token_hash: [byte; 32],
+        expires_ms,
+    };
+    let outcomes = sm
+        .apply(
+            b"m",
+            Some(&batch(
+                5,
+                vec![
+                    Command::CreateUser { user_id: "u1".into(), namespace_id: "n1".into(), name: "ann".into() },
+                    Command::CreateUser { user_id: "u2".into(), namespace_id: "n2".into(), name: "bo".into() },
+                    create("t1", "u1", 1, None),
+                    create("t2", "u1", 2, Some(99)),
+                    create("t3", "u2", 3, None),
+                ],
+            )),
+        )
+        .expect("apply");
+    assert!(outcomes.iter().all(|o| !matches!(o, Outcome::Rejected(_))), "{outcomes:?}");
+    let ids = |user: &str| sm.tokens(user).expect("tokens").into_iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(ids("u1"), vec!["t1", "t2"]);
+    assert_eq!(sm.tokens("u1").expect("tokens")[1].expires_ms, Some(99));
+    // Revoking u2's token through u1 is refused; u1's own goes, everywhere it was stored.
+    let revoke = |user: &str, token: &str| Command::RevokeToken { user_id: user.into(), token_id: token.into() };
+    let outcomes = sm.apply(b"m", Some(&batch(6, vec![revoke("u1", "t3"), revoke("u1", "t1")]))).expect("apply");
+    assert!(matches!(outcomes[0], Outcome::Rejected(Rejection::NotFound(_))), "{outcomes:?}");
+    assert_eq!(outcomes[1], Outcome::Done);
+    assert!(sm.token(&[1; 32]).expect("read").is_none());
+    assert!(sm.token(&[3; 32]).expect("read").is_some());
+    assert_eq!(ids("u1"), vec!["t2"]);
+    let again = sm.apply(b"m", Some(&batch(7, vec![revoke("u1", "t1")]))).expect("apply");
+    assert!(matches!(again[0], Outcome::Rejected(Rejection::NotFound(_))));
 }

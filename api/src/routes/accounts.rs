@@ -7,6 +7,7 @@ use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::Json;
 use raftbox_storage::records::User;
+use raftbox_storage::schedule::format_utc;
 use raftbox_storage::Command;
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,27 @@ use crate::{json, ApiError, AppState};
 #[serde(deny_unknown_fields)]
 struct NameRequest {
     name: String,
+}
+
+/// Longest token lifetime a client may ask for: 10 years.
+pub const TOKEN_LIFETIME_S_MAX: u64 = 10 * 365 * 24 * 3600;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct TokenRequest {
+    name: String,
+    /// Seconds until the token stops working; absent: it never expires.
+    expires_in_s: Option<u64>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenView {
+    token_id: String,
+    name: String,
+    created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -75,8 +97,10 @@ pub async fn get_user(
     Ok(Json(user.into()))
 }
 
-/// `POST /v1/admin/users/{userId}/tokens` (idempotency-keyed: a replay returns the same
-/// token).
+/// `POST /v1/admin/users/{userId}/tokens` (idempotency-keyed). The token's plaintext is in
+/// the first answer only: it never enters the Raft log, the state or a snapshot, so a replay
+/// under the key answers the same `tokenId` without `token` (and `"tokenShownOnce": true`);
+/// a client that lost the first answer creates another token.
 pub async fn create_token(
     State(state): State<AppState>,
     principal: Principal,
@@ -84,14 +108,63 @@ pub async fn create_token(
     keyed: Keyed,
 ) -> Result<Response, ApiError> {
     principal.require_admin()?;
-    let request: NameRequest = json::parse(&keyed.body)?;
+    let request: TokenRequest = json::parse(&keyed.body)?;
     let name = json::name("name", &request.name)?;
+    let expires_ms = match request.expires_in_s {
+        None => None,
+        Some(s) if (1..=TOKEN_LIFETIME_S_MAX).contains(&s) => Some(crate::auth::now_ms().saturating_add(s * 1_000)),
+        Some(_) => {
+            return Err(ApiError::BadRequest(format!("expiresInS must be 1 to {TOKEN_LIFETIME_S_MAX} seconds")));
+        }
+    };
     let (token, token_id) = (generate_token(), new_id());
-    let command = Command::CreateToken { token_id: token_id.clone(), user_id, name, token_hash: hash_token(&token) };
-    keyed.write(&state, &principal, command, Success::created(TokenCreated { token, token_id })).await
+    let command =
+        Command::CreateToken { token_id: token_id.clone(), user_id, name, token_hash: hash_token(&token), expires_ms };
+    let replay = serde_json::json!({ "tokenId": token_id, "tokenShownOnce": true });
+    keyed
+        .write(&state, &principal, command, Success::created(TokenCreated { token, token_id }).replayed_as(replay))
+        .await
 }
 
 /// The caller. Authentication already read the user after a read barrier where needed.
 pub async fn me(principal: Principal) -> Json<UserView> {
     Json(principal.user.into())
+}
+
+/// `GET /v1/admin/users/{userId}/tokens`: the user's tokens (never their secrets).
+pub async fn list_tokens(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(user_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    principal.require_admin()?;
+    state.node.read_barrier().await?;
+    state.node.state().user(&user_id)?.ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
+    let tokens: Vec<TokenView> = state
+        .node
+        .state()
+        .tokens(&user_id)?
+        .into_iter()
+        .map(|t| TokenView {
+            token_id: t.id,
+            name: t.name,
+            created_at: format_utc(t.created_ms),
+            expires_at: t.expires_ms.map(format_utc),
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "tokens": tokens })))
+}
+
+/// `DELETE /v1/admin/users/{userId}/tokens/{tokenId}`: the token stops working on every node
+/// as each applies the revocation (within a heartbeat of the answer).
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path((user_id, token_id)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    principal.require_admin()?;
+    match state.node.write(Command::RevokeToken { user_id, token_id: token_id.clone() }).await? {
+        raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok(Json(serde_json::json!({ "tokenId": token_id, "revoked": true }))),
+    }
 }

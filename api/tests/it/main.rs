@@ -29,6 +29,11 @@ pub struct TestNode {
 }
 
 impl TestNode {
+    /// The node's data directory (RocksDB and blocks).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     async fn start() -> TestNode {
         TestNode::start_with(ApiConfig::default(), axum::Router::new()).await
     }

@@ -194,3 +194,85 @@ async fn every_route_answers_within_the_request_timeout() {
     assert!(headers.get("retry-after").is_some());
     assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
 }
+
+/// Every byte under `dir`, file by file.
+fn contains_bytes(dir: &std::path::Path, needle: &[u8]) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        if path.is_dir() {
+            stack.extend(std::fs::read_dir(&path).expect("read dir").map(|e| e.expect("entry").path()));
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            if bytes.windows(needle.len()).any(|w| w == needle) {
+                found.push(path.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_token_never_reaches_the_log_or_the_state_and_a_replay_does_not_show_it() {
+    let node = TestNode::start().await;
+    let user = node.create_user("tess").await;
+    let path = format!("/v1/admin/users/{}/tokens", user["userId"].as_str().expect("userId"));
+    let body = r#"{"name":"laptop"}"#;
+    let key = [("idempotency-key", "token-once")];
+    let (status, _, first) = node.call_with("POST", &path, Some(ADMIN_TOKEN), Some(body), &key).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let token = first["token"].as_str().expect("the first answer shows the token").to_owned();
+    let (status, _, replay) = node.call_with("POST", &path, Some(ADMIN_TOKEN), Some(body), &key).await;
+    assert_eq!(status, StatusCode::CREATED, "{replay}");
+    assert_eq!(replay["tokenId"], first["tokenId"]);
+    assert!(replay.get("token").is_none(), "a replay shows the token: {replay}");
+    assert_eq!(replay["tokenShownOnce"], true);
+    // The token works, and its plaintext is nowhere on disk (log, state, WAL).
+    assert_eq!(node.call("GET", "/v1/me", Some(&token), None).await.0, StatusCode::OK);
+    let found = contains_bytes(node.data_dir(), token.as_bytes());
+    assert!(found.is_empty(), "the token's plaintext is stored in {found:?}");
+}
+
+#[tokio::test]
+async fn tokens_are_listed_revoked_and_expire() {
+    let node = TestNode::start().await;
+    let user = node.create_user("tomo").await;
+    let base = format!("/v1/admin/users/{}/tokens", user["userId"].as_str().expect("userId"));
+    let (status, _, long) = node.call("POST", &base, Some(ADMIN_TOKEN), Some(r#"{"name":"laptop"}"#)).await;
+    assert_eq!(status, StatusCode::CREATED, "{long}");
+    let (status, _, short) =
+        node.call("POST", &base, Some(ADMIN_TOKEN), Some(r#"{"name":"phone","expiresInS":1}"#)).await;
+    assert_eq!(status, StatusCode::CREATED, "{short}");
+    for bad in [r#"{"name":"x","expiresInS":0}"#, r#"{"name":"x","expiresInS":999999999999}"#] {
+        let (status, _, problem) = node.call("POST", &base, Some(ADMIN_TOKEN), Some(bad)).await;
+        assert_problem(status, &problem, StatusCode::BAD_REQUEST, "bad-request");
+    }
+    let (status, _, listed) = node.call("GET", &base, Some(ADMIN_TOKEN), None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let names: Vec<&str> =
+        listed["tokens"].as_array().expect("tokens").iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names.len(), 2, "{listed}");
+    assert!(!listed.to_string().contains(long["token"].as_str().expect("token")), "a listing shows a secret");
+    assert!(listed["tokens"].as_array().expect("tokens").iter().any(|t| t["expiresAt"].is_string()));
+    // A user cannot list or revoke.
+    let (status, _, _) = node.call("GET", &base, long["token"].as_str(), None).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+
+    // Revoked: 401 at once; revoking again is 404.
+    let long_path = format!("{base}/{}", long["tokenId"].as_str().expect("tokenId"));
+    assert_eq!(node.call("GET", "/v1/me", long["token"].as_str(), None).await.0, StatusCode::OK);
+    let (status, _, revoked) = node.call("DELETE", &long_path, Some(ADMIN_TOKEN), None).await;
+    assert_eq!(status, StatusCode::OK, "{revoked}");
+    assert_eq!(node.call("GET", "/v1/me", long["token"].as_str(), None).await.0, StatusCode::UNAUTHORIZED);
+    let (status, _, problem) = node.call("DELETE", &long_path, Some(ADMIN_TOKEN), None).await;
+    assert_problem(status, &problem, StatusCode::NOT_FOUND, "not-found");
+
+    // Expired: works, then 401 once its second is over.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = node.call("GET", "/v1/me", short["token"].as_str(), None).await.0;
+    assert_eq!(last, StatusCode::OK, "a fresh token works");
+    while last != StatusCode::UNAUTHORIZED && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = node.call("GET", "/v1/me", short["token"].as_str(), None).await.0;
+    }
+    assert_eq!(last, StatusCode::UNAUTHORIZED, "an expired token still works");
+}

@@ -144,12 +144,16 @@ fn other_command() -> impl Strategy<Value = Command> {
             namespace_id,
             name
         }),
-        (id(), id(), hostile(), scope()).prop_map(|(token_id, user_id, name, token_hash)| Command::CreateToken {
-            token_id,
-            user_id,
-            name,
-            token_hash
-        }),
+        (id(), id(), hostile(), scope(), proptest::option::of(extreme())).prop_map(
+            |(token_id, user_id, name, token_hash, expires_ms)| Command::CreateToken {
+                token_id,
+                user_id,
+                name,
+                token_hash,
+                expires_ms
+            }
+        ),
+        (id(), id()).prop_map(|(user_id, token_id)| Command::RevokeToken { user_id, token_id }),
         (id(), id(), id(), scope()).prop_map(|(user_id, namespace_id, token_id, token_hash)| Command::EnsureAdmin {
             user_id,
             namespace_id,
