@@ -144,3 +144,47 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// Longest body of a framework rejection quoted in the problem's `detail`.
+const REJECTION_DETAIL_BYTES_MAX: usize = 512;
+
+/// Turns every error answer that is not already problem+json — axum's own rejections of a
+/// bad query, path or body, a 405 for a wrong method, a 413 from a body limit — into the
+/// same RFC 9457 shape as every other error, its text as the `detail`.
+pub async fn problems_everywhere(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = match axum::body::to_bytes(body, REJECTION_DETAIL_BYTES_MAX * 4).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(_) => String::new(),
+    };
+    let detail = match text.trim() {
+        "" => status.canonical_reason().unwrap_or("error").to_string(),
+        text => raftbox_storage::paths::cut(text, REJECTION_DETAIL_BYTES_MAX).to_string(),
+    };
+    let slug = match status {
+        StatusCode::METHOD_NOT_ALLOWED => "method-not-allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "payload-too-large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported-media-type",
+        StatusCode::NOT_FOUND => "not-found",
+        s if s.is_server_error() => "internal",
+        _ => "bad-request",
+    };
+    let body = json!({ "type": slug, "title": status.canonical_reason().unwrap_or("Error"), "status": status.as_u16(), "detail": detail });
+    let mut response = (status, body.to_string()).into_response();
+    let headers = response.headers_mut();
+    for (name, value) in parts.headers.iter().filter(|(name, _)| *name == header::ALLOW || *name == header::RETRY_AFTER)
+    {
+        headers.insert(name.clone(), value.clone());
+    }
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response
+}

@@ -76,7 +76,11 @@ pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
     let limiter = axum::middleware::from_fn_with_state(state.clone(), ratelimit::enforce);
     let timeout = axum::middleware::from_fn_with_state(state.clone(), request_timeout);
     let bounded = routes::router().merge(extra).layer(timeout);
-    bounded.merge(routes::notify_router()).route_layer(limiter).with_state(state)
+    bounded
+        .merge(routes::notify_router())
+        .route_layer(limiter)
+        .layer(axum::middleware::from_fn(error::problems_everywhere))
+        .with_state(state)
 }
 
 /// Answers 503 when the route has not answered within `[http] request_timeout_ms`. A write

@@ -276,3 +276,25 @@ async fn tokens_are_listed_revoked_and_expire() {
     }
     assert_eq!(last, StatusCode::UNAUTHORIZED, "an expired token still works");
 }
+
+#[tokio::test]
+async fn the_frameworks_own_rejections_are_problems_too() {
+    let node = TestNode::start().await;
+    let me = node.create_token(node.create_user("rita").await["userId"].as_str().expect("userId")).await;
+    let cases = [
+        ("PUT", "/v1/files/commit", StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+        ("DELETE", "/v1/me", StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+        ("GET", "/v1/files/list?limit=many", StatusCode::BAD_REQUEST, "bad-request"),
+        ("GET", "/v1/sync?cursor=-1", StatusCode::BAD_REQUEST, "bad-request"),
+        ("GET", "/v1/no/such/route", StatusCode::NOT_FOUND, "not-found"),
+    ];
+    for (method, path, status, slug) in cases {
+        let (got, headers, problem) = node.call(method, path, Some(&me), None).await;
+        assert_problem(got, &problem, status, slug);
+        let content_type = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        assert_eq!(content_type, "application/problem+json", "{method} {path}");
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            assert!(headers.get("allow").is_some(), "{method} {path}: no Allow header");
+        }
+    }
+}
