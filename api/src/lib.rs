@@ -48,6 +48,24 @@ pub struct ApiConfig {
     pub rate_limits: Vec<ratelimit::RateLimit>,
     /// Where webhooks may go (checked at job creation and by the executor at each call).
     pub webhooks: webhooks::WebhookPolicy,
+    /// What a non-admin's jobs may ask for.
+    pub job_limits: JobLimits,
+}
+
+/// Limits on non-admins' jobs (node TOML `[job_limits]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobLimits {
+    /// The shortest interval between two fires of a recurring job, in seconds.
+    pub min_cron_interval_s: u64,
+    /// Jobs an owner may have that may still run (scheduled, claimed or running).
+    pub active_jobs_per_owner_max: usize,
+}
+
+impl Default for JobLimits {
+    fn default() -> JobLimits {
+        JobLimits { min_cron_interval_s: 60, active_jobs_per_owner_max: 1_000 }
+    }
 }
 
 /// HTTP settings (node TOML `[http]`).

@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use raftbox_api::idempotency::IdempotencyConfig;
 use raftbox_api::ratelimit::{RateLimitConfig, RateLimitingConfig};
 use raftbox_api::webhooks::{WebhookPolicy, WebhooksConfig};
-use raftbox_api::{ApiConfig, HttpConfig};
+use raftbox_api::{ApiConfig, HttpConfig, JobLimits};
 
 use crate::executor::JobsConfig;
 use crate::maintenance::FilesConfig;
@@ -75,6 +75,8 @@ struct FileConfig {
     jobs: JobsConfig,
     #[serde(default)]
     webhooks: WebhooksConfig,
+    #[serde(default)]
+    job_limits: JobLimits,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -175,6 +177,13 @@ impl Config {
             bail!("raft.snapshot_logs_since_last must be positive");
         }
         in_range("raft.write_timeout_ms", raft.write_timeout_ms, 100, 600_000)?;
+        in_range("job_limits.min_cron_interval_s", file.job_limits.min_cron_interval_s, 1, 86_400)?;
+        in_range(
+            "job_limits.active_jobs_per_owner_max",
+            file.job_limits.active_jobs_per_owner_max as u64,
+            1,
+            10_000_000,
+        )?;
         in_range("raft.membership_timeout_ms", raft.membership_timeout_ms, 1_000, 3_600_000)?;
         in_range("raft.max_clock_offset_ms", raft.max_clock_offset_ms, 10, 3_600_000)?;
         in_range("http.request_timeout_ms", file.http.request_timeout_ms, 1_000, 3_600_000)?;
@@ -217,6 +226,7 @@ impl Config {
                 rate_limiting: file.rate_limiting,
                 rate_limits,
                 webhooks: WebhookPolicy::new(&file.webhooks).map_err(|e| anyhow::anyhow!(e))?,
+                job_limits: file.job_limits,
             },
         })
     }

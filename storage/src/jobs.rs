@@ -500,6 +500,23 @@ impl StateMachine {
     }
 
     /// A user's jobs by creation, after `after` (a key from a previous page), at most `limit`.
+    /// How many of `owner`'s jobs may still run (scheduled, claimed or running), counting
+    /// up to `stop_at`.
+    pub fn active_jobs_of(&self, owner: &str, stop_at: usize) -> Result<usize, StorageError> {
+        let (start, end) = keys::job_owner_range(owner);
+        let mut active = 0;
+        for (_, job_id) in self.scan::<String>("job owner", &start, &end, usize::MAX)? {
+            let job: Option<Job> = self.read("job", &keys::job(&job_id))?;
+            if job.is_some_and(|j| matches!(j.status, JobStatus::Scheduled | JobStatus::Claimed | JobStatus::Running)) {
+                active += 1;
+                if active >= stop_at {
+                    break;
+                }
+            }
+        }
+        Ok(active)
+    }
+
     pub fn jobs_of(&self, owner: &str, after: Option<&Job>, limit: usize) -> Result<Vec<Job>, StorageError> {
         let (mut start, end) = keys::job_owner_range(owner);
         if let Some(after) = after {

@@ -37,6 +37,57 @@ struct ScheduleRequest {
     timezone: Option<String>,
 }
 
+/// Fires of a cron schedule examined for its shortest interval.
+const CRON_INTERVAL_SAMPLE_FIRES: usize = 60;
+
+/// The shortest gap between the next [`CRON_INTERVAL_SAMPLE_FIRES`] fires after `first`, ms.
+fn shortest_interval_ms(cron: &CronSchedule, first: u64) -> Option<u64> {
+    let mut previous = first;
+    let mut shortest = None;
+    for _ in 0..CRON_INTERVAL_SAMPLE_FIRES {
+        let Some(next) = cron.next_after(previous) else { break };
+        let gap = next.saturating_sub(previous);
+        shortest = Some(shortest.map_or(gap, |s: u64| s.min(gap)));
+        previous = next;
+    }
+    shortest
+}
+
+/// The limits a non-admin's jobs keep (admins are exempt): a recurring schedule fires at
+/// most once per `[job_limits] min_cron_interval_s`, and an owner has at most
+/// `[job_limits] active_jobs_per_owner_max` jobs that may still run.
+async fn check_limits(
+    state: &AppState,
+    principal: &Principal,
+    schedule: &Schedule,
+    first: u64,
+    creating: bool,
+) -> Result<(), ApiError> {
+    if principal.user.admin {
+        return Ok(());
+    }
+    let limits = &state.config.job_limits;
+    if let Schedule::Cron(cron) = schedule {
+        let min_ms = limits.min_cron_interval_s.saturating_mul(1_000);
+        if shortest_interval_ms(cron, first).is_some_and(|gap| gap < min_ms) {
+            return Err(ApiError::BadRequest(format!(
+                "schedule {:?} fires more often than once every {} s, the shortest interval allowed",
+                cron.expr, limits.min_cron_interval_s
+            )));
+        }
+    }
+    if creating {
+        state.node.read_barrier().await?;
+        let active = state.node.state().active_jobs_of(&principal.user.id, limits.active_jobs_per_owner_max)?;
+        if active >= limits.active_jobs_per_owner_max {
+            return Err(ApiError::Conflict(format!(
+                "you have {active} jobs that may still run, the most allowed; cancel some first"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A schedule and its first run time (after `now`).
 fn parse_schedule(request: &ScheduleRequest, now: u64) -> Result<(Schedule, u64), ApiError> {
     match (&request.run_at, &request.cron, &request.timezone) {
@@ -118,6 +169,7 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
         return Err(ApiError::BadRequest("retryBackoffMs is 1 to 3600000".into()));
     }
     let (schedule, next_run_at) = parse_schedule(&request.schedule, now_ms())?;
+    check_limits(&state, &principal, &schedule, next_run_at, true).await?;
     let spec = JobSpec {
         id: new_id(),
         owner_user_id: principal.user.id.clone(),
@@ -241,6 +293,7 @@ pub async fn patch(
         let merged: ScheduleRequest = serde_json::from_value(merged)
             .map_err(|e| ApiError::BadRequest(format!("schedule after the merge: {e}")))?;
         let (schedule, next) = parse_schedule(&merged, now_ms())?;
+        check_limits(&state, &principal, &schedule, next, false).await?;
         patch.schedule = Some(schedule);
         patch.next_run_at_ms = Some(next);
     }

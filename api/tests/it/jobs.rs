@@ -93,3 +93,37 @@ async fn invalid_jobs_are_400() {
     let (status, _, problem) = node.call("GET", "/v1/jobs/nope", Some(&me), None).await;
     assert_problem(status, &problem, StatusCode::NOT_FOUND, "not-found");
 }
+
+#[tokio::test]
+async fn a_user_may_not_schedule_more_often_than_the_shortest_interval_nor_too_many_jobs() {
+    let config = raftbox_api::ApiConfig {
+        job_limits: raftbox_api::JobLimits { min_cron_interval_s: 60, active_jobs_per_owner_max: 2 },
+        ..raftbox_api::ApiConfig::default()
+    };
+    let node = TestNode::start_with(config, axum::Router::new()).await;
+    let me = token(&node, "quick").await;
+    let cron = |expr: &str| {
+        json!({ "type": "noop", "payload": {}, "schedule": { "cron": expr, "timezone": "UTC" }, "maxRetries": 0 })
+            .to_string()
+    };
+    // Every second, every 30 s, and one minute with a second fire 10 s later: too often.
+    for expr in ["* * * * * *", "*/30 * * * * *", "0,10 * * * * *"] {
+        let (status, _, problem) = node.call("POST", "/v1/jobs", Some(&me), Some(&cron(expr))).await;
+        assert_problem(status, &problem, StatusCode::BAD_REQUEST, "bad-request");
+    }
+    // The admin is exempt.
+    let (status, _, created) = node.call("POST", "/v1/jobs", Some(ADMIN_TOKEN), Some(&cron("* * * * * *"))).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    // Two active jobs, then the third is refused; cancelling one makes room.
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (status, _, created) = node.call("POST", "/v1/jobs", Some(&me), Some(&cron("* * * * *"))).await;
+        assert_eq!(status, StatusCode::CREATED, "{created}");
+        ids.push(created["jobId"].as_str().expect("jobId").to_owned());
+    }
+    let (status, _, problem) = node.call("POST", "/v1/jobs", Some(&me), Some(&cron("0 * * * *"))).await;
+    assert_problem(status, &problem, StatusCode::CONFLICT, "conflict");
+    node.call("DELETE", &format!("/v1/jobs/{}", ids[0]), Some(&me), None).await;
+    let (status, _, created) = node.call("POST", "/v1/jobs", Some(&me), Some(&cron("0 * * * *"))).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+}

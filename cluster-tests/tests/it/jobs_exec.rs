@@ -16,8 +16,9 @@ const LEASE_MS: u64 = 2_000;
 /// On an idle cluster a one-off job fires within this long after `runAt`.
 const ON_TIME_MS: u64 = 1_000;
 
+/// A short lease, and per-second cron for the test's (non-admin) user.
 fn jobs_toml() -> String {
-    format!("[jobs]\nlease_ms = {LEASE_MS}\n")
+    format!("[jobs]\nlease_ms = {LEASE_MS}\n\n[job_limits]\nmin_cron_interval_s = 1\n")
 }
 
 fn now_ms() -> u64 {
