@@ -39,6 +39,9 @@ pub enum ApiError {
     IdempotencyKeyReused,
     #[error("rate limit exceeded")]
     RateLimited { retry_after_s: u64 },
+    /// Too many notification channels open (per user or per node).
+    #[error("{0}")]
+    TooManyChannels(String),
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
@@ -66,6 +69,9 @@ impl ApiError {
                 (StatusCode::UNPROCESSABLE_ENTITY, "idempotency-key-reused", "Idempotency key reused")
             }
             ApiError::RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate-limited", "Too many requests"),
+            ApiError::TooManyChannels(_) => {
+                (StatusCode::TOO_MANY_REQUESTS, "too-many-channels", "Too many notification channels")
+            }
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Unavailable"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error"),
         }
@@ -132,7 +138,7 @@ impl IntoResponse for ApiError {
             ApiError::IdempotencyInProgress { retry_after_s } | ApiError::RateLimited { retry_after_s } => {
                 Some(retry_after_s)
             }
-            ApiError::Unavailable(_) => Some(RETRY_AFTER_UNAVAILABLE_S),
+            ApiError::Unavailable(_) | ApiError::TooManyChannels(_) => Some(RETRY_AFTER_UNAVAILABLE_S),
             _ => None,
         };
         if let Some(seconds) = retry_after_s {

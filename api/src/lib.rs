@@ -37,6 +37,14 @@ pub use error::ApiError;
 pub struct AppState {
     pub node: RaftNode,
     pub config: Arc<ApiConfig>,
+    /// Open notification channels (long polls and WebSockets), for their limits.
+    pub channels: routes::sync::Channels,
+}
+
+impl AppState {
+    pub fn new(node: RaftNode, config: ApiConfig) -> AppState {
+        AppState { node, config: Arc::new(config), channels: routes::sync::Channels::default() }
+    }
 }
 
 /// The API's part of the node configuration.
@@ -50,6 +58,22 @@ pub struct ApiConfig {
     pub webhooks: webhooks::WebhookPolicy,
     /// What a non-admin's jobs may ask for.
     pub job_limits: JobLimits,
+    /// How many notification channels may be open.
+    pub notify_limits: NotifyLimits,
+}
+
+/// Open long polls and WebSockets allowed (node TOML `[notify_limits]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NotifyLimits {
+    pub per_principal_max: usize,
+    pub per_node_max: usize,
+}
+
+impl Default for NotifyLimits {
+    fn default() -> NotifyLimits {
+        NotifyLimits { per_principal_max: 64, per_node_max: 10_000 }
+    }
 }
 
 /// Limits on non-admins' jobs (node TOML `[job_limits]`).

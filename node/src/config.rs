@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use raftbox_api::idempotency::IdempotencyConfig;
 use raftbox_api::ratelimit::{RateLimitConfig, RateLimitingConfig};
 use raftbox_api::webhooks::{WebhookPolicy, WebhooksConfig};
-use raftbox_api::{ApiConfig, HttpConfig, JobLimits};
+use raftbox_api::{ApiConfig, HttpConfig, JobLimits, NotifyLimits};
 
 use crate::executor::JobsConfig;
 use crate::maintenance::FilesConfig;
@@ -77,6 +77,8 @@ struct FileConfig {
     webhooks: WebhooksConfig,
     #[serde(default)]
     job_limits: JobLimits,
+    #[serde(default)]
+    notify_limits: NotifyLimits,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -177,6 +179,8 @@ impl Config {
             bail!("raft.snapshot_logs_since_last must be positive");
         }
         in_range("raft.write_timeout_ms", raft.write_timeout_ms, 100, 600_000)?;
+        in_range("notify_limits.per_principal_max", file.notify_limits.per_principal_max as u64, 1, 1_000_000)?;
+        in_range("notify_limits.per_node_max", file.notify_limits.per_node_max as u64, 1, 10_000_000)?;
         in_range("job_limits.min_cron_interval_s", file.job_limits.min_cron_interval_s, 1, 86_400)?;
         in_range(
             "job_limits.active_jobs_per_owner_max",
@@ -227,6 +231,7 @@ impl Config {
                 rate_limits,
                 webhooks: WebhookPolicy::new(&file.webhooks).map_err(|e| anyhow::anyhow!(e))?,
                 job_limits: file.job_limits,
+                notify_limits: file.notify_limits,
             },
         })
     }

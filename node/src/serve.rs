@@ -47,7 +47,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let http_listener =
         TcpListener::bind(config.http_addr).await.with_context(|| format!("bind HTTP {}", config.http_addr))?;
     let grpc = tokio::spawn(raftbox_raft::serve(grpc_listener, node.clone(), stopped()));
-    let state = AppState { node: node.clone(), config: std::sync::Arc::new(config.api.clone()) };
+    let state = AppState::new(node.clone(), config.api.clone());
     let http = tokio::spawn(raftbox_api::serve(http_listener, state, stopped()));
     tokio::spawn(maintenance::run(node.clone(), config.files.clone(), stopped()));
     let webhooks = config.api.webhooks.clone();

@@ -6,7 +6,7 @@ mod cluster;
 mod files;
 mod jobs;
 mod probes;
-mod sync;
+pub mod sync;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};

@@ -5,7 +5,8 @@
 //! seen. `cursor=0` starts from nothing (the whole tree). Notifications come from this
 //! node's own apply stream (Raft metrics change on every apply) and carry no data.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -123,11 +124,59 @@ pub struct NotifyQuery {
 
 /// Answers `{"changes": true}` as soon as anything newer than the cursor exists, else
 /// `{"changes": false}` at the timeout.
+/// The open notification channels of a node: in all, and by principal (user).
+#[derive(Clone, Default)]
+pub struct Channels {
+    open: Arc<Mutex<(usize, HashMap<String, usize>)>>,
+}
+
+/// One open channel; closing it (dropping this) frees its place.
+pub struct ChannelSlot {
+    channels: Channels,
+    user_id: String,
+}
+
+impl Channels {
+    /// A place for one more channel of `user_id`, or 429 when the user or the node has as
+    /// many open as `limits` allow.
+    fn open(&self, user_id: &str, limits: &crate::NotifyLimits) -> Result<ChannelSlot, ApiError> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = open.1.get(user_id).copied().unwrap_or(0);
+        if mine >= limits.per_principal_max {
+            return Err(ApiError::TooManyChannels(format!(
+                "you have {mine} notification channels open on this node, the most allowed"
+            )));
+        }
+        if open.0 >= limits.per_node_max {
+            return Err(ApiError::TooManyChannels(
+                "this node has as many notification channels open as it allows".into(),
+            ));
+        }
+        open.0 += 1;
+        *open.1.entry(user_id.to_string()).or_default() += 1;
+        Ok(ChannelSlot { channels: self.clone(), user_id: user_id.to_string() })
+    }
+}
+
+impl Drop for ChannelSlot {
+    fn drop(&mut self) {
+        let mut open = self.channels.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.0 = open.0.saturating_sub(1);
+        if let Some(count) = open.1.get_mut(&self.user_id) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.1.remove(&self.user_id);
+            }
+        }
+    }
+}
+
 pub async fn long_poll(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<NotifyQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    let _slot = state.channels.open(&principal.user.id, &state.config.notify_limits)?;
     let timeout = query.timeout.unwrap_or(NOTIFY_TIMEOUT_S_DEFAULT);
     if !(NOTIFY_TIMEOUT_S_MIN..=NOTIFY_TIMEOUT_S_MAX).contains(&timeout) {
         return Err(ApiError::BadRequest(format!(
@@ -166,7 +215,11 @@ pub async fn websocket(
         seen.insert(ns, at);
     }
     let applied = state.node.raft().metrics();
-    Ok(upgrade.on_upgrade(move |socket| notify_socket(state, seen, applied, socket)))
+    let slot = state.channels.open(&principal.user.id, &state.config.notify_limits)?;
+    Ok(upgrade.on_upgrade(move |socket| async move {
+        notify_socket(state, seen, applied, socket).await;
+        drop(slot);
+    }))
 }
 
 async fn notify_socket(

@@ -82,7 +82,7 @@ impl TestNode {
         let blocks = Arc::new(BlockStore::open(&dir.path().join("blocks")).expect("open blocks"));
         let node = TestNode::raft(db, blocks, &url, quorum).await;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let state = AppState { node, config: Arc::new(config) };
+        let state = AppState::new(node, config);
         let app = raftbox_api::router_with(extra, state);
         let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
         tokio::spawn(async move {

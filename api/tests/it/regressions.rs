@@ -298,3 +298,46 @@ async fn the_frameworks_own_rejections_are_problems_too() {
         }
     }
 }
+
+#[tokio::test]
+async fn notification_channels_are_limited_per_user_and_per_node() {
+    let limits = raftbox_api::NotifyLimits { per_principal_max: 1, per_node_max: 2 };
+    let node = std::sync::Arc::new(
+        TestNode::start_with(ApiConfig { notify_limits: limits, ..ApiConfig::default() }, axum::Router::new()).await,
+    );
+    let mut users = Vec::new();
+    for name in ["nia", "noa", "nel"] {
+        let token = node.create_token(node.create_user(name).await["userId"].as_str().expect("userId")).await;
+        let cursor = node.call("GET", "/v1/sync?cursor=0", Some(&token), None).await.2["cursor"]
+            .as_str()
+            .expect("cursor")
+            .to_owned();
+        users.push((token, cursor));
+    }
+    let notify = |(token, cursor): &(String, String), timeout: u64| {
+        let (node, token, path) =
+            (node.clone(), token.clone(), format!("/v1/notify?cursor={cursor}&timeout={timeout}"));
+        tokio::spawn(async move { node.call("GET", &path, Some(&token), None).await })
+    };
+    // One open poll for the first user, one for the second: the node is full.
+    let first = notify(&users[0], 4);
+    let second = notify(&users[1], 4);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let refused = loop {
+        let mine = notify(&users[0], 1).await.expect("poll");
+        let third = notify(&users[2], 1).await.expect("poll");
+        if mine.0 == StatusCode::TOO_MANY_REQUESTS && third.0 == StatusCode::TOO_MANY_REQUESTS {
+            break [mine.2, third.2];
+        }
+        // The two polls need a moment to open.
+        assert!(Instant::now() < deadline, "not refused: {} {}, {} {}", mine.0, mine.2, third.0, third.2);
+    };
+    assert_eq!(refused[0]["type"], "too-many-channels", "{}", refused[0]);
+    assert!(refused[0]["detail"].as_str().unwrap_or_default().contains("you have 1"), "{}", refused[0]);
+    assert!(refused[1]["detail"].as_str().unwrap_or_default().contains("this node"), "{}", refused[1]);
+    // Closed channels free their places.
+    for open in [first, second] {
+        assert_eq!(open.await.expect("poll").0, StatusCode::OK);
+    }
+    assert_eq!(notify(&users[2], 1).await.expect("poll").0, StatusCode::OK);
+}
