@@ -396,6 +396,11 @@ impl Cluster {
     /// past the deadline it is killed and an error returned.
     pub async fn terminate(&mut self, id: u64, deadline: Duration) -> Result<ExitStatus> {
         self.allow_log_error(PEER_DOWN_LOG_FRAGMENT);
+        // A request still waiting on the Raft core when it stops for the shutdown: openraft
+        // logs that at ERROR. (A core stopped by a storage error logs that error too.)
+        for fragment in SHUTDOWN_LOG_FRAGMENTS {
+            self.allow_log_error(fragment);
+        }
         let node = self.node_mut(id);
         let child = node.child.as_mut().ok_or_else(|| anyhow!("node {id} is not running"))?;
         // The workspace forbids `unsafe`, so no libc::kill: the shell's kill builtin (present

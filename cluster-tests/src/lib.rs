@@ -43,6 +43,10 @@ const PEER_DOWN_LOG_FRAGMENT: &str = "Unreachable node";
 const PEER_FAULT_LOG_FRAGMENTS: [&str; 4] =
     [PEER_DOWN_LOG_FRAGMENT, "RPCError err=timeout", "timeout while confirming leadership", "ms when Vote "];
 
+/// What openraft logs at ERROR for a request that was waiting on the Raft core when the
+/// core stopped for a graceful shutdown.
+const SHUTDOWN_LOG_FRAGMENTS: [&str; 2] = ["core_result=Err(Stopped)", "recv_msg error=Stopped"];
+
 /// Interval between two probes of a condition awaited with a deadline.
 pub const POLL_INTERVAL_MS: u64 = 25;
 /// Deadline of one client request made by the harness; a request that exceeds it is unknown.

@@ -109,12 +109,31 @@ async fn ensure_admin(node: RaftNode, token: String) {
     }
 }
 
-/// Makes sure the built-in maintenance jobs exist (creating an existing one changes nothing);
-/// retries until the cluster has a quorum.
+/// Makes sure the built-in maintenance jobs exist with the configured interval (creating an
+/// existing one changes nothing; one with another interval — the setting changed — gets the
+/// new schedule); retries until the cluster has a quorum.
 async fn ensure_system_jobs(node: RaftNode, interval_s: u64) {
     for job in executor::system_jobs(interval_s) {
         loop {
-            match node.write(Command::CreateJob(Box::new(job.clone()))).await {
+            let written = match node.read_barrier().await.map(|()| node.state().job(&job.id)) {
+                Err(e) => Err(e),
+                Ok(Ok(Some(existing))) if existing.schedule == job.schedule => break,
+                Ok(Ok(Some(_))) => {
+                    let patch = raftbox_storage::jobs::JobPatch {
+                        schedule: Some(job.schedule.clone()),
+                        next_run_at_ms: job.next_run_at_ms,
+                        ..Default::default()
+                    };
+                    tracing::info!(job = %job.id, "maintenance interval changed; rescheduling");
+                    node.write(Command::PatchJob { job_id: job.id.clone(), patch: Box::new(patch) }).await
+                }
+                Ok(Ok(None)) => node.write(Command::CreateJob(Box::new(job.clone()))).await,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, job = %job.id, "reading a system job");
+                    break;
+                }
+            };
+            match written {
                 Ok(_) => break,
                 Err(WriteError::ShuttingDown) => return,
                 Err(e) => tracing::debug!(error = %e, "system job not ensured yet; retrying"),

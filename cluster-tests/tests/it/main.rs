@@ -28,6 +28,7 @@
 //!   linearizable, no acknowledged commit lost, conflicted copies kept.
 //! - `checker`: the linearizability checker on histories whose verdict is known.
 //! - `clock_skew`: a node with a wrong clock does not lead.
+//! - `system_jobs`: the maintenance jobs follow a changed interval.
 //! - `token_revocation`: a revoked token is refused on every node within a second.
 //! - `webhook_egress`: webhooks to loopback refused at creation and at run time.
 //! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
@@ -52,5 +53,6 @@ mod poison_pill;
 mod restart_durability;
 mod shared_rate_limit;
 mod snapshot_rejoin;
+mod system_jobs;
 mod token_revocation;
 mod webhook_egress;
