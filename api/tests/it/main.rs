@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+mod bad_input;
 mod blocks;
 mod files;
 mod guards;
@@ -130,6 +131,26 @@ impl TestNode {
         let text = response.text().await.expect("body");
         let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         (status, headers, value)
+    }
+
+    /// A request with a raw body (any bytes, e.g. not UTF-8), as `application/json`.
+    pub async fn call_bytes(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Vec<u8>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request =
+            self.client.request(method, format!("{}{}", self.url, path)).header("content-type", "application/json");
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.body(body).send().await.expect("send");
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.expect("body");
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     pub async fn create_user(&self, name: &str) -> Value {
