@@ -1,4 +1,5 @@
 //! Integration tests of the storage crate (one binary): properties of `apply` over random,
-//! hostile command sequences.
+//! hostile command sequences, and of path parsing.
 
 mod apply_props;
+mod path_props;
