@@ -9,8 +9,8 @@
 //!   effect and every answer for it is the same;
 //! - **jobs**: a job fires every second at a local receiver: a fence is never handed to two
 //!   fires and fences grow with the fires' times (they are not reused across leader
-//!   changes), every fire due after the faults stop arrives, and no fire's effect is
-//!   applied twice.
+//!   changes), every fire due once a lease stranded by the faults has lapsed arrives, and
+//!   no fire's effect is applied twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,8 +37,12 @@ const HAMMER_CLIENTS: usize = 4;
 const KEYED_CLIENTS: usize = 3;
 /// How long a keyed creation is retried while its outcome stays unknown.
 const KEYED_RETRY_DEADLINE: Duration = Duration::from_secs(60);
-/// After the faults: how long the job must keep firing, every due fire arriving.
-const JOB_CALM: Duration = Duration::from_secs(8);
+/// The executors' lease: a claim stranded by a fault (its holder cut off or frozen) lapses
+/// after it, and the job is claimed again.
+const LEASE_S: u64 = 3;
+/// After the faults: how long the job must keep firing, every fire due once a stranded
+/// lease has lapsed arriving.
+const JOB_CALM: Duration = Duration::from_secs(12);
 /// Fires that may still be in flight when the check starts, at the end of the calm.
 const JOB_IN_FLIGHT_S: u64 = 2;
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(30);
@@ -47,7 +51,8 @@ fn limits_toml() -> String {
     format!(
         "[[rate_limits]]\nname = \"me-bucket\"\nscope = \"user\"\nroutes = [\"/v1/me\"]\n\
          algorithm = \"token_bucket\"\ncapacity = {BUCKET_SIZE}\nrefill_per_s = {BUCKET_REFILL_PER_S}\n\
-         failure = \"closed\"\n"
+         failure = \"closed\"\n\n[jobs]\nlease_ms = {}\n",
+        LEASE_S * 1_000
     )
 }
 
@@ -183,7 +188,8 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     for (key, count) in receiver.effects() {
         ensure!(count <= 1, "fire {key} took effect {count} times");
     }
-    let due: Vec<u64> = ((healed_ms / 1_000 + 2)..(check_ms / 1_000).saturating_sub(JOB_IN_FLIGHT_S)).collect();
+    let first_due = healed_ms / 1_000 + LEASE_S + 2;
+    let due: Vec<u64> = (first_due..(check_ms / 1_000).saturating_sub(JOB_IN_FLIGHT_S)).collect();
     let missing: Vec<u64> = due.iter().copied().filter(|s| !fires.contains(s)).collect();
     eprintln!(
         "jobs: {} calls, {} fires, {} distinct fences; {} fires due after the faults",
