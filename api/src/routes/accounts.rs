@@ -131,19 +131,12 @@ pub async fn me(principal: Principal) -> Json<UserView> {
     Json(principal.user.into())
 }
 
-/// `GET /v1/admin/users/{userId}/tokens`: the user's tokens (never their secrets).
-pub async fn list_tokens(
-    State(state): State<AppState>,
-    principal: Principal,
-    Path(user_id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    principal.require_admin()?;
-    state.node.read_barrier().await?;
-    state.node.state().user(&user_id)?.ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
+/// A user's tokens as the API shows them (never their secrets).
+fn token_views(state: &AppState, user_id: &str) -> Result<Json<serde_json::Value>, ApiError> {
     let tokens: Vec<TokenView> = state
         .node
         .state()
-        .tokens(&user_id)?
+        .tokens(user_id)?
         .into_iter()
         .map(|t| TokenView {
             token_id: t.id,
@@ -155,16 +148,52 @@ pub async fn list_tokens(
     Ok(Json(serde_json::json!({ "tokens": tokens })))
 }
 
-/// `DELETE /v1/admin/users/{userId}/tokens/{tokenId}`: the token stops working on every node
-/// as each applies the revocation (within a heartbeat of the answer).
+/// Revokes `user_id`'s token `token_id`: it stops working on every node as each applies the
+/// revocation (within a heartbeat of the answer).
+async fn revoke(state: &AppState, user_id: String, token_id: String) -> Result<Json<serde_json::Value>, ApiError> {
+    match state.node.write(Command::RevokeToken { user_id, token_id: token_id.clone() }).await? {
+        raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok(Json(serde_json::json!({ "tokenId": token_id, "revoked": true }))),
+    }
+}
+
+/// `GET /v1/admin/users/{userId}/tokens` (admin).
+pub async fn list_tokens(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(user_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    principal.require_admin()?;
+    state.node.read_barrier().await?;
+    state.node.state().user(&user_id)?.ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
+    token_views(&state, &user_id)
+}
+
+/// `DELETE /v1/admin/users/{userId}/tokens/{tokenId}` (admin).
 pub async fn revoke_token(
     State(state): State<AppState>,
     principal: Principal,
     Path((user_id, token_id)): Path<(String, String)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     principal.require_admin()?;
-    match state.node.write(Command::RevokeToken { user_id, token_id: token_id.clone() }).await? {
-        raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
-        _ => Ok(Json(serde_json::json!({ "tokenId": token_id, "revoked": true }))),
-    }
+    revoke(&state, user_id, token_id).await
+}
+
+/// `GET /v1/me/tokens`: the caller's own tokens.
+pub async fn my_tokens(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    state.node.read_barrier().await?;
+    token_views(&state, &principal.user.id)
+}
+
+/// `DELETE /v1/me/tokens/{tokenId}`: revokes one of the caller's own tokens (the one it
+/// calls with included).
+pub async fn revoke_my_token(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(token_id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    revoke(&state, principal.user.id, token_id).await
 }

@@ -45,6 +45,8 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/users/{user_id}/tokens", post(accounts::create_token).get(accounts::list_tokens))
         .route("/v1/admin/users/{user_id}/tokens/{token_id}", axum::routing::delete(accounts::revoke_token))
         .route("/v1/me", get(accounts::me))
+        .route("/v1/me/tokens", get(accounts::my_tokens))
+        .route("/v1/me/tokens/{token_id}", axum::routing::delete(accounts::revoke_my_token))
         .route("/v1/blocks/status", post(blocks::status))
         .route("/v1/files", get(files::get))
         .route("/v1/files/commit", post(files::commit))

@@ -341,3 +341,41 @@ async fn notification_channels_are_limited_per_user_and_per_node() {
     }
     assert_eq!(notify(&users[2], 1).await.expect("poll").0, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_user_lists_and_revokes_their_own_tokens_only() {
+    let node = TestNode::start().await;
+    let ann = node.create_user("own-ann").await["userId"].as_str().expect("userId").to_owned();
+    let bob = node.create_user("own-bob").await["userId"].as_str().expect("userId").to_owned();
+    let (ann_laptop, ann_phone, bob_token) =
+        (node.create_token(&ann).await, node.create_token(&ann).await, node.create_token(&bob).await);
+    let (status, _, mine) = node.call("GET", "/v1/me/tokens", Some(&ann_laptop), None).await;
+    assert_eq!(status, StatusCode::OK, "{mine}");
+    let ids: Vec<String> = mine["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .filter_map(|t| t["tokenId"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ids.len(), 2, "{mine}");
+    // Bob cannot revoke Ann's token: it is not his (404), and it keeps working.
+    let (status, _, problem) = node.call("DELETE", &format!("/v1/me/tokens/{}", ids[0]), Some(&bob_token), None).await;
+    assert_problem(status, &problem, StatusCode::NOT_FOUND, "not-found");
+    // Ann revokes both of hers, the one she calls with last.
+    let (_, _, phone_me) = node.call("GET", "/v1/me", Some(&ann_phone), None).await;
+    assert_eq!(phone_me["userId"], ann);
+    for id in &ids {
+        let (status, _, answer) = node.call("DELETE", &format!("/v1/me/tokens/{id}"), Some(&ann_laptop), None).await;
+        if status == StatusCode::UNAUTHORIZED {
+            // The laptop token itself went first: revoke the other with the phone's.
+            let (status, _, answer) = node.call("DELETE", &format!("/v1/me/tokens/{id}"), Some(&ann_phone), None).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        } else {
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        }
+    }
+    for token in [&ann_laptop, &ann_phone] {
+        assert_eq!(node.call("GET", "/v1/me", Some(token), None).await.0, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(node.call("GET", "/v1/me", Some(&bob_token), None).await.0, StatusCode::OK);
+}
