@@ -74,6 +74,7 @@ pub(crate) fn revoke_token(txn: &mut Txn<'_>, user_id: &str, token_id: &str) -> 
     let Some(raw) = txn.get_raw(&index)? else {
         return Ok(Outcome::Rejected(Rejection::NotFound(format!("token {token_id} of user {user_id}"))));
     };
+    // Only `put_token` writes this index, always with a 32-byte hash: anything else is corruption.
     let hash: [u8; 32] =
         raw.try_into().map_err(|_| StorageError::Corrupt(format!("token index of {token_id} is not a hash")))?;
     // Ids are joined into one key with a separator: make sure this is the token named.

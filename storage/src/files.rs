@@ -133,6 +133,8 @@ pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, Stor
     if target.as_ref().is_some_and(|f| !f.deleted) || m.from == m.to {
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("a file exists at {}", m.to))));
     }
+    // A file's current version is never expired (`expire_versions` skips it), so its absence
+    // is corruption, not input.
     let content: VersionRecord = txn
         .get("version", &keys::version(&source.id, source.current_version))?
         .ok_or_else(|| StorageError::Corrupt(format!("file {} lacks its current version", source.id)))?;

@@ -220,14 +220,18 @@ async fn keyed_creations(
         let key = format!("chaos-key-{client}-{n}");
         let body = json!({ "name": format!("keyed-{client}-{n}") });
         let wait = Deadline::after(KEYED_RETRY_DEADLINE, format!("an answer for key {key}"));
-        loop {
+        // One keyed creation through a random node.
+        let create = |rng: &mut rand::rngs::StdRng| {
             let url = &urls[rng.gen_range(0..urls.len())];
-            let request = http
-                .post(format!("{url}/v1/admin/users"))
-                .bearer_auth(&admin)
-                .header("idempotency-key", &key)
-                .json(&body);
-            match send(request).await? {
+            send(
+                http.post(format!("{url}/v1/admin/users"))
+                    .bearer_auth(&admin)
+                    .header("idempotency-key", &key)
+                    .json(&body),
+            )
+        };
+        loop {
+            match create(rng).await? {
                 Outcome::Ok(body) => {
                     let user = body["userId"].as_str().context("userId")?.to_owned();
                     answers.entry(key.clone()).or_default().push((201, user));
@@ -249,13 +253,7 @@ async fn keyed_creations(
         }
         // Sometimes repeat a request whose answer is known: it must answer the same.
         if rng.gen_bool(0.3) {
-            let url = &urls[rng.gen_range(0..urls.len())];
-            let request = http
-                .post(format!("{url}/v1/admin/users"))
-                .bearer_auth(&admin)
-                .header("idempotency-key", &key)
-                .json(&body);
-            if let Outcome::Ok(body) = send(request).await? {
+            if let Outcome::Ok(body) = create(rng).await? {
                 let user = body["userId"].as_str().context("userId")?.to_owned();
                 answers.entry(key.clone()).or_default().push((201, user));
             }
