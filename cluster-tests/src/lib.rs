@@ -13,6 +13,8 @@
 //! - [`Workload`]: concurrent writers creating uniquely named users, recording every outcome.
 //! - [`Seed`]: the single source of a test's random choices, printed with the command that
 //!   replays it.
+//! - [`checker`] (linearizability) and [`guard_checks`] (rate limits, fires, keys): checkers
+//!   as pure functions over recorded histories.
 //! - [`Cluster::check_logs`] and [`Cluster::conclude`]: a panic or an ERROR line in any node
 //!   log fails the test; on failure the log tails and the cluster directory are printed
 //!   (`RAFTBOX_KEEP=1` keeps the directory).
@@ -20,6 +22,7 @@
 pub mod checker;
 mod client;
 mod cluster;
+pub mod guard_checks;
 pub mod nemesis;
 pub mod net;
 pub mod receiver;
@@ -40,8 +43,13 @@ const PEER_DOWN_LOG_FRAGMENT: &str = "Unreachable node";
 /// frozen or cut off, or — on a loaded two-core machine — a 100 ms heartbeat that took
 /// longer. These are events the tests judge by their own deadlines, so such lines are always
 /// allowed; a panic, and any other ERROR line, fails a test.
-const PEER_FAULT_LOG_FRAGMENTS: [&str; 4] =
-    [PEER_DOWN_LOG_FRAGMENT, "RPCError err=timeout", "timeout while confirming leadership", "ms when Vote "];
+const PEER_FAULT_LOG_FRAGMENTS: [&str; 5] = [
+    PEER_DOWN_LOG_FRAGMENT,
+    "RPCError err=timeout",
+    "timeout while confirming leadership",
+    "ms when Vote ",
+    "InstallSnapshot RPC timed out",
+];
 
 /// What openraft logs at ERROR for a request that was waiting on the Raft core when the
 /// core stopped for a graceful shutdown.

@@ -37,7 +37,51 @@ pub enum FaultKind {
     Replace,
 }
 
+/// Environment variable restricting the fault kinds of a chaos scenario (`scripts/chaos
+/// --nemesis`): a comma-separated list of [`FaultKind::name`]s, `partition` meaning the four
+/// network kinds.
+pub const NEMESES_ENV: &str = "RAFTBOX_NEMESES";
+/// Environment variable naming a file each chaos scenario appends its summary row to.
+pub const REPORT_ENV: &str = "RAFTBOX_CHAOS_REPORT";
+
 impl FaultKind {
+    pub const ALL: [FaultKind; 8] = [
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::IsolateLeader,
+        FaultKind::Minority,
+        FaultKind::OneWay,
+        FaultKind::Bridge,
+        FaultKind::ClockSkew,
+        FaultKind::Replace,
+    ];
+
+    /// The name `scripts/chaos --nemesis` and the report use.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill",
+            FaultKind::Pause => "pause",
+            FaultKind::IsolateLeader => "isolate-leader",
+            FaultKind::Minority => "minority",
+            FaultKind::OneWay => "one-way",
+            FaultKind::Bridge => "bridge",
+            FaultKind::ClockSkew => "clock-skew",
+            FaultKind::Replace => "replace",
+        }
+    }
+
+    /// The kinds a name stands for: one, or the four network kinds for `partition`.
+    pub fn parse(name: &str) -> Result<Vec<FaultKind>> {
+        if name == "partition" {
+            return Ok(FaultKind::ALL.into_iter().filter(|k| k.needs_network()).collect());
+        }
+        let kind = FaultKind::ALL.into_iter().find(|k| k.name() == name);
+        kind.map(|k| vec![k]).with_context(|| {
+            let names: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown fault kind {name:?}; known: {}, partition", names.join(", "))
+        })
+    }
+
     /// The kinds that need network namespaces.
     pub fn needs_network(self) -> bool {
         matches!(self, FaultKind::IsolateLeader | FaultKind::Minority | FaultKind::OneWay | FaultKind::Bridge)
@@ -55,11 +99,56 @@ pub enum Fault {
     Replace(u64),
 }
 
+/// The kinds of `supported` a scenario runs with: all of them, or those `RAFTBOX_NEMESES`
+/// names. A list that leaves the scenario no fault at all is an error, never a quiet pass.
+pub fn selected(supported: &[FaultKind]) -> Result<Vec<FaultKind>> {
+    let Ok(list) = std::env::var(NEMESES_ENV) else { return Ok(supported.to_vec()) };
+    let mut wanted = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        wanted.extend(FaultKind::parse(name)?);
+    }
+    let kinds: Vec<FaultKind> = supported.iter().copied().filter(|k| wanted.contains(k)).collect();
+    anyhow::ensure!(
+        !kinds.is_empty(),
+        "{NEMESES_ENV}={list:?} leaves this scenario no fault (it supports {})",
+        supported.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
+    );
+    Ok(kinds)
+}
+
 /// What the nemesis did, with times since the test's start.
 #[derive(Debug, Clone)]
 pub struct NemesisEvent {
     pub at: Duration,
     pub what: String,
+    /// The kind of fault injected; `None` for a heal.
+    pub kind: Option<FaultKind>,
+}
+
+/// The faults of a nemesis log, counted by kind: `kill 2, pause 1`.
+pub fn fault_counts(events: &[NemesisEvent]) -> String {
+    let mut counts: Vec<(FaultKind, usize)> = Vec::new();
+    for kind in events.iter().filter_map(|e| e.kind) {
+        match counts.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((kind, 1)),
+        }
+    }
+    counts.iter().map(|(k, n)| format!("{} {n}", k.name())).collect::<Vec<_>>().join(", ")
+}
+
+/// Appends one row to the file `RAFTBOX_CHAOS_REPORT` names, if any (`scripts/chaos` prints
+/// the rows as its summary table): scenario, seed, faults by kind, and what was checked.
+pub fn report(scenario: &str, seed: u64, events: &[NemesisEvent], checked: &str) -> Result<()> {
+    let Some(path) = std::env::var_os(REPORT_ENV) else { return Ok(()) };
+    use std::io::Write as _;
+    let row = format!("{scenario}\t{seed}\t{}\t{}\n", fault_counts(events), checked.replace(['\t', '\n'], " "));
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("open {}", std::path::Path::new(&path).display()))?;
+    file.write_all(row.as_bytes()).context("append the chaos report row")
 }
 
 /// How the nemesis behaves.
@@ -82,9 +171,9 @@ pub async fn run(
     epoch: Instant,
 ) -> Result<Vec<NemesisEvent>> {
     let mut events = Vec::new();
-    let log = |events: &mut Vec<NemesisEvent>, what: String| {
+    let log = |events: &mut Vec<NemesisEvent>, what: String, kind: Option<FaultKind>| {
         eprintln!("nemesis +{:.1}s: {what}", epoch.elapsed().as_secs_f64());
-        events.push(NemesisEvent { at: epoch.elapsed(), what });
+        events.push(NemesisEvent { at: epoch.elapsed(), what, kind });
     };
     let started = Instant::now();
     while started.elapsed() < spec.duration {
@@ -92,10 +181,10 @@ pub async fn run(
         tokio::time::sleep(Duration::from_millis(rng.gen_range(spec.calm_ms.0..=spec.calm_ms.1))).await;
         let kind = *spec.kinds.choose(rng).context("no fault kinds")?;
         let fault = inject(cluster, kind, rng).await?;
-        log(&mut events, format!("{fault:?}"));
+        log(&mut events, format!("{fault:?}"), Some(kind));
         tokio::time::sleep(Duration::from_millis(rng.gen_range(spec.fault_ms.0..=spec.fault_ms.1))).await;
         heal(cluster, &fault).await?;
-        log(&mut events, format!("healed {fault:?}"));
+        log(&mut events, format!("healed {fault:?}"), None);
     }
     Ok(events)
 }

@@ -94,6 +94,9 @@ pub fn http_client() -> Result<reqwest::Client> {
 
 /// The one source of a test's random choices. Taken from `$RAFTBOX_SEED` when set, else
 /// random; printed at creation and again when the test panics, with the replay command.
+/// Settings that shape a chaos run's schedule besides the seed, so a replay sets them too.
+const REPLAY_ENVS: [&str; 2] = ["RAFTBOX_CHAOS_S", "RAFTBOX_NEMESES"];
+
 pub struct Seed {
     value: u64,
     test: String,
@@ -122,8 +125,21 @@ impl Seed {
         StdRng::seed_from_u64(self.value)
     }
 
+    /// The test's path inside the `it` binary.
+    pub fn test(&self) -> &str {
+        &self.test
+    }
+
+    /// The command that replays this run: the seed, and the chaos settings in force
+    /// (`RAFTBOX_CHAOS_S`, `RAFTBOX_NEMESES`), which shape the schedule too.
     pub fn replay_command(&self) -> String {
-        format!("{SEED_ENV}={} cargo test --workspace --test cluster {}", self.value, self.test)
+        let mut settings = format!("{SEED_ENV}={}", self.value);
+        for name in REPLAY_ENVS {
+            if let Ok(value) = env::var(name) {
+                settings.push_str(&format!(" {name}={value}"));
+            }
+        }
+        format!("{settings} cargo test --workspace --test cluster -- --exact {}", self.test)
     }
 }
 

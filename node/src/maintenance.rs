@@ -67,18 +67,9 @@ impl Replicator {
         };
         // A short round reached the end of the index: the next starts over.
         self.cursor = if hashes.len() < self.round { None } else { hashes.last().copied() };
-        let store = node.blocks().store().clone();
-        let lacking: Vec<BlockHash> = hashes.into_iter().filter(|h| !store.has(h)).collect();
-        let mut fetched = 0;
-        for hash in lacking {
-            match node.blocks().get(hash).await {
-                Ok(Some(_)) => fetched += 1,
-                Ok(None) => tracing::warn!(%hash, "replicator: no peer holds an indexed block"),
-                Err(e) => tracing::warn!(%hash, error = %e, "replicator: fetch failed"),
-            }
-        }
-        if fetched > 0 {
-            tracing::info!(fetched, "replicator: fetched blocks this node lacked");
+        let report = node.blocks().fill(hashes).await;
+        if report.fetched > 0 || report.failed > 0 {
+            tracing::info!(?report, "replicator: fetched blocks this node lacked");
         }
     }
 }

@@ -28,6 +28,34 @@ pub enum BlockError {
     Task(String),
 }
 
+/// What filling in lacking blocks did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FillReport {
+    /// Blocks fetched from a peer.
+    pub fetched: u64,
+    /// Blocks every member answered it does not hold.
+    pub unavailable: u64,
+    /// Blocks not fetched because a peer failed or did not answer (worth another try).
+    pub failed: u64,
+}
+
+impl FillReport {
+    fn add(&mut self, other: FillReport) {
+        self.fetched += other.fetched;
+        self.unavailable += other.unavailable;
+        self.failed += other.failed;
+    }
+}
+
+/// What asking the peers for one block gave.
+enum Fetched {
+    Got(Bytes),
+    /// Every peer answered that it does not hold the block.
+    NoHolder,
+    /// No peer gave it, and at least one failed to answer.
+    Failed,
+}
+
 /// This node's block store and its way to the peers' stores.
 #[derive(Clone)]
 pub struct Blocks {
@@ -117,18 +145,73 @@ impl Blocks {
             Ok(None) => {}
             Err(e) => tracing::warn!(%hash, error = %e, "local copy unusable; fetching from a peer"),
         }
+        Ok(match self.from_peers(hash).await? {
+            Fetched::Got(data) => Some(data),
+            Fetched::NoHolder | Fetched::Failed => None,
+        })
+    }
+
+    /// Fetches (and keeps) each of `hashes` this node lacks from the peers.
+    pub async fn fill(&self, hashes: impl IntoIterator<Item = BlockHash>) -> FillReport {
+        let mut report = FillReport::default();
+        for hash in hashes {
+            if self.store.has(&hash) {
+                continue;
+            }
+            match self.from_peers(hash).await {
+                Ok(Fetched::Got(_)) => report.fetched += 1,
+                Ok(Fetched::NoHolder) => {
+                    tracing::warn!(%hash, "no member holds an indexed block");
+                    report.unavailable += 1;
+                }
+                Ok(Fetched::Failed) => report.failed += 1,
+                Err(e) => {
+                    tracing::warn!(%hash, error = %e, "could not keep a fetched block");
+                    report.failed += 1;
+                }
+            }
+        }
+        report
+    }
+
+    /// Fills in every block the chunk index of `state` names and this node lacks, walking
+    /// the whole index `round` entries at a time.
+    pub async fn fill_all(
+        &self,
+        state: &raftbox_storage::StateMachine,
+        round: usize,
+    ) -> Result<FillReport, BlockError> {
+        let mut report = FillReport::default();
+        let mut cursor = None;
+        loop {
+            let hashes = state.chunk_hashes(cursor.as_ref(), round.max(1))?;
+            let last = (hashes.len() >= round.max(1)).then(|| hashes.last().copied()).flatten();
+            report.add(self.fill(hashes).await);
+            match last {
+                Some(last) => cursor = Some(last),
+                None => return Ok(report),
+            }
+        }
+    }
+
+    /// Asks every peer in turn for the block, keeping the first verified copy.
+    async fn from_peers(&self, hash: BlockHash) -> Result<Fetched, BlockError> {
+        let mut failed = false;
         for (peer, addr) in self.peer_addrs() {
             match self.fetch(&addr, hash).await {
                 Ok(Some(data)) => {
                     self.put_local(hash, data.clone()).await?;
                     tracing::debug!(peer, %hash, "fetched block from peer");
-                    return Ok(Some(data));
+                    return Ok(Fetched::Got(data));
                 }
                 Ok(None) => {}
-                Err(status) => tracing::debug!(peer, %hash, error = %status, "peer could not serve block"),
+                Err(status) => {
+                    failed = true;
+                    tracing::debug!(peer, %hash, error = %status, "peer could not serve block");
+                }
             }
         }
-        Ok(None)
+        Ok(if failed { Fetched::Failed } else { Fetched::NoHolder })
     }
 
     /// One peer's copy, verified; `None` if it does not hold the block.

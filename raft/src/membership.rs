@@ -5,7 +5,8 @@
 //! replicated the log up to where it stood when the wait began, then it becomes a voter
 //! (`AddVoterIds`, a joint configuration then the uniform one). When the learner is still
 //! catching up at the deadline, the answer says so (`complete: false`) and the same request,
-//! repeated, picks up where it stopped. Adding a node that is already a voter with the same
+//! repeated, picks up where it stopped. Before the promotion the learner fetches every
+//! indexed block it lacks (`FillBlocks`), since blocks travel outside the log. Adding a node that is already a voter with the same
 //! addresses changes nothing. **Removing** a node takes it out of the configuration
 //! altogether (its voter role and its replication); the last voter cannot be removed. A
 //! change asked of a follower is forwarded to the leader (`ChangeMembership` RPC).
@@ -33,7 +34,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::network::Peers;
-use crate::pb::StatusRequest;
+use crate::pb::{FillBlocksRequest, StatusRequest};
 use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
 
 /// How long one peer's answer to the start-up probe may take.
@@ -100,16 +101,23 @@ pub fn members_of(metrics: &RaftMetrics) -> Vec<Member> {
 /// Carries out `change` on this node, which must be the leader, by `deadline`.
 pub(crate) async fn change_on_leader(
     raft: &Raft,
+    peers: &Peers,
     change: &MembershipChange,
     deadline: Instant,
 ) -> Result<MembershipAnswer, MembershipError> {
     match change {
-        MembershipChange::Add { id, info } => add(raft, *id, info, deadline).await,
+        MembershipChange::Add { id, info } => add(raft, peers, *id, info, deadline).await,
         MembershipChange::Remove { id } => remove(raft, *id, deadline).await,
     }
 }
 
-async fn add(raft: &Raft, id: NodeId, info: &NodeInfo, deadline: Instant) -> Result<MembershipAnswer, MembershipError> {
+async fn add(
+    raft: &Raft,
+    peers: &Peers,
+    id: NodeId,
+    info: &NodeInfo,
+    deadline: Instant,
+) -> Result<MembershipAnswer, MembershipError> {
     let members = members_of(&raft.metrics().borrow());
     match members.iter().find(|m| m.id == id) {
         Some(m) if m.info != *info => {
@@ -137,6 +145,11 @@ async fn add(raft: &Raft, id: NodeId, info: &NodeInfo, deadline: Instant) -> Res
     if !caught_up(raft, id, deadline).await {
         let members = members_of(&raft.metrics().borrow());
         tracing::info!(node = id, "learner still catching up at the deadline; not promoted yet");
+        return Ok(MembershipAnswer { members, complete: false });
+    }
+    if let Err(why) = blocks_filled(raft, peers, id, info, deadline).await {
+        let members = members_of(&raft.metrics().borrow());
+        tracing::info!(node = id, %why, "learner still filling in blocks; not promoted yet");
         return Ok(MembershipAnswer { members, complete: false });
     }
     let promoted =
@@ -208,6 +221,44 @@ async fn caught_up(raft: &Raft, id: NodeId, deadline: Instant) -> bool {
         }
         tokio::time::sleep(CATCH_UP_POLL.min(deadline.saturating_duration_since(Instant::now()))).await;
     }
+}
+
+/// Has learner `id` fetch every indexed block it lacks before it is promoted: blocks travel
+/// outside the log, and a voter that lacks them would count toward a majority that may no
+/// longer hold them (two replacements in a row could lose the last copy). Blocks no member
+/// holds are logged by the learner and do not hold the promotion back; a learner of an older
+/// version, without the call, is promoted as before. `Err` says why it is not done yet.
+async fn blocks_filled(
+    raft: &Raft,
+    peers: &Peers,
+    id: NodeId,
+    info: &NodeInfo,
+    deadline: Instant,
+) -> Result<(), String> {
+    let applied_index = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
+    let mut client = peers.client(&info.grpc_addr).map_err(|e| e.to_string())?;
+    let mut request = tonic::Request::new(FillBlocksRequest { applied_index });
+    request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+    let report = match tokio::time::timeout_at(deadline, client.fill_blocks(request)).await {
+        Err(_) => return Err("no answer before the deadline".into()),
+        Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+            tracing::warn!(node = id, "the learner cannot fill in blocks (an older version); promoting it anyway");
+            return Ok(());
+        }
+        Ok(Err(status)) => return Err(status.to_string()),
+        Ok(Ok(reply)) => reply.into_inner(),
+    };
+    tracing::info!(
+        node = id,
+        fetched = report.fetched,
+        unavailable = report.unavailable,
+        failed = report.failed,
+        "learner filled in blocks"
+    );
+    if report.failed > 0 {
+        return Err(format!("{} blocks could not be fetched yet", report.failed));
+    }
+    Ok(())
 }
 
 /// Whether this node may vote (see the module documentation).

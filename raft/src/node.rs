@@ -24,6 +24,11 @@ use crate::secret::ClusterSecret;
 use crate::state_machine::StateMachineStore;
 use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
 
+/// How long a learner asked to fill its blocks waits to apply as far as the leader had.
+const FILL_APPLY_WAIT: Duration = Duration::from_secs(10);
+/// Chunk-index entries read at a time while filling blocks.
+const FILL_ROUND_CHUNKS: usize = 10_000;
+
 /// Raft timing and log-compaction settings of a node.
 #[derive(Debug, Clone)]
 pub struct RaftSettings {
@@ -196,7 +201,7 @@ impl RaftNode {
                 .await
                 .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
             let result = if leader == self.inner.id {
-                membership::change_on_leader(&self.inner.raft, &change, deadline).await
+                membership::change_on_leader(&self.inner.raft, &self.inner.peers, &change, deadline).await
             } else {
                 self.forward_membership(&addr, &change, deadline).await
             };
@@ -224,7 +229,23 @@ impl RaftNode {
             return Err(MembershipError::NotLeader);
         }
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.membership_timeout_ms);
-        membership::change_on_leader(&self.inner.raft, change, deadline).await
+        membership::change_on_leader(&self.inner.raft, &self.inner.peers, change, deadline).await
+    }
+
+    /// Fetches every block the chunk index names and this node lacks, once this node has
+    /// applied up to `applied_index` (waiting at most [`FILL_APPLY_WAIT`]); asked of a learner
+    /// by the leader before promoting it.
+    pub async fn fill_blocks(&self, applied_index: u64) -> Result<crate::blocks::FillReport, String> {
+        self.inner
+            .raft
+            .wait(Some(FILL_APPLY_WAIT))
+            .applied_index_at_least(Some(applied_index), "fill blocks")
+            .await
+            .map_err(|e| format!("not applied up to {applied_index} yet: {e}"))?;
+        let report =
+            self.inner.blocks.fill_all(&self.inner.state, FILL_ROUND_CHUNKS).await.map_err(|e| e.to_string())?;
+        tracing::info!(?report, "filled in the blocks this node lacked");
+        Ok(report)
     }
 
     async fn forward_membership(

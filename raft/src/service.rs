@@ -17,8 +17,8 @@ use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_server::{RaftService, RaftServiceServer};
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{
-    BlockData, BlockRequest, ForwardReply, ForwardRequest, PutBlockReply, RaftMessage, RaftReply, ReadIndexReply,
-    ReadIndexRequest, StatusReply, StatusRequest,
+    BlockData, BlockRequest, FillBlocksReply, FillBlocksRequest, ForwardReply, ForwardRequest, PutBlockReply,
+    RaftMessage, RaftReply, ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
 };
 
 /// Serves the `RaftService` of one node.
@@ -142,6 +142,18 @@ impl RaftService for RaftGrpc {
             now_ms: crate::clock::now_ms(),
             voter_ids: metrics.membership_config.membership().voter_ids().collect(),
             last_log_index: metrics.last_log_index.unwrap_or(0),
+        }))
+    }
+
+    /// The leader, about to promote this learner, asks it to fetch every indexed block it
+    /// lacks once it has applied as far as the leader had.
+    async fn fill_blocks(&self, request: Request<FillBlocksRequest>) -> Result<Response<FillBlocksReply>, Status> {
+        let applied_index = request.get_ref().applied_index;
+        let report = self.node.fill_blocks(applied_index).await.map_err(Status::unavailable)?;
+        Ok(Response::new(FillBlocksReply {
+            fetched: report.fetched,
+            unavailable: report.unavailable,
+            failed: report.failed,
         }))
     }
 

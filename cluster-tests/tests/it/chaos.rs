@@ -71,14 +71,15 @@ fn options(network_namespaces: bool, fake_clocks: bool) -> ClusterOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions() {
     let seed = Seed::new("chaos::partitions");
-    let kinds = vec![
+    let kinds = nemesis::selected(&[
         FaultKind::IsolateLeader,
         FaultKind::Minority,
         FaultKind::OneWay,
         FaultKind::Bridge,
         FaultKind::Pause,
         FaultKind::Kill,
-    ];
+    ])
+    .expect("RAFTBOX_NEMESES");
     let mut cluster = Cluster::start(options(true, false)).await.expect("start the cluster in network namespaces");
     let result = within(fault_phase() + TEST_OVERHEAD, files_under_faults(&mut cluster, &seed, kinds)).await;
     cluster.conclude(result);
@@ -87,7 +88,8 @@ async fn partitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_pauses_and_clocks() {
     let seed = Seed::new("chaos::crashes_pauses_and_clocks");
-    let kinds = vec![FaultKind::Kill, FaultKind::Pause, FaultKind::ClockSkew, FaultKind::Replace];
+    let kinds = nemesis::selected(&[FaultKind::Kill, FaultKind::Pause, FaultKind::ClockSkew, FaultKind::Replace])
+        .expect("RAFTBOX_NEMESES");
     let mut cluster = Cluster::start(options(false, true)).await.expect("start the cluster");
     let result = within(fault_phase() + TEST_OVERHEAD, files_under_faults(&mut cluster, &seed, kinds)).await;
     cluster.conclude(result);
@@ -149,8 +151,14 @@ async fn files_under_faults(cluster: &mut Cluster, seed: &Seed, kinds: Vec<Fault
 
     check_versions(cluster, &records, &token).await?;
     check_conflicted_copies(cluster, &records, &token).await?;
+    let blocks = stored.len();
     check_blocks(cluster, stored, &token).await?;
-    Ok(())
+    nemesis::report(
+        seed.test(),
+        seed.value(),
+        &events,
+        &format!("{summary}; linearizable; versions gapless; copies checked; {blocks} blocks identical"),
+    )
 }
 
 /// Every acknowledged block reads back byte-identical through every node.

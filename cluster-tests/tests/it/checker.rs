@@ -187,3 +187,107 @@ fn an_unknown_commit_cannot_explain_a_read_before_its_call() {
     let history = [read(1, 0, 10, 1, Some(7)), commit(2, 0, 7, 20, None)];
     assert!(matches!(verdict(&history), Verdict::NotLinearizable { .. }));
 }
+
+/// The guard and scheduler checkers, each fed a history it must pass and the bad histories
+/// it claims to catch.
+mod guards {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use raftbox_cluster_tests::guard_checks::{
+        check_admissions, check_due_fires, check_fires, check_keyed_answers, Admission, Bucket, FireCall,
+    };
+
+    const BUCKET: Bucket = Bucket { capacity: 10, refill_per_s: 5 };
+
+    fn admitted(times: impl IntoIterator<Item = u64>) -> Vec<Admission> {
+        times.into_iter().map(|t| Admission { call_ms: t, ret_ms: t + 3 }).collect()
+    }
+
+    #[test]
+    fn admissions_within_the_bucket_pass() {
+        // A full bucket at once, then one every 200 ms (5/s) for ten seconds.
+        let mut times: Vec<u64> = vec![0; 10];
+        times.extend((1..=50).map(|i| i * 200 + 10));
+        check_admissions(&admitted(times), BUCKET).expect("within the bucket");
+        check_admissions(&[], BUCKET).expect("nothing admitted");
+    }
+
+    #[test]
+    fn one_admission_over_the_bucket_fails() {
+        let error = check_admissions(&admitted(vec![0; 11]), BUCKET).expect_err("11 at once from a bucket of 10");
+        assert!(error.to_string().contains("over-admission"), "{error}");
+    }
+
+    #[test]
+    fn an_over_admission_inside_one_window_fails_where_the_whole_run_looks_fine() {
+        // Over 60 s the bucket allows 10 + 300: 40 admissions are far below that, but 20 of
+        // them inside one second is 5 over a full bucket plus one second's refill.
+        let mut times: Vec<u64> = (0..20).map(|i| 30_000 + i * 50).collect();
+        times.extend((0..20).map(|i| i * 3_000));
+        times.push(60_000);
+        assert!(times.len() as u64 <= BUCKET.allows(60_000));
+        let error = check_admissions(&admitted(times), BUCKET).expect_err("a burst inside one window");
+        assert!(error.to_string().contains("over-admission"), "{error}");
+    }
+
+    #[test]
+    fn an_admission_answered_late_is_not_counted_in_a_short_window() {
+        // Eleven admissions, one of which was answered 3 s later: its decision may lie
+        // anywhere in its span, so it does not prove an over-admission of the first second.
+        let mut history = admitted(vec![0; 10]);
+        history.push(Admission { call_ms: 0, ret_ms: 3_000 });
+        check_admissions(&history, BUCKET).expect("the late answer may have been refilled");
+    }
+
+    fn fire(scheduled_s: u64, fence: u64, key: &str) -> FireCall {
+        FireCall { job_id: "job".into(), scheduled_s, fence, key: key.into() }
+    }
+
+    #[test]
+    fn ordered_fences_and_one_key_per_fire_pass() {
+        // A retried call repeats its fire's key and fence.
+        let calls = [fire(1, 1, "job:1"), fire(1, 1, "job:1"), fire(2, 2, "job:2"), fire(3, 5, "job:3")];
+        let summary = check_fires(&calls).expect("a good history");
+        assert_eq!((summary.calls, summary.fires.len(), summary.fences), (4, 3, 3));
+    }
+
+    #[test]
+    fn a_duplicate_effect_fails() {
+        // One fire delivered under two keys: the target applied it twice.
+        let calls = [fire(1, 1, "job:1"), fire(1, 2, "job:1-again")];
+        let error = check_fires(&calls).expect_err("two effects of one fire");
+        assert!(error.to_string().contains("took effect 2 times"), "{error}");
+    }
+
+    #[test]
+    fn a_fence_given_to_two_fires_fails() {
+        let error = check_fires(&[fire(1, 7, "job:1"), fire(2, 7, "job:2")]).expect_err("a reused fence");
+        assert!(error.to_string().contains("several fires"), "{error}");
+    }
+
+    #[test]
+    fn a_fence_going_backwards_fails() {
+        // The later fire got the older fence: a new leader handed out a fence again.
+        let error = check_fires(&[fire(1, 9, "job:1"), fire(2, 4, "job:2")]).expect_err("fences out of order");
+        assert!(error.to_string().contains("older than"), "{error}");
+    }
+
+    #[test]
+    fn a_missing_fire_fails() {
+        let fires: BTreeSet<(String, u64)> = [1, 2, 4].into_iter().map(|s| ("job".to_owned(), s)).collect();
+        assert_eq!(check_due_fires(&fires, "job", 1, 3).expect("1 and 2 arrived"), 2);
+        let error = check_due_fires(&fires, "job", 1, 5).expect_err("3 never arrived");
+        assert!(error.to_string().contains("[3]"), "{error}");
+        check_due_fires(&fires, "job", 4, 4).expect_err("an empty span proves nothing");
+    }
+
+    #[test]
+    fn two_answers_for_one_key_fail() {
+        let mut answers: BTreeMap<String, Vec<(u16, String)>> = BTreeMap::new();
+        answers.insert("k1".into(), vec![(201, "u1".into()), (201, "u1".into())]);
+        check_keyed_answers(&answers).expect("one answer, twice");
+        answers.insert("k2".into(), vec![(201, "u2".into()), (201, "u3".into())]);
+        let error = check_keyed_answers(&answers).expect_err("two users for one key");
+        assert!(error.to_string().contains("k2"), "{error}");
+    }
+}

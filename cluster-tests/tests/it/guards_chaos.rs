@@ -12,12 +12,15 @@
 //!   changes), every fire due once a lease stranded by the faults has lapsed arrives, and
 //!   no fire's effect is applied twice.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{ensure, Context as _, Result};
+use raftbox_cluster_tests::guard_checks::{
+    check_admissions, check_due_fires, check_fires, check_keyed_answers, Admission, Bucket, FireCall,
+};
 use raftbox_cluster_tests::nemesis::{self, FaultKind, NemesisSpec};
 use raftbox_cluster_tests::receiver::Receiver;
 use raftbox_cluster_tests::{
@@ -100,10 +103,11 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
             let (http, url, token, stop) =
                 (http.clone(), urls[i % urls.len()].clone(), hammer_token.clone(), stop.clone());
             tokio::spawn(async move {
-                let mut admitted = 0u64;
+                let mut admitted = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
+                    let call_ms = now_ms();
                     if let Ok(Outcome::Ok(_)) = send(http.get(format!("{url}/v1/me")).bearer_auth(&token)).await {
-                        admitted += 1;
+                        admitted.push(Admission { call_ms, ret_ms: now_ms() });
                     }
                 }
                 admitted
@@ -117,21 +121,20 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
             tokio::spawn(async move { keyed_creations(http, urls, admin, c, stop, &mut rng).await })
         })
         .collect();
-    let hammer_started = Instant::now();
 
     let spec = NemesisSpec {
-        kinds: vec![
+        kinds: nemesis::selected(&[
             FaultKind::Kill,
             FaultKind::Pause,
             FaultKind::IsolateLeader,
             FaultKind::Minority,
             FaultKind::OneWay,
-        ],
+        ])?,
         fault_ms: FAULT_MS,
         calm_ms: CALM_MS,
         duration: FAULT_PHASE,
     };
-    nemesis::run(cluster, &spec, &mut rng, epoch).await?;
+    let events = nemesis::run(cluster, &spec, &mut rng, epoch).await?;
     cluster.wait_for_leader(None, RECOVERY_DEADLINE).await?;
     let healed_ms = now_ms();
     // The calm: the job fires on; the workloads go on too.
@@ -140,10 +143,9 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         wait.tick("calm").await?;
     }
     stop.store(true, Ordering::Relaxed);
-    let elapsed = hammer_started.elapsed();
-    let mut admitted = 0;
+    let mut admitted = Vec::new();
     for hammer in hammers {
-        admitted += hammer.await?;
+        admitted.extend(hammer.await?);
     }
     let mut answers: BTreeMap<String, Vec<(u16, String)>> = BTreeMap::new();
     for client in keyed {
@@ -151,16 +153,16 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     }
     let check_ms = now_ms();
 
-    // Rate limit: never more than the bucket allows over the whole run.
-    let allowed = BUCKET_SIZE + (elapsed.as_millis() as u64 * BUCKET_REFILL_PER_S).div_ceil(1_000);
-    eprintln!("rate limit: {admitted} admitted over {elapsed:?}, at most {allowed}");
-    ensure!(admitted <= allowed, "{admitted} admitted, the bucket allows at most {allowed}");
-    ensure!(admitted > 0, "nothing admitted: the limiter never decided");
+    // Rate limit: in no window of the run more than the bucket allows.
+    let bucket = Bucket { capacity: BUCKET_SIZE, refill_per_s: BUCKET_REFILL_PER_S };
+    check_admissions(&admitted, bucket)?;
+    ensure!(!admitted.is_empty(), "nothing admitted: the limiter never decided");
+    eprintln!("rate limit: {} admitted, none over the bucket in any window", admitted.len());
 
     // Idempotency: one answer per key, and its user exists.
+    check_keyed_answers(&answers)?;
     for (key, seen) in &answers {
         let first = &seen[0];
-        ensure!(seen.iter().all(|a| a == first), "key {key}: different answers {seen:?}");
         ensure!(first.0 == 201, "key {key}: answered {first:?}");
         let user = get_user(&http, &urls[1], &admin, &first.1).await?;
         ensure!(user.is_ok(), "key {key}: user {} missing: {user:?}", first.1);
@@ -168,39 +170,42 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     eprintln!("idempotency: {} keys, each one effect and one answer", answers.len());
 
     // Jobs.
-    let calls = receiver.calls("fire");
-    let mut fences: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
-    let mut fires: BTreeSet<u64> = BTreeSet::new();
-    for call in &calls {
-        let fence: u64 = call.headers.get("x-raftbox-fence-token").and_then(|f| f.parse().ok()).context("fence")?;
-        let scheduled = call.body["scheduledFor"].as_str().context("scheduledFor")?.to_owned();
-        ensure!(call.headers.get("x-raftbox-job-id") == Some(&job_id), "a call for another job: {call:?}");
-        fences.entry(fence).or_default().insert(scheduled.clone());
-        let at = chrono::DateTime::parse_from_rfc3339(&scheduled).context("parse scheduledFor")?;
-        fires.insert(u64::try_from(at.timestamp()).context("scheduledFor before 1970")?);
-    }
-    for (fence, scheduled) in &fences {
-        ensure!(scheduled.len() == 1, "fence {fence} was handed to several fires: {scheduled:?}");
-    }
-    // In fence order, the fires' times never go back: a later fire never got an older fence.
-    let in_fence_order: Vec<&String> = fences.values().filter_map(|s| s.iter().next()).collect();
-    ensure!(in_fence_order.windows(2).all(|w| w[0] <= w[1]), "fences do not follow the fires' order: {fences:?}");
-    for (key, count) in receiver.effects() {
-        ensure!(count <= 1, "fire {key} took effect {count} times");
-    }
+    let calls = receiver.calls("fire").iter().map(fire_call).collect::<Result<Vec<_>>>()?;
+    let fires = check_fires(&calls)?;
     let first_due = healed_ms / 1_000 + LEASE_S + 2;
-    let due: Vec<u64> = (first_due..(check_ms / 1_000).saturating_sub(JOB_IN_FLIGHT_S)).collect();
-    let missing: Vec<u64> = due.iter().copied().filter(|s| !fires.contains(s)).collect();
+    let due = check_due_fires(&fires.fires, &job_id, first_due, (check_ms / 1_000).saturating_sub(JOB_IN_FLIGHT_S))?;
     eprintln!(
-        "jobs: {} calls, {} fires, {} distinct fences; {} fires due after the faults",
-        calls.len(),
-        fires.len(),
-        fences.len(),
-        due.len()
+        "jobs: {} calls, {} fires, {} distinct fences; {due} fires due after the faults, all arrived",
+        fires.calls,
+        fires.fires.len(),
+        fires.fences
     );
-    ensure!(!due.is_empty(), "no fire was due after the faults");
-    ensure!(missing.is_empty(), "fires due after the faults never arrived (Unix s): {missing:?}");
+    nemesis::report(
+        "guards_chaos::limits_keys_and_jobs_under_faults",
+        seed.value(),
+        &events,
+        &format!(
+            "{} admitted; {} keys; {} fires, {} fences",
+            admitted.len(),
+            answers.len(),
+            fires.fires.len(),
+            fires.fences
+        ),
+    )?;
     Ok(())
+}
+
+/// A receiver's call as the fire checker reads it.
+fn fire_call(call: &raftbox_cluster_tests::receiver::Call) -> Result<FireCall> {
+    let header = |name: &str| call.headers.get(name).cloned().with_context(|| format!("{name} in {call:?}"));
+    let scheduled = call.body["scheduledFor"].as_str().context("scheduledFor")?;
+    let at = chrono::DateTime::parse_from_rfc3339(scheduled).context("parse scheduledFor")?;
+    Ok(FireCall {
+        job_id: header("x-raftbox-job-id")?,
+        scheduled_s: u64::try_from(at.timestamp()).context("scheduledFor before 1970")?,
+        fence: header("x-raftbox-fence-token")?.parse().context("fence")?,
+        key: header("idempotency-key")?,
+    })
 }
 
 /// Creates users with an `Idempotency-Key` until stopped; after an unknown outcome the same

@@ -8,17 +8,22 @@
 //! The second phase checks the rebuilt node can carry the cluster: another node is frozen
 //! while writes go on, then the leader is killed: the frozen node's log is behind, so only
 //! the rebuilt node can win, with the frozen node's vote; every user is read through it
-//! while it leads. The third phase wipes a second node: it too refuses to vote until removed
-//! and added again, and catches up.
+//! while it leads. The third phase wipes a second node: it too refuses to vote, and the
+//! operator replaces it with a fresh node under a new id (remove, stop, start node 4, add):
+//! node 4 catches up through a snapshot (the leader's log no longer starts at 1), holds
+//! every block uploaded before it existed the moment it becomes a voter (blocks travel
+//! outside the log; the leader has a learner fill them in before promoting it), and serves
+//! every user.
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    add_member, create_users, ensure_distinct_ids, remove_member, within, Cluster, ClusterOptions, CreatedUser,
-    Deadline, Outcome, RaftTuning, Seed,
+    add_member, create_users, ensure_distinct_ids, new_user, put_block, remove_member, within, Cluster, ClusterOptions,
+    CreatedUser, Deadline, Outcome, RaftTuning, Seed,
 };
 use rand::seq::SliceRandom as _;
+use rand::RngCore as _;
 
 /// Overall deadline of the test.
 const TEST_DEADLINE: Duration = Duration::from_secs(240);
@@ -28,6 +33,11 @@ const REBUILT: u64 = 3;
 const WIPED_VOTER: u64 = 2;
 /// The leader killed in the second phase.
 const STOPPED: u64 = 1;
+/// The fresh node that replaces [`WIPED_VOTER`] in the third phase.
+const REPLACEMENT: u64 = 4;
+/// Blocks uploaded before the replacement exists, and their size.
+const BLOCKS: usize = 40;
+const BLOCK_BYTES: usize = 64 * 1024;
 /// Users created while [`WIPED_VOTER`] is frozen, so its log falls behind.
 const FROZEN_USERS: usize = 50;
 /// Deadline of a membership change (a learner's catch-up included).
@@ -115,17 +125,66 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     cluster.verify_users(REBUILT, &users).await.context("every user through the rebuilt node while it leads")?;
     eprintln!("all {} users served by the rebuilt node as leader", users.len());
 
-    // A second wiped voter: silent until removed and added again, then caught up.
+    // A second wiped voter: silent, and replaced by a fresh node under a new id.
     cluster.kill9(WIPED_VOTER)?;
     cluster.wipe(WIPED_VOTER)?;
     cluster.start_node(WIPED_VOTER)?;
     cluster.wait_view(WIPED_VOTER, REJOIN_DEADLINE, "the wiped voter to refuse to vote", |v| !v.votes).await?;
     cluster.start_node(STOPPED)?;
-    readd(cluster, WIPED_VOTER, REBUILT).await?;
-    for id in [WIPED_VOTER, STOPPED] {
-        cluster.wait_caught_up(id, REJOIN_DEADLINE).await?;
-    }
+    cluster.wait_caught_up(STOPPED, REJOIN_DEADLINE).await?;
+    let hashes = upload_blocks(cluster, &mut rng).await?;
+    replace(cluster, WIPED_VOTER, REPLACEMENT, REBUILT).await?;
+    let held = cluster.block_files(REPLACEMENT)?;
+    let lacking = hashes.iter().filter(|h| !held.contains(*h)).count();
+    ensure!(lacking == 0, "node {REPLACEMENT} became a voter without {lacking} of {BLOCKS} blocks");
+    let view = cluster.wait_caught_up(REPLACEMENT, REJOIN_DEADLINE).await?;
+    ensure!(view.snapshot_index.is_some(), "node {REPLACEMENT} caught up without a snapshot: {view:?}");
+    cluster.verify_users(REPLACEMENT, &users).await.context("every user through the replacement node")?;
+    eprintln!(
+        "node {REPLACEMENT} replaced node {WIPED_VOTER}: {view:?}; all {BLOCKS} blocks, all {} users",
+        users.len()
+    );
     Ok(())
+}
+
+/// Uploads [`BLOCKS`] random blocks through [`REBUILT`]; their hashes.
+async fn upload_blocks(cluster: &Cluster, rng: &mut rand::rngs::StdRng) -> Result<Vec<String>> {
+    let (_, token) = new_user(cluster, REBUILT, "uploader", "uploader").await?;
+    let (http, url) = (cluster.client(), cluster.http_url(REBUILT));
+    let mut hashes = Vec::with_capacity(BLOCKS);
+    for _ in 0..BLOCKS {
+        let mut data = vec![0u8; BLOCK_BYTES];
+        rng.fill_bytes(&mut data);
+        hashes.push(put_block(&http, &url, &token, &data).await?);
+    }
+    Ok(hashes)
+}
+
+/// Replaces the lost node `old` as an operator would: removes it through `via` and stops it,
+/// then starts the fresh node `new` and adds it until it is a voter.
+async fn replace(cluster: &mut Cluster, old: u64, new: u64, via: u64) -> Result<()> {
+    let (http, url, token) = (cluster.client(), cluster.http_url(via), cluster.admin_token().to_owned());
+    let removed = remove_member(&http, &url, &token, old).await?;
+    ensure!(removed.is_ok(), "remove node {old} through node {via}: {removed:?}");
+    cluster.kill9(old)?;
+    cluster.add_node(new)?;
+    cluster.start_node(new)?;
+    add_until_voter(cluster, new, via).await?;
+    eprintln!("node {old} removed and replaced by node {new}");
+    Ok(())
+}
+
+/// Adds node `id` through node `via`, repeating while it catches up, until it is a voter.
+async fn add_until_voter(cluster: &Cluster, id: u64, via: u64) -> Result<()> {
+    let (http, url, token) = (cluster.client(), cluster.http_url(via), cluster.admin_token().to_owned());
+    let (http_addr, grpc_addr) = cluster.addresses(id);
+    let wait = Deadline::after(MEMBERSHIP_DEADLINE, format!("node {id} to be added as a voter"));
+    loop {
+        match add_member(&http, &url, &token, id, &http_addr, &grpc_addr).await? {
+            Outcome::Ok(body) if body["complete"] == true => return Ok(()),
+            other => wait.tick(&format!("{other:?}")).await?,
+        }
+    }
 }
 
 /// Removes node `id` and adds it again (same addresses) through node `via`; then it votes.
@@ -133,14 +192,7 @@ async fn readd(cluster: &Cluster, id: u64, via: u64) -> Result<()> {
     let (http, url, token) = (cluster.client(), cluster.http_url(via), cluster.admin_token().to_owned());
     let removed = remove_member(&http, &url, &token, id).await?;
     ensure!(removed.is_ok(), "remove node {id} through node {via}: {removed:?}");
-    let (http_addr, grpc_addr) = cluster.addresses(id);
-    let wait = Deadline::after(MEMBERSHIP_DEADLINE, format!("node {id} to be added again as a voter"));
-    loop {
-        match add_member(&http, &url, &token, id, &http_addr, &grpc_addr).await? {
-            Outcome::Ok(body) if body["complete"] == true => break,
-            other => wait.tick(&format!("{other:?}")).await?,
-        }
-    }
+    add_until_voter(cluster, id, via).await?;
     let view = cluster.wait_view(id, REJOIN_DEADLINE, "the re-added node to vote", |v| v.votes).await?;
     eprintln!("node {id} removed and added again: {view:?}");
     Ok(())
