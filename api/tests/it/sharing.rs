@@ -469,3 +469,25 @@ async fn group_membership_changes_take_effect_at_once() {
     assert_eq!(ann.grant(&team, json!({ "groupName": "nobody" }), "viewer").await, StatusCode::NOT_FOUND);
     assert_eq!(ann.grant(&team, json!({ "groupId": group }), "superuser").await, StatusCode::BAD_REQUEST);
 }
+
+#[tokio::test]
+async fn sharing_posts_are_keyed() {
+    let node = TestNode::start().await;
+    let ann = caller(&node, "ann").await;
+    let key = [("idempotency-key", "folder-1")];
+    let body = r#"{"name":"plans"}"#;
+    let (first, _, created) = node.call_with("POST", "/v1/namespaces", Some(&ann.token), Some(body), &key).await;
+    let (again, headers, replayed) = node.call_with("POST", "/v1/namespaces", Some(&ann.token), Some(body), &key).await;
+    assert_eq!((first, again), (StatusCode::CREATED, StatusCode::CREATED));
+    assert_eq!(created, replayed);
+    assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().expect("ascii")), Some("true"));
+    let (_, listed) = ann.call("GET", "/v1/namespaces", None).await;
+    assert_eq!(listed["namespaces"].as_array().map(Vec::len), Some(2), "one folder and the personal namespace");
+    let other = r#"{"name":"other"}"#;
+    let (reused, _, _) = node.call_with("POST", "/v1/namespaces", Some(&ann.token), Some(other), &key).await;
+    assert_eq!(reused, StatusCode::UNPROCESSABLE_ENTITY);
+    let group = [("idempotency-key", "group-1")];
+    let (a, _, g1) = node.call_with("POST", "/v1/admin/groups", Some(ADMIN_TOKEN), Some(body), &group).await;
+    let (b, _, g2) = node.call_with("POST", "/v1/admin/groups", Some(ADMIN_TOKEN), Some(body), &group).await;
+    assert_eq!((a, b, g1.clone()), (StatusCode::CREATED, StatusCode::CREATED, g2));
+}
