@@ -112,6 +112,8 @@ impl From<Rejection> for ApiError {
             Rejection::NotFound(detail) => ApiError::NotFound(detail),
             Rejection::StaleFence { current } => ApiError::StaleFence(current),
             Rejection::MissingChunks(missing) => ApiError::MissingChunks(missing.iter().map(|h| h.to_hex()).collect()),
+            Rejection::Forbidden(detail) => ApiError::Forbidden(detail),
+            Rejection::Invalid(detail) => ApiError::BadRequest(detail),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! raftbox-api: the HTTP API of a node (axum).
 //!
 //! - [`error`]: `ApiError`, the only place errors become HTTP statuses (problem+json).
+//! - [`access`]: who may do what: every route's permission check, through the one rule
+//!   `raftbox_storage::sharing::role`.
 //! - [`auth`]: bearer tokens: generation, hashing, the `Principal` extractor.
 //! - [`json`]: request-body parsing with problem+json errors.
 //! - [`idempotency`]: `Idempotency-Key` handling, declared per route through `Keyed`.
@@ -10,6 +12,7 @@
 //! Every handler talks to the cluster through [`raftbox_raft::RaftNode`]: writes are
 //! commands proposed through the leader, reads are local after a read barrier.
 
+pub mod access;
 pub mod auth;
 pub mod error;
 pub mod idempotency;

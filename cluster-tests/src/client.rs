@@ -395,3 +395,77 @@ pub async fn add_member(
 pub async fn remove_member(http: &reqwest::Client, url: &str, admin_token: &str, id: u64) -> Result<Outcome> {
     send(http.delete(format!("{url}/v1/admin/cluster/members/{id}")).bearer_auth(admin_token)).await
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sharing
+
+/// `POST /v1/namespaces {"name"}`: a shared folder owned by the caller.
+pub async fn create_folder(http: &reqwest::Client, url: &str, token: &str, name: &str) -> Result<Outcome> {
+    send(http.post(format!("{url}/v1/namespaces")).bearer_auth(token).json(&json!({ "name": name }))).await
+}
+
+/// `PUT /v1/namespaces/{id}/acl`: grants `role` to `grantee` (`{"userId"}`, `{"userName"}`,
+/// `{"groupId"}` or `{"groupName"}`).
+pub async fn grant(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    namespace_id: &str,
+    mut grantee: Value,
+    role: &str,
+) -> Result<Outcome> {
+    grantee["role"] = json!(role);
+    send(http.put(format!("{url}/v1/namespaces/{namespace_id}/acl")).bearer_auth(token).json(&grantee)).await
+}
+
+/// `DELETE /v1/namespaces/{id}/acl/users/{userId}`.
+pub async fn revoke_user(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    namespace_id: &str,
+    user_id: &str,
+) -> Result<Outcome> {
+    send(http.delete(format!("{url}/v1/namespaces/{namespace_id}/acl/users/{user_id}")).bearer_auth(token)).await
+}
+
+/// `POST /v1/admin/groups {"name"}` with the admin token.
+pub async fn create_group(http: &reqwest::Client, url: &str, admin_token: &str, name: &str) -> Result<Outcome> {
+    send(http.post(format!("{url}/v1/admin/groups")).bearer_auth(admin_token).json(&json!({ "name": name }))).await
+}
+
+/// `PUT /v1/admin/groups/{groupId}/members/{userId}` with the admin token.
+pub async fn add_group_member(
+    http: &reqwest::Client,
+    url: &str,
+    admin_token: &str,
+    group_id: &str,
+    user_id: &str,
+) -> Result<Outcome> {
+    send(http.put(format!("{url}/v1/admin/groups/{group_id}/members/{user_id}")).bearer_auth(admin_token)).await
+}
+
+/// `POST /v1/files/commit` of `path` in namespace `namespace_id` with `chunks` on `base`, as
+/// `device`.
+#[allow(clippy::too_many_arguments)]
+pub async fn commit_in(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    device: &str,
+    namespace_id: &str,
+    path: &str,
+    chunks: &[String],
+    base: u64,
+) -> Result<Outcome> {
+    let body = json!({
+        "namespaceId": namespace_id, "path": path, "chunks": chunks, "baseVersion": base, "size": chunks.len(),
+        "mtime": 0,
+    });
+    send(http.post(format!("{url}/v1/files/commit")).bearer_auth(token).header("x-device-id", device).json(&body)).await
+}
+
+/// `GET /v1/sync?cursor=` as `device`: one page.
+pub async fn sync_page(http: &reqwest::Client, url: &str, token: &str, device: &str, cursor: &str) -> Result<Outcome> {
+    send(http.get(format!("{url}/v1/sync?cursor={cursor}")).bearer_auth(token).header("x-device-id", device)).await
+}

@@ -36,6 +36,8 @@ pub struct Api {
     url: String,
     token: String,
     device: Option<String>,
+    /// The namespace file calls work in (`namespaceId`); `None`: the personal one.
+    namespace: Option<String>,
 }
 
 impl Api {
@@ -47,16 +49,34 @@ impl Api {
             }
             (None, None) => bail!("a token is needed: --token, --token-file, RAFTBOX_TOKEN or RAFTBOX_TOKEN_FILE"),
         };
-        Ok(Api { http: reqwest::Client::new(), url: connection.url.clone(), token, device })
+        Ok(Api { http: reqwest::Client::new(), url: connection.url.clone(), token, device, namespace: None })
+    }
+
+    /// File calls through this client work in `namespace` (a shared folder's id).
+    pub fn in_namespace(mut self, namespace: Option<String>) -> Api {
+        self.namespace = namespace;
+        self
+    }
+
+    /// A file call's JSON body, with the namespace added when one is set.
+    pub fn file_body(&self, mut body: Value) -> Value {
+        if let Some(namespace) = &self.namespace {
+            body["namespaceId"] = Value::String(namespace.clone());
+        }
+        body
     }
 
     /// A request to `path`; a POST gets a fresh `Idempotency-Key`, which its retries keep.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let is_post = method == reqwest::Method::POST;
+        let is_get = method == reqwest::Method::GET;
         let mut request =
             self.http.request(method, format!("{}{path}", self.url.trim_end_matches('/'))).bearer_auth(&self.token);
         if is_post {
             request = request.header("idempotency-key", uuid::Uuid::new_v4().to_string());
+        }
+        if let (true, true, Some(namespace)) = (is_get, path.starts_with("/v1/files"), &self.namespace) {
+            request = request.query(&[("namespaceId", namespace)]);
         }
         match &self.device {
             Some(device) => request.header("x-device-id", device),

@@ -38,6 +38,10 @@ pub struct FilesArgs {
     /// Device name used for conflicted copies (X-Device-Id).
     #[arg(long, env = "RAFTBOX_DEVICE", global = true)]
     device: Option<String>,
+    /// Work in this namespace (a shared folder's id, see `raftbox share ls`) instead of
+    /// your personal one.
+    #[arg(long, env = "RAFTBOX_NAMESPACE", global = true)]
+    namespace: Option<String>,
     #[command(subcommand)]
     command: FilesCommand,
 }
@@ -108,14 +112,14 @@ async fn chunk_file(path: &Path) -> anyhow::Result<Vec<Chunk>> {
 }
 
 pub async fn run(args: FilesArgs) -> anyhow::Result<()> {
-    let api = Api::new(&args.connection, args.device.clone())?;
+    let api = Api::new(&args.connection, args.device.clone())?.in_namespace(args.namespace.clone());
     match args.command {
         FilesCommand::Put { local, remote } => put(&api, &local, &remote).await,
         FilesCommand::Get { remote, local } => get(&api, &remote, &local).await,
         FilesCommand::Ls { folder } => ls(&api, folder.as_deref().unwrap_or("/")).await,
         FilesCommand::History { remote } => history(&api, &remote).await,
         FilesCommand::Restore { remote, version } => {
-            let body = json!({ "path": remote, "version": version });
+            let body = api.file_body(json!({ "path": remote, "version": version }));
             let (status, answer) =
                 api.send(api.request(reqwest::Method::POST, "/v1/files/restore").json(&body)).await?;
             if !status.is_success() {
@@ -126,7 +130,7 @@ pub async fn run(args: FilesArgs) -> anyhow::Result<()> {
         }
         FilesCommand::Mv { from, to } => {
             let current = api.current_version(&from).await?.with_context(|| format!("no file at {from}"))?;
-            let body = json!({ "from": from, "to": to, "baseVersion": current["version"] });
+            let body = api.file_body(json!({ "from": from, "to": to, "baseVersion": current["version"] }));
             let (status, answer) = api.send(api.request(reqwest::Method::POST, "/v1/files/move").json(&body)).await?;
             if !status.is_success() {
                 bail!("mv {from} {to}: {}", problem(status, &answer));
@@ -136,7 +140,7 @@ pub async fn run(args: FilesArgs) -> anyhow::Result<()> {
         }
         FilesCommand::Rm { remote } => {
             let current = api.current_version(&remote).await?.with_context(|| format!("no file at {remote}"))?;
-            let body = json!({ "path": remote, "baseVersion": current["version"] });
+            let body = api.file_body(json!({ "path": remote, "baseVersion": current["version"] }));
             let (status, answer) = api.send(api.request(reqwest::Method::POST, "/v1/files/delete").json(&body)).await?;
             if !status.is_success() {
                 bail!("rm {remote}: {}", problem(status, &answer));
@@ -175,7 +179,9 @@ async fn put(api: &Api, local: &Path, remote: &str) -> anyhow::Result<()> {
     }
     let base = api.current_version(remote).await?.map_or(0, |f| f["version"].as_u64().unwrap_or(0));
     let mtime = before.modified()?.duration_since(std::time::UNIX_EPOCH)?.as_millis() as u64;
-    let body = json!({ "path": remote, "chunks": hashes, "baseVersion": base, "size": before.len(), "mtime": mtime });
+    let body = api.file_body(
+        json!({ "path": remote, "chunks": hashes, "baseVersion": base, "size": before.len(), "mtime": mtime }),
+    );
     let (status, answer) = api.send(api.request(reqwest::Method::POST, "/v1/files/commit").json(&body)).await?;
     match status {
         StatusCode::CREATED => println!(

@@ -7,6 +7,7 @@
 //! - [`cluster_client`]: `raftbox cluster`, members and membership change.
 //! - [`files_client`]: `raftbox files`, the file-service client.
 //! - [`jobs_client`]: `raftbox jobs`, the job-service client.
+//! - [`share_client`]: `raftbox share` (shared folders, members) and `raftbox groups`.
 //! - [`executor`]: the job executor (claims, leases, webhooks, built-in and maintenance tasks).
 //! - [`maintenance`]: node-local background work: block replication and reclaiming.
 
@@ -19,6 +20,7 @@ mod files_client;
 mod jobs_client;
 mod maintenance;
 mod serve;
+mod share_client;
 
 use clap::{Parser, Subcommand};
 
@@ -34,8 +36,14 @@ struct Cli {
 enum Commands {
     /// Run a cluster node until SIGTERM or Ctrl-C.
     Serve(config::ServeArgs),
-    /// Store and fetch files on a running cluster (put, get, ls, history, restore, rm, mv).
+    /// Store and fetch files on a running cluster (put, get, ls, history, restore, rm, mv);
+    /// `--namespace ID` works in a shared folder.
     Files(files_client::FilesArgs),
+    /// Shared folders: list, create, show members, grant, revoke, leave, delete.
+    Share(share_client::ShareArgs),
+    /// Groups of users, for granting access to many at once (admin token): ls, create, show,
+    /// add, remove.
+    Groups(share_client::GroupsArgs),
     /// Schedule and inspect jobs on a running cluster (create, get, ls, runs, cancel).
     Jobs(jobs_client::JobsArgs),
     /// Show and change the cluster's members (members, add, remove; admin token).
@@ -62,5 +70,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Commands::Cluster(args) => runtime.block_on(cluster_client::run(args)),
         Commands::Files(args) => runtime.block_on(files_client::run(args)),
         Commands::Jobs(args) => runtime.block_on(jobs_client::run(args)),
+        Commands::Share(args) => runtime.block_on(share_client::run_share(args)),
+        Commands::Groups(args) => runtime.block_on(share_client::run_groups(args)),
     }
 }

@@ -23,9 +23,21 @@ pub(crate) fn create_user(
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("id {user_id} or {namespace_id} is taken"))));
     }
     let created_ms = txn.now_ms;
-    let user = User { id: user_id.into(), name: name.into(), namespace_id: namespace_id.into(), admin, created_ms };
-    let namespace =
-        Namespace { id: namespace_id.into(), kind: NamespaceKind::Personal, owner_user_id: user_id.into(), created_ms };
+    let user = User {
+        id: user_id.into(),
+        name: name.into(),
+        namespace_id: namespace_id.into(),
+        admin,
+        created_ms,
+        groups: Vec::new(),
+    };
+    let namespace = Namespace {
+        id: namespace_id.into(),
+        kind: NamespaceKind::Personal,
+        owner_user_id: user_id.into(),
+        created_ms,
+        name: String::new(),
+    };
     txn.put(keys::user(user_id), &user);
     txn.put(keys::user_name(name), &user_id.to_string());
     txn.put(keys::namespace(namespace_id), &namespace);

@@ -8,17 +8,52 @@
 use crate::blocks::BlockHash;
 use crate::command::Outcome;
 use crate::records::Chunk;
-use crate::state::{StateMachine, Txn};
-use crate::{keys, StorageError};
+use crate::state::{Reads, StateMachine, Txn};
+use crate::{keys, sharing, StorageError};
 
-pub(crate) fn register(txn: &mut Txn<'_>, hash: &BlockHash, size: u64) -> Result<Outcome, StorageError> {
+pub(crate) fn register(
+    txn: &mut Txn<'_>,
+    hash: &BlockHash,
+    size: u64,
+    uploader: &str,
+) -> Result<Outcome, StorageError> {
     let key = keys::chunk(&hash.0);
     if txn.get_raw(&key)?.is_none() {
         let now = txn.now_ms;
         txn.put(key, &Chunk { size, refcount: 0, created_ms: now, orphan_since_ms: now });
         txn.put_raw(keys::orphan(now, &hash.0), Vec::new());
     }
+    if !uploader.is_empty() {
+        txn.put_raw(keys::chunk_uploader(&hash.0, uploader), Vec::new());
+    }
     Ok(Outcome::Done)
+}
+
+/// Whether `user_id` may read the block: they uploaded it, or a namespace they can read
+/// references it. The rule behind block reads, `status` and the commit check.
+pub fn readable<R: Reads>(state: &R, user_id: &str, hash: &BlockHash) -> Result<bool, StorageError> {
+    if state.get_bytes(&keys::chunk_uploader(&hash.0, user_id))?.is_some() {
+        return Ok(true);
+    }
+    let (start, end) = keys::chunk_namespace_range(&hash.0);
+    for key in state.keys_between(&start, &end)? {
+        let namespace_id = String::from_utf8_lossy(&key[start.len()..]);
+        if sharing::role(state, user_id, &namespace_id)?.is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// The first of `chunks` absent from the index or that `user_id` may not read, each once.
+pub(crate) fn unusable(txn: &Txn<'_>, user_id: &str, chunks: &[BlockHash]) -> Result<Vec<BlockHash>, StorageError> {
+    let mut out = missing(txn, chunks)?;
+    for hash in chunks {
+        if !out.contains(hash) && !readable(txn, user_id, hash)? {
+            out.push(*hash);
+        }
+    }
+    Ok(out)
 }
 
 /// The first of `chunks` absent from the index, each once, in order.
@@ -33,15 +68,22 @@ pub(crate) fn missing(txn: &Txn<'_>, chunks: &[BlockHash]) -> Result<Vec<BlockHa
 }
 
 /// Adds one reference (`Delta::Add`) or drops one (`Delta::Drop`) for each distinct chunk,
-/// keeping the orphan index in step. The callers only name indexed chunks: a commit checks
-/// them first, and an indexed chunk with references is never collected.
-pub(crate) fn reference(txn: &mut Txn<'_>, chunks: &[BlockHash], delta: Delta) -> Result<(), StorageError> {
+/// keeping the orphan index and the namespace's own count in step. The callers only name
+/// indexed chunks: a commit checks them first, and an indexed chunk with references is
+/// never collected.
+pub(crate) fn reference(
+    txn: &mut Txn<'_>,
+    namespace_id: &str,
+    chunks: &[BlockHash],
+    delta: Delta,
+) -> Result<(), StorageError> {
     let mut seen = Vec::new();
     for hash in chunks {
         if seen.contains(hash) {
             continue;
         }
         seen.push(*hash);
+        count_in_namespace(txn, namespace_id, hash, delta)?;
         let key = keys::chunk(&hash.0);
         let Some(mut chunk) = txn.get::<Chunk>("chunk", &key)? else {
             return Err(StorageError::Corrupt(format!("a version names chunk {hash}, which the index lacks")));
@@ -61,6 +103,27 @@ pub(crate) fn reference(txn: &mut Txn<'_>, chunks: &[BlockHash], delta: Delta) -
             txn.put_raw(keys::orphan(chunk.orphan_since_ms, &hash.0), Vec::new());
         }
         txn.put(key, &chunk);
+    }
+    Ok(())
+}
+
+/// Changes the count of a namespace's versions that name `hash` (the key goes at 0).
+pub(crate) fn count_in_namespace(
+    txn: &mut Txn<'_>,
+    namespace_id: &str,
+    hash: &BlockHash,
+    delta: Delta,
+) -> Result<(), StorageError> {
+    let key = keys::chunk_namespace(&hash.0, namespace_id);
+    let count = txn.get::<u64>("chunk namespace count", &key)?.unwrap_or(0);
+    let count = match delta {
+        Delta::Add => count.saturating_add(1),
+        Delta::Drop => count.saturating_sub(1),
+    };
+    if count == 0 {
+        txn.delete(key);
+    } else {
+        txn.put(key, &count);
     }
     Ok(())
 }
@@ -85,6 +148,10 @@ pub(crate) fn collect_orphans(txn: &mut Txn<'_>, orphaned_before_ms: u64, max: u
         let key = keys::chunk(&hash);
         if txn.get::<Chunk>("chunk", &key)?.is_some_and(|c| c.refcount == 0) {
             txn.delete(key);
+            let (start, end) = keys::chunk_uploader_range(&hash);
+            for uploader in txn.keys_in(&start, &end)? {
+                txn.delete(uploader);
+            }
             removed += 1;
         }
     }
@@ -92,6 +159,16 @@ pub(crate) fn collect_orphans(txn: &mut Txn<'_>, orphaned_before_ms: u64, max: u
 }
 
 impl StateMachine {
+    /// Whether `user_id` may read the block (see [`readable`]).
+    pub fn chunk_readable(&self, user_id: &str, hash: &BlockHash) -> Result<bool, StorageError> {
+        readable(self, user_id, hash)
+    }
+
+    /// Whether `user_id` uploaded the block.
+    pub fn uploaded_by(&self, user_id: &str, hash: &BlockHash) -> Result<bool, StorageError> {
+        Ok(self.get_bytes(&keys::chunk_uploader(&hash.0, user_id))?.is_some())
+    }
+
     /// The chunk index entry of a block, if the cluster holds it.
     pub fn chunk(&self, hash: &BlockHash) -> Result<Option<Chunk>, StorageError> {
         self.read("chunk", &keys::chunk(&hash.0))

@@ -10,7 +10,7 @@ use crate::blocks::BlockHash;
 use crate::jobs::{Job, JobPatch, RunReport};
 use crate::paths::FilePath;
 use crate::ratelimit::{Algorithm, Decision};
-use crate::records::{IdempotencyResult, SavedResponse};
+use crate::records::{Grantee, IdempotencyResult, Role, SavedResponse};
 
 /// One log entry's worth of commands.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -99,6 +99,10 @@ pub enum Command {
     RegisterChunk {
         hash: BlockHash,
         size: u64,
+        /// The user who uploaded it: they may read it and commit it (recorded again for
+        /// each user who uploads the same content). Empty in entries from before sharing.
+        #[serde(default)]
+        uploader: String,
     },
     /// Commits a file version with the conflict rules of DESIGN.md §4 (a stale base makes a
     /// conflicted copy with the client's content, in this same apply).
@@ -160,6 +164,43 @@ pub enum Command {
     PurgeExpired {
         max_records: u32,
     },
+    /// Creates a shared folder; its creator becomes its (first) owner.
+    CreateSharedFolder {
+        namespace_id: String,
+        name: String,
+        owner_user_id: String,
+    },
+    /// Grants (`role: Some`), changes or revokes (`None`) a user's or a group's access. Only
+    /// an owner acts, except that anyone may revoke their own entry (leaving); the last
+    /// direct owner can neither leave nor be demoted.
+    SetAccess {
+        actor_user_id: String,
+        namespace_id: String,
+        grantee: Grantee,
+        role: Option<Role>,
+    },
+    /// Deletes a shared folder (owner only): its ACL, files, versions, chunk references and
+    /// change feed, in this one apply.
+    DeleteSharedFolder {
+        actor_user_id: String,
+        namespace_id: String,
+    },
+    /// Creates a group (the API lets only the admin ask). Group names are unique.
+    CreateGroup {
+        group_id: String,
+        name: String,
+    },
+    /// Adds (`member: true`) or removes a user from a group.
+    SetGroupMember {
+        group_id: String,
+        user_id: String,
+        member: bool,
+    },
+    /// Brings stored data up to `schema` (each node proposes it at start; once done it
+    /// changes nothing). Schema 2 rebuilds the per-namespace chunk references.
+    Migrate {
+        schema: u32,
+    },
 }
 
 /// A commit request, with the ids the leader may need already generated.
@@ -179,6 +220,10 @@ pub struct FileCommit {
     pub new_file_id: String,
     /// The file id of a conflicted copy, if one is made.
     pub copy_file_id: String,
+    /// The user committing: apply judges their permission (and which blocks they may name)
+    /// in log order. Empty in entries from before sharing, which are applied as before.
+    #[serde(default)]
+    pub actor_user_id: String,
 }
 
 /// A move request.
@@ -192,6 +237,9 @@ pub struct FileMove {
     pub device: String,
     /// The file id at `to` if no file was ever there.
     pub new_file_id: String,
+    /// The user moving (see [`FileCommit::actor_user_id`]).
+    #[serde(default)]
+    pub actor_user_id: String,
 }
 
 /// One limit to check: its state key and algorithm.
@@ -271,6 +319,14 @@ pub enum Outcome {
         current_version: u64,
         copy: Option<ConflictedCopy>,
     },
+    /// A shared folder was created.
+    NamespaceCreated {
+        namespace_id: String,
+    },
+    /// A group was created.
+    GroupCreated {
+        group_id: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -291,9 +347,16 @@ pub enum Rejection {
     /// A worker's write with a fence that no longer holds the job.
     #[error("stale fence; the job's fence is {current}")]
     StaleFence { current: u64 },
-    /// A commit names chunks absent from the chunk index.
+    /// A commit names chunks absent from the chunk index (or that its author may not read).
     #[error("missing chunks")]
     MissingChunks(Vec<BlockHash>),
+    /// The actor may see the namespace but not do this (a viewer's change, a non-owner's
+    /// ACL change).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    /// The request makes no sense for its target (sharing a personal namespace).
+    #[error("invalid: {0}")]
+    Invalid(String),
 }
 
 impl Rejection {

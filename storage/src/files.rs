@@ -5,9 +5,9 @@ use crate::chunks::{self, Delta};
 use crate::command::{ConflictedCopy, FileCommit, FileMove, Outcome, Rejection};
 use crate::keys::Expiring;
 use crate::paths::{device_label, FilePath};
-use crate::records::{ConflictRecord, FileRecord, VersionRecord};
+use crate::records::{ConflictRecord, FileRecord, Namespace, NamespaceKind, User, VersionRecord};
 use crate::state::{StateMachine, Txn};
-use crate::{keys, StorageError};
+use crate::{keys, sharing, StorageError};
 
 /// Numbered conflicted-copy names tried (`<device>`, `<device> 2`, …) before the copy is
 /// named by its (random, fresh) file id instead, so naming never runs out.
@@ -46,8 +46,31 @@ fn unused_file_id(txn: &Txn<'_>, proposed: &str) -> Result<String, StorageError>
     }
 }
 
+/// The actor's permission to change files in `namespace_id`, judged here in log order: a
+/// rejection if they may not. An entry without an actor (from before sharing) is allowed.
+fn may_write(txn: &Txn<'_>, actor_user_id: &str, namespace_id: &str) -> Result<Option<Outcome>, StorageError> {
+    if actor_user_id.is_empty() {
+        return Ok(None);
+    }
+    Ok(match sharing::role(txn, actor_user_id, namespace_id)? {
+        None => Some(Outcome::Rejected(Rejection::NotFound(format!("namespace {namespace_id}")))),
+        Some(role) if !role.can_write() => {
+            Some(Outcome::Rejected(Rejection::Forbidden(format!("a {} cannot change files", role.as_str()))))
+        }
+        Some(_) => None,
+    })
+}
+
 pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, StorageError> {
-    let missing = chunks::missing(txn, &c.chunks)?;
+    if let Some(refused) = may_write(txn, &c.actor_user_id, &c.namespace_id)? {
+        return Ok(refused);
+    }
+    // A block the author may not read is treated as missing: nobody commits content they
+    // only know the hash of.
+    let missing = match c.actor_user_id.as_str() {
+        "" => chunks::missing(txn, &c.chunks)?,
+        actor => chunks::unusable(txn, actor, &c.chunks)?,
+    };
     if !missing.is_empty() {
         return Ok(Outcome::Rejected(Rejection::MissingChunks(missing)));
     }
@@ -122,6 +145,9 @@ fn conflict_id(c: &FileCommit) -> Vec<u8> {
 }
 
 pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, StorageError> {
+    if let Some(refused) = may_write(txn, &m.actor_user_id, &m.namespace_id)? {
+        return Ok(refused);
+    }
     let source = match file_at(txn, &m.namespace_id, m.from.as_str())? {
         Some(f) if !f.deleted => f,
         _ => return Ok(Outcome::Rejected(Rejection::NotFound(format!("no file at {}", m.from)))),
@@ -149,6 +175,7 @@ pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, Stor
         device: m.device.clone(),
         new_file_id: m.new_file_id.clone(),
         copy_file_id: String::new(),
+        actor_user_id: m.actor_user_id.clone(),
     };
     let id = match &target {
         Some(f) => f.id.clone(),
@@ -168,7 +195,7 @@ pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, Stor
 /// so free). Should even that name be live, the content becomes its new version: whatever
 /// the names in the namespace, the client's content is kept.
 fn conflicted_copy(txn: &mut Txn<'_>, c: &FileCommit) -> Result<ConflictedCopy, StorageError> {
-    let device = device_label(&c.device);
+    let device = copy_label(txn, c)?;
     for n in 1..=CONFLICT_COPIES_NUMBERED {
         let path = c.path.conflicted_copy(&if n == 1 { device.clone() } else { format!("{device} {n}") });
         let existing = file_at(txn, &c.namespace_id, path.as_str())?;
@@ -179,6 +206,22 @@ fn conflicted_copy(txn: &mut Txn<'_>, c: &FileCommit) -> Result<ConflictedCopy, 
     let path = c.path.conflicted_copy(&format!("{device} {}", c.copy_file_id));
     let existing = file_at(txn, &c.namespace_id, path.as_str())?;
     keep_copy(txn, c, path, existing)
+}
+
+/// Who a conflicted copy names: the device, and in a shared folder also the user
+/// (`bob's phone`), since several people's devices meet there.
+fn copy_label(txn: &Txn<'_>, c: &FileCommit) -> Result<String, StorageError> {
+    let device = device_label(&c.device);
+    if c.actor_user_id.is_empty() {
+        return Ok(device);
+    }
+    let shared = txn
+        .get::<Namespace>("namespace", &keys::namespace(&c.namespace_id))?
+        .is_some_and(|ns| ns.kind == NamespaceKind::SharedFolder);
+    match txn.get::<User>("user", &keys::user(&c.actor_user_id))? {
+        Some(user) if shared => Ok(format!("{}'s {device}", device_label(&user.name))),
+        _ => Ok(device),
+    }
 }
 
 fn keep_copy(
@@ -240,7 +283,7 @@ fn write_version(
         seq,
     };
     txn.put(keys::file(file_id), &file);
-    chunks::reference(txn, &c.chunks, Delta::Add)?;
+    chunks::reference(txn, &c.namespace_id, &c.chunks, Delta::Add)?;
     Ok(version)
 }
 
@@ -260,14 +303,15 @@ pub(crate) fn expire_versions(
         let Some((_, rest)) = keys::parse_timed(&index_key) else { continue };
         let Some((file_id, version)) = rest.split_last_chunk::<8>() else { continue };
         let (file_id, version) = (String::from_utf8_lossy(file_id).into_owned(), u64::from_be_bytes(*version));
-        let current = txn.get::<FileRecord>("file", &keys::file(&file_id))?.map(|f| f.current_version);
-        if current == Some(version) {
+        let file = txn.get::<FileRecord>("file", &keys::file(&file_id))?;
+        if file.as_ref().is_some_and(|f| f.current_version == version) {
             continue;
         }
+        let namespace_id = file.map(|f| f.namespace_id).unwrap_or_default();
         let version_key = keys::version(&file_id, version);
         if let Some(record) = txn.get::<VersionRecord>("version", &version_key)? {
             txn.delete(version_key);
-            chunks::reference(txn, &record.chunks, Delta::Drop)?;
+            chunks::reference(txn, &namespace_id, &record.chunks, Delta::Drop)?;
             removed += 1;
         }
     }

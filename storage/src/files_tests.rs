@@ -22,7 +22,7 @@ fn h(name: &str) -> BlockHash {
 
 fn with_chunks(sm: &StateMachine, names: &[&str]) {
     for name in names {
-        apply(sm, Command::RegisterChunk { hash: h(name), size: 1 });
+        apply(sm, Command::RegisterChunk { hash: h(name), size: 1, uploader: String::new() });
     }
 }
 
@@ -38,6 +38,7 @@ fn commit(path: &str, chunks: &[&str], base: u64, device: &str, ids: &str) -> Co
         device: device.into(),
         new_file_id: format!("file-{ids}"),
         copy_file_id: format!("copy-{ids}"),
+        actor_user_id: String::new(),
     }))
 }
 
@@ -178,6 +179,7 @@ fn move_tombstones_the_source_and_creates_the_target() {
             base_version: base,
             device: "d".into(),
             new_file_id: "moved".into(),
+            actor_user_id: String::new(),
         }))
     };
     assert!(matches!(apply(&sm, request("/busy", 1)), Outcome::Rejected(Rejection::Conflict(_))));
@@ -230,7 +232,7 @@ fn conflicted_copy_numbering_never_runs_out() {
     let mut paths = std::collections::BTreeSet::new();
     for i in 1..=1_002u32 {
         let name = format!("c{i}");
-        apply(&sm, Command::RegisterChunk { hash: h(&name), size: 1 });
+        apply(&sm, Command::RegisterChunk { hash: h(&name), size: 1, uploader: String::new() });
         let copy = copy_of(&apply(&sm, commit("/f", &[name.as_str()], 0, "phone", &i.to_string())));
         assert!(paths.insert(copy.path.clone()), "copy {i} reused {}", copy.path);
     }

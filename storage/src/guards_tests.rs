@@ -193,6 +193,7 @@ fn a_curable_rejection_is_not_saved_under_the_key() {
             device: "d".into(),
             new_file_id: format!("file-{ids}"),
             copy_file_id: format!("copy-{ids}"),
+            actor_user_id: String::new(),
         }))
     };
     let keyed_commit = |ids: &str| Command::Idempotent {
@@ -207,7 +208,7 @@ fn a_curable_rejection_is_not_saved_under_the_key() {
     };
     assert_eq!(*outcome, Outcome::Rejected(Rejection::MissingChunks(vec![chunk])));
     // The client uploads the chunk and retries with the same key: now it commits.
-    apply(&sm, 2, Command::RegisterChunk { hash: chunk, size: 1 });
+    apply(&sm, 2, Command::RegisterChunk { hash: chunk, size: 1, uploader: String::new() });
     let Outcome::Idempotency(IdempotencyOutcome::Applied { outcome }) = apply(&sm, 3, keyed_commit("2")) else {
         panic!("the retry runs")
     };

@@ -51,6 +51,13 @@ mod tag {
     pub const CONFLICT: u8 = 0x19;
     pub const CONFLICT_EXPIRY: u8 = 0x1a;
     pub const USER_TOKEN: u8 = 0x1b;
+    pub const ACL: u8 = 0x1c;
+    pub const ACL_GRANTEE: u8 = 0x1d;
+    pub const GROUP: u8 = 0x1e;
+    pub const GROUP_NAME: u8 = 0x1f;
+    pub const GROUP_MEMBER: u8 = 0x20;
+    pub const CHUNK_UPLOADER: u8 = 0x21;
+    pub const CHUNK_NAMESPACE: u8 = 0x22;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -278,6 +285,114 @@ pub fn user_token(user_id: &str, token_id: &str) -> Vec<u8> {
 /// Every [`user_token`] key of a user.
 pub fn user_token_range(user_id: &str) -> (Vec<u8>, Vec<u8>) {
     (joined(tag::USER_TOKEN, user_id, &[]), joined(tag::USER_TOKEN, user_id, &[0xff]))
+}
+
+/// ACL entry: (namespace, grantee key) → [`crate::records::AclEntry`].
+pub fn acl(namespace_id: &str, grantee_key: &str) -> Vec<u8> {
+    joined(tag::ACL, namespace_id, grantee_key.as_bytes())
+}
+
+/// Every [`acl`] key of a namespace.
+pub fn acl_range(namespace_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::ACL, namespace_id, &[]), joined(tag::ACL, namespace_id, &[0xff]))
+}
+
+/// Reverse ACL index: (grantee key, namespace) → nothing, for listing a principal's folders.
+pub fn acl_grantee(grantee_key: &str, namespace_id: &str) -> Vec<u8> {
+    joined(tag::ACL_GRANTEE, grantee_key, namespace_id.as_bytes())
+}
+
+/// Every [`acl_grantee`] key of a grantee; the namespace id is the key past the prefix.
+pub fn acl_grantee_range(grantee_key: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::ACL_GRANTEE, grantee_key, &[]), joined(tag::ACL_GRANTEE, grantee_key, &[0xff]))
+}
+
+pub fn group(group_id: &str) -> Vec<u8> {
+    tagged(tag::GROUP, group_id.as_bytes())
+}
+
+/// Every group.
+pub fn group_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::GROUP], vec![tag::GROUP + 1])
+}
+
+/// Unique index: group name → group id.
+pub fn group_name(name: &str) -> Vec<u8> {
+    tagged(tag::GROUP_NAME, name.as_bytes())
+}
+
+/// Members of a group: (group, user) → nothing.
+pub fn group_member(group_id: &str, user_id: &str) -> Vec<u8> {
+    joined(tag::GROUP_MEMBER, group_id, user_id.as_bytes())
+}
+
+pub fn group_member_range(group_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::GROUP_MEMBER, group_id, &[]), joined(tag::GROUP_MEMBER, group_id, &[0xff]))
+}
+
+/// Who uploaded a block: (hash, user) → nothing. The hash has a fixed length.
+pub fn chunk_uploader(hash: &[u8; 32], user_id: &str) -> Vec<u8> {
+    let mut rest = hash.to_vec();
+    rest.extend_from_slice(user_id.as_bytes());
+    tagged(tag::CHUNK_UPLOADER, &rest)
+}
+
+/// Every [`chunk_uploader`] key of a block.
+pub fn chunk_uploader_range(hash: &[u8; 32]) -> (Vec<u8>, Vec<u8>) {
+    let start = tagged(tag::CHUNK_UPLOADER, hash);
+    let end = next_prefix(start.clone());
+    (start, end)
+}
+
+/// References of a block per namespace: (hash, namespace) → count of versions in that
+/// namespace naming it.
+pub fn chunk_namespace(hash: &[u8; 32], namespace_id: &str) -> Vec<u8> {
+    let mut rest = hash.to_vec();
+    rest.extend_from_slice(namespace_id.as_bytes());
+    tagged(tag::CHUNK_NAMESPACE, &rest)
+}
+
+/// Every [`chunk_namespace`] key of a block (the namespace id follows the 33-byte prefix).
+pub fn chunk_namespace_range(hash: &[u8; 32]) -> (Vec<u8>, Vec<u8>) {
+    let start = tagged(tag::CHUNK_NAMESPACE, hash);
+    let end = next_prefix(start.clone());
+    (start, end)
+}
+
+/// Every [`chunk_namespace`] key.
+pub fn chunk_namespace_all() -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::CHUNK_NAMESPACE], vec![tag::CHUNK_NAMESPACE + 1])
+}
+
+/// Every [`version`] key.
+pub fn version_all() -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::VERSION], vec![tag::VERSION + 1])
+}
+
+/// Every [`file_path`] key of a namespace.
+pub fn file_path_range(namespace_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::FILE_PATH, namespace_id, &[]), joined(tag::FILE_PATH, namespace_id, &[0xff]))
+}
+
+/// Every [`change`] key of a namespace.
+pub fn change_range(namespace_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::CHANGE, namespace_id, &[]), joined(tag::CHANGE, namespace_id, &[0xff; 9]))
+}
+
+/// The first key past every key that starts with `prefix`.
+fn next_prefix(mut prefix: Vec<u8>) -> Vec<u8> {
+    while let Some(last) = prefix.pop() {
+        if last < 0xff {
+            prefix.push(last + 1);
+            return prefix;
+        }
+    }
+    vec![0xff; 9]
+}
+
+/// The stored data-format version (see `sharing::migrate`).
+pub fn schema() -> Vec<u8> {
+    tagged(tag::SYSTEM, b"schema")
 }
 
 /// Chunk index entry of a block.

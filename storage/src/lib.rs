@@ -8,9 +8,10 @@
 //! - [`blocks`]: the on-disk, content-addressed block store.
 //! - [`state`]: the deterministic `apply` (a dispatcher: each command goes to the module that
 //!   owns it), the shared read helpers and snapshot build/restore.
-//! - [`accounts`], [`chunks`], [`files`], [`jobs`], `guards`: the apply logic and queries of
-//!   users and tokens, the chunk index, files and versions, the scheduler, and the request
-//!   guards (idempotency, processed messages, rate limits).
+//! - [`accounts`], [`chunks`], [`files`], [`jobs`], [`sharing`], `guards`: the apply logic and
+//!   queries of users and tokens, the chunk index, files and versions, the scheduler, shared
+//!   folders, ACLs, groups and the permission rule, and the request guards (idempotency,
+//!   processed messages, rate limits).
 //! - [`paths`], [`schedule`], [`ratelimit`]: pure domain values and functions (paths and
 //!   conflicted-copy names, cron fires, rate-limit algorithms).
 //!
@@ -34,6 +35,7 @@ pub mod paths;
 pub mod ratelimit;
 pub mod records;
 pub mod schedule;
+pub mod sharing;
 pub mod state;
 
 pub use command::{Batch, Command, Outcome, Rejection};

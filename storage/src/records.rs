@@ -9,6 +9,9 @@ pub struct User {
     pub namespace_id: String,
     pub admin: bool,
     pub created_ms: u64,
+    /// The groups the user belongs to (kept here so a permission check is point reads).
+    #[serde(default)]
+    pub groups: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,7 +28,10 @@ pub struct Token {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NamespaceKind {
+    /// A user's own tree; its owner is `owner_user_id`, nobody else has access.
     Personal,
+    /// A folder shared through its ACL; `owner_user_id` is its creator.
+    SharedFolder,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +39,80 @@ pub struct Namespace {
     pub id: String,
     pub kind: NamespaceKind,
     pub owner_user_id: String,
+    pub created_ms: u64,
+    /// A shared folder's name (empty for a personal namespace).
+    #[serde(default)]
+    pub name: String,
+}
+
+/// A permission on a namespace; each includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Reads files, history, blocks and the ACL; syncs.
+    Viewer,
+    /// Also commits, restores, moves and deletes files.
+    Editor,
+    /// Also manages the ACL and deletes the folder.
+    Owner,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Editor => "editor",
+            Role::Owner => "owner",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Role> {
+        match text {
+            "viewer" => Some(Role::Viewer),
+            "editor" => Some(Role::Editor),
+            "owner" => Some(Role::Owner),
+            _ => None,
+        }
+    }
+
+    /// May change files (commit, restore, move, delete).
+    pub fn can_write(self) -> bool {
+        self >= Role::Editor
+    }
+}
+
+/// Who an ACL entry names.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
+pub enum Grantee {
+    User(String),
+    Group(String),
+}
+
+impl Grantee {
+    /// The form used inside keys: `u:<id>` or `g:<id>`.
+    pub fn key(&self) -> String {
+        match self {
+            Grantee::User(id) => format!("u:{id}"),
+            Grantee::Group(id) => format!("g:{id}"),
+        }
+    }
+}
+
+/// One ACL entry: `grantee` holds `role` on `namespace_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AclEntry {
+    pub namespace_id: String,
+    pub grantee: Grantee,
+    pub role: Role,
+    pub granted_ms: u64,
+}
+
+/// A group of users (managed by the admin).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Group {
+    pub id: String,
+    pub name: String,
     pub created_ms: u64,
 }
 

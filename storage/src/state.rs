@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::command::{Batch, Command, Outcome};
 use crate::db::write_options;
-use crate::{accounts, cf, chunks, files, guards, jobs, keys, Db, StorageError};
+use crate::{accounts, cf, chunks, files, guards, jobs, keys, sharing, Db, StorageError};
 
 /// Magic prefix of a snapshot image; the version is the last byte.
 const SNAPSHOT_MAGIC: &[u8; 8] = b"RBXSNAP1";
@@ -82,6 +82,58 @@ impl Txn<'_> {
     /// at most `max`.
     pub(crate) fn committed_keys(&self, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
         range(self.db, start, end, max, |key, _| Ok(key.into_vec()))
+    }
+
+    /// Every key of `[start, end)` including this entry's writes so far, in key order (for
+    /// small ranges: a namespace's ACL, or a folder being deleted).
+    pub(crate) fn keys_in(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError> {
+        let mut keys: std::collections::BTreeSet<Vec<u8>> =
+            range(self.db, start, end, usize::MAX, |key, _| Ok(key.into_vec()))?.into_iter().collect();
+        for (key, value) in &self.overlay {
+            if key.as_slice() >= start && key.as_slice() < end {
+                match value {
+                    Some(_) => keys.insert(key.clone()),
+                    None => keys.remove(key),
+                };
+            }
+        }
+        Ok(keys.into_iter().collect())
+    }
+}
+
+/// Point reads of the state, as apply sees it (with the entry's own writes) or as a query
+/// does: what the permission rule (`sharing::role`) needs, so one rule serves both.
+pub trait Reads {
+    fn get_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+
+    /// Every key of `[start, end)` (small ranges only).
+    fn keys_between(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError>;
+
+    fn get_record<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError>
+    where
+        Self: Sized,
+    {
+        self.get_bytes(key)?.map(|bytes| decode(what, &bytes)).transpose()
+    }
+}
+
+impl Reads for Txn<'_> {
+    fn get_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.get_raw(key)
+    }
+
+    fn keys_between(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.keys_in(start, end)
+    }
+}
+
+impl Reads for StateMachine {
+    fn get_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?)
+    }
+
+    fn keys_between(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.scan_keys(start, end, usize::MAX)
     }
 }
 
@@ -283,7 +335,7 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         }
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
         Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
-        Command::RegisterChunk { hash, size } => chunks::register(txn, hash, *size),
+        Command::RegisterChunk { hash, size, uploader } => chunks::register(txn, hash, *size, uploader),
         Command::CollectOrphans { orphaned_before_ms, max_chunks } => {
             chunks::collect_orphans(txn, *orphaned_before_ms, *max_chunks as usize)
         }
@@ -302,6 +354,20 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::RenewLease { job_id, fence, lease_ms } => jobs::renew(txn, job_id, *fence, *lease_ms),
         Command::FinishRun(report) => jobs::finish(txn, report),
         Command::ExpireRuns { before_ms, max_runs } => jobs::expire_runs(txn, *before_ms, *max_runs as usize),
+        Command::CreateSharedFolder { namespace_id, name, owner_user_id } => {
+            sharing::create_folder(txn, namespace_id, name, owner_user_id)
+        }
+        Command::SetAccess { actor_user_id, namespace_id, grantee, role } => {
+            sharing::set_access(txn, actor_user_id, namespace_id, grantee, *role)
+        }
+        Command::DeleteSharedFolder { actor_user_id, namespace_id } => {
+            sharing::delete_folder(txn, actor_user_id, namespace_id)
+        }
+        Command::CreateGroup { group_id, name } => sharing::create_group(txn, group_id, name),
+        Command::SetGroupMember { group_id, user_id, member } => {
+            sharing::set_group_member(txn, group_id, user_id, *member)
+        }
+        Command::Migrate { schema } => sharing::migrate(txn, *schema),
     }
 }
 

@@ -1,5 +1,10 @@
 //! The block API: `POST /v1/blocks/status`, `PUT /v1/blocks/{hash}`, `GET /v1/blocks/{hash}`.
 //!
+//! A block is visible only to its uploaders and the readers of a namespace that references
+//! it ([`crate::access::block`]): to anyone else `status` says missing and `GET` is 404, so
+//! nobody reads or probes other users' content by its hash. Blocks are `Cache-Control:
+//! private` (DESIGN.md said `public`; a shared cache would hand them to anyone).
+//!
 //! A PUT answers 201 only once the block is durable on a majority of nodes and its chunk
 //! index entry is committed through Raft, so `status` (a linearizable read of the index)
 //! never reports a block as present that a commit could not use.
@@ -13,6 +18,7 @@ use raftbox_storage::blocks::{BlockHash, BLOCK_BYTES_MAX};
 use raftbox_storage::Command;
 use serde::{Deserialize, Serialize};
 
+use crate::access;
 use crate::auth::Principal;
 use crate::{json, ApiError, AppState};
 
@@ -35,10 +41,10 @@ pub struct StatusResponse {
     missing: Vec<String>,
 }
 
-/// Which of these blocks the cluster lacks (linearizable).
+/// Which of these blocks the cluster lacks, or the caller may not read (linearizable).
 pub async fn status(
     State(state): State<AppState>,
-    _caller: Principal,
+    caller: Principal,
     body: Bytes,
 ) -> Result<Json<StatusResponse>, ApiError> {
     let request: StatusRequest = json::parse(&body)?;
@@ -49,17 +55,20 @@ pub async fn status(
     state.node.read_barrier().await?;
     let mut missing = Vec::new();
     for (hash, text) in hashes.iter().zip(&request.hashes) {
-        if state.node.state().chunk(hash)?.is_none() && !missing.contains(text) {
+        let present = state.node.state().chunk(hash)?.is_some() && access::block_now(&state, &caller, hash)?;
+        if !present && !missing.contains(text) {
             missing.push(text.clone());
         }
     }
     Ok(Json(StatusResponse { missing }))
 }
 
-/// Stores a block: hash verified, durable on a majority, then indexed. Repeats are no-ops.
+/// Stores a block: hash verified, durable on a majority, then indexed with the caller as an
+/// uploader. A repeat by the same user is a no-op; another user's upload of known content
+/// records them as an uploader too (they proved they hold it).
 pub async fn put(
     State(state): State<AppState>,
-    _caller: Principal,
+    caller: Principal,
     Path(hash): Path<String>,
     request: Request,
 ) -> Result<StatusCode, ApiError> {
@@ -72,22 +81,30 @@ pub async fn put(
         return Err(ApiError::HashMismatch(format!("the body hashes to {actual}, not {hash}")));
     }
     let blocks = state.node.blocks();
+    let size = data.len() as u64;
+    let uploader = caller.user.id.clone();
     if state.node.state().chunk(&hash)?.is_some() && blocks.store().has(&hash) {
+        if !state.node.state().uploaded_by(&uploader, &hash)? {
+            state.node.write(Command::RegisterChunk { hash, size, uploader }).await?;
+        }
         return Ok(StatusCode::CREATED);
     }
-    let size = data.len() as u64;
     blocks.put_replicated(hash, data).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    state.node.write(Command::RegisterChunk { hash, size }).await?;
+    state.node.write(Command::RegisterChunk { hash, size, uploader }).await?;
     Ok(StatusCode::CREATED)
 }
 
-/// A block's bytes, from this node or fetched from a peer. Immutable: cacheable forever.
+/// A block's bytes, from this node or fetched from a peer, if the caller may read it (else
+/// 404). Immutable, but access-controlled: cacheable by the client only.
 pub async fn get(
     State(state): State<AppState>,
-    _caller: Principal,
+    caller: Principal,
     Path(hash): Path<String>,
 ) -> Result<Response, ApiError> {
     let hash = parse_hash(&hash)?;
+    if !access::block(&state, &caller, &hash).await? {
+        return Err(ApiError::NotFound(format!("block {hash}")));
+    }
     let data = state
         .node
         .blocks()
@@ -98,7 +115,7 @@ pub async fn get(
     let mut response = Body::from(data).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("public, max-age=31536000, immutable"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, max-age=31536000, immutable"));
     if let Ok(etag) = HeaderValue::try_from(format!("\"{hash}\"")) {
         headers.insert(header::ETAG, etag);
     }

@@ -11,7 +11,8 @@
 //! | `GET /v1/files/list?path=/folder/` | files and subfolders directly in a folder (paginated) |
 //!
 //! Every call takes an optional `namespaceId` (query or body); the default is the caller's
-//! personal namespace. A namespace the caller cannot read is 404.
+//! personal namespace. Reads ask [`crate::access`] (a namespace the caller cannot read is
+//! 404); changes carry the caller as their actor and apply judges them (a viewer's is 403).
 
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{new_id, page_limit, PAGE_DEFAULT, PAGE_MAX};
+use crate::access;
 use crate::auth::Principal;
 use crate::idempotency::Keyed;
 use crate::{json, ApiError, AppState};
@@ -35,16 +37,6 @@ use crate::{json, ApiError, AppState};
 pub const DEVICE_CHARS_MAX: usize = 64;
 /// Chunks in one file version, at most.
 pub const FILE_CHUNKS_MAX: usize = 100_000;
-
-/// The namespace a call works in: the given one if the caller may use it, else the
-/// caller's personal namespace.
-pub fn namespace(principal: &Principal, requested: Option<&str>) -> Result<String, ApiError> {
-    match requested {
-        None => Ok(principal.user.namespace_id.clone()),
-        Some(id) if id == principal.user.namespace_id => Ok(id.to_string()),
-        Some(id) => Err(ApiError::NotFound(format!("namespace {id}"))),
-    }
-}
 
 fn parse_path(text: &str) -> Result<FilePath, ApiError> {
     FilePath::parse(text).map_err(|e| ApiError::BadRequest(format!("path {text:?}: {e}")))
@@ -83,8 +75,15 @@ fn parse_mtime(value: &serde_json::Value) -> Result<u64, ApiError> {
 
 /// A commit of no content at `path` on `base_version`, with fresh ids; callers fill in the
 /// rest with struct update syntax.
-fn empty_commit(namespace_id: String, path: FilePath, base_version: u64, device: String) -> FileCommit {
+fn empty_commit(
+    principal: &Principal,
+    namespace_id: String,
+    path: FilePath,
+    base_version: u64,
+    device: String,
+) -> FileCommit {
     FileCommit {
+        actor_user_id: principal.user.id.clone(),
         namespace_id,
         path,
         chunks: Vec::new(),
@@ -158,13 +157,19 @@ pub async fn commit(
         .iter()
         .map(|h| h.parse::<BlockHash>().map_err(|_| ApiError::BadRequest(format!("{h:?} is not a chunk hash"))))
         .collect::<Result<Vec<_>, _>>()?;
-    let namespace_id = namespace(&principal, request.namespace_id.as_deref())?;
+    let namespace_id = access::resolve(&principal, request.namespace_id.as_deref());
     let commit = FileCommit {
         chunks,
         size: request.size,
         mtime_ms: parse_mtime(&request.mtime)?,
         deleted: request.deleted,
-        ..empty_commit(namespace_id, parse_path(&request.path)?, request.base_version, device(&headers, &principal)?)
+        ..empty_commit(
+            &principal,
+            namespace_id,
+            parse_path(&request.path)?,
+            request.base_version,
+            device(&headers, &principal)?,
+        )
     };
     propose_commit(&state, &principal, keyed, commit).await
 }
@@ -211,9 +216,9 @@ async fn live_file(
     principal: &Principal,
     query: &PathQuery,
 ) -> Result<(FileRecord, VersionRecord), ApiError> {
-    let namespace_id = namespace(principal, query.namespace_id.as_deref())?;
+    let namespace_id = access::resolve(principal, query.namespace_id.as_deref());
     let path = parse_path(&query.path)?;
-    state.node.read_barrier().await?;
+    access::read(state, principal, &namespace_id).await?;
     match state.node.state().file_at(&namespace_id, path.as_str())? {
         Some((file, version)) if !file.deleted => Ok((file, version)),
         _ => Err(ApiError::NotFound(format!("no file at {path}"))),
@@ -238,14 +243,14 @@ pub async fn history(
     principal: Principal,
     Query(query): Query<PathQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let namespace_id = namespace(&principal, query.namespace_id.as_deref())?;
+    let namespace_id = access::resolve(&principal, query.namespace_id.as_deref());
     let path = parse_path(&query.path)?;
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     let below = match &query.page_token {
         None => u64::MAX,
         Some(token) => token.parse::<u64>().map_err(|_| ApiError::BadRequest("bad pageToken".into()))?,
     };
-    state.node.read_barrier().await?;
+    access::read(&state, &principal, &namespace_id).await?;
     let (file, _) = state
         .node
         .state()
@@ -277,9 +282,11 @@ pub async fn restore(
     keyed: Keyed,
 ) -> Result<Response, ApiError> {
     let request: RestoreRequest = json::parse(&keyed.body)?;
-    let namespace_id = namespace(&principal, request.namespace_id.as_deref())?;
+    let namespace_id = access::resolve(&principal, request.namespace_id.as_deref());
     let path = parse_path(&request.path)?;
-    state.node.read_barrier().await?;
+    if !access::read(&state, &principal, &namespace_id).await?.can_write() {
+        return Err(ApiError::Forbidden("a viewer cannot change files".into()));
+    }
     let (file, _) = state
         .node
         .state()
@@ -296,7 +303,7 @@ pub async fn restore(
         chunks: old.chunks,
         size: old.size,
         mtime_ms: old.mtime_ms,
-        ..empty_commit(namespace_id, path, file.current_version, device(&headers, &principal)?)
+        ..empty_commit(&principal, namespace_id, path, file.current_version, device(&headers, &principal)?)
     };
     propose_commit(&state, &principal, keyed, commit).await
 }
@@ -317,10 +324,16 @@ pub async fn delete(
     keyed: Keyed,
 ) -> Result<Response, ApiError> {
     let request: DeleteRequest = json::parse(&keyed.body)?;
-    let namespace_id = namespace(&principal, request.namespace_id.as_deref())?;
+    let namespace_id = access::resolve(&principal, request.namespace_id.as_deref());
     let commit = FileCommit {
         deleted: true,
-        ..empty_commit(namespace_id, parse_path(&request.path)?, request.base_version, device(&headers, &principal)?)
+        ..empty_commit(
+            &principal,
+            namespace_id,
+            parse_path(&request.path)?,
+            request.base_version,
+            device(&headers, &principal)?,
+        )
     };
     propose_commit(&state, &principal, keyed, commit).await
 }
@@ -343,12 +356,13 @@ pub async fn move_file(
 ) -> Result<Response, ApiError> {
     let request: MoveRequest = json::parse(&keyed.body)?;
     let request = FileMove {
-        namespace_id: namespace(&principal, request.namespace_id.as_deref())?,
+        namespace_id: access::resolve(&principal, request.namespace_id.as_deref()),
         from: parse_path(&request.from)?,
         to: parse_path(&request.to)?,
         base_version: request.base_version,
         device: device(&headers, &principal)?,
         new_file_id: new_id(),
+        actor_user_id: principal.user.id.clone(),
     };
     keyed.write_with(&state, &principal, Command::MoveFile(Box::new(request)), render_commit).await
 }
@@ -359,13 +373,13 @@ pub async fn list(
     principal: Principal,
     Query(query): Query<PathQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let namespace_id = namespace(&principal, query.namespace_id.as_deref())?;
+    let namespace_id = access::resolve(&principal, query.namespace_id.as_deref());
     let folder = query.path.as_str();
     if folder != "/" && (!folder.ends_with('/') || FilePath::parse(&folder[..folder.len() - 1]).is_err()) {
         return Err(ApiError::BadRequest("path must be a folder: '/' or an absolute path ending in '/'".into()));
     }
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    state.node.read_barrier().await?;
+    access::read(&state, &principal, &namespace_id).await?;
     let mut entries: Vec<serde_json::Value> = Vec::new();
     let mut last_name: Option<String> = None;
     // Where the next page starts: after this path (after a folder's whole subtree).

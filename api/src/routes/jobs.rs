@@ -191,7 +191,7 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
 async fn visible_job(state: &AppState, principal: &Principal, job_id: &str) -> Result<Job, ApiError> {
     state.node.read_barrier().await?;
     match state.node.state().job(job_id)? {
-        Some(job) if job.owner_user_id == principal.user.id || principal.user.admin => Ok(job),
+        Some(job) if crate::access::job(principal, &job) => Ok(job),
         _ => Err(ApiError::NotFound(format!("job {job_id}"))),
     }
 }

@@ -6,10 +6,11 @@ mod cluster;
 mod files;
 mod jobs;
 mod probes;
+mod sharing;
 pub mod sync;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 
 use crate::{ApiError, AppState};
@@ -59,6 +60,18 @@ pub fn router() -> Router<AppState> {
         .route("/v1/jobs/{job_id}", get(jobs::get).patch(jobs::patch).delete(jobs::cancel))
         .route("/v1/jobs/{job_id}/runs", get(jobs::runs))
         .route("/v1/sync", get(sync::sync))
+        .route("/v1/namespaces", post(sharing::create).get(sharing::list))
+        .route("/v1/namespaces/{namespace_id}", delete(sharing::delete))
+        .route("/v1/namespaces/{namespace_id}/acl", get(sharing::acl).put(sharing::grant))
+        .route("/v1/namespaces/{namespace_id}/acl/users/{user_id}", delete(sharing::revoke_user))
+        .route("/v1/namespaces/{namespace_id}/acl/groups/{group_id}", delete(sharing::revoke_group))
+        .route("/v1/namespaces/{namespace_id}/leave", post(sharing::leave))
+        .route("/v1/admin/groups", post(sharing::create_group).get(sharing::list_groups))
+        .route("/v1/admin/groups/{group_id}", get(sharing::get_group))
+        .route(
+            "/v1/admin/groups/{group_id}/members/{user_id}",
+            axum::routing::put(sharing::add_member).delete(sharing::remove_member),
+        )
         .route(
             "/v1/blocks/{hash}",
             get(blocks::get).put(blocks::put).layer(DefaultBodyLimit::max(raftbox_storage::blocks::BLOCK_BYTES_MAX)),

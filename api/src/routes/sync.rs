@@ -2,7 +2,9 @@
 //! `GET /v1/notify/ws` (WebSocket).
 //!
 //! The cursor is opaque to clients: base64url of the JSON map namespace → last sequence
-//! seen. `cursor=0` starts from nothing (the whole tree). Notifications come from this
+//! seen. `cursor=0` starts from nothing (the whole tree). A namespace granted since the
+//! cursor joins at 0; one the caller can no longer read is reported once as
+//! `{"namespaceId": …, "namespaceRemoved": true}` and dropped. Notifications come from this
 //! node's own apply stream (Raft metrics change on every apply) and carry no data.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,6 +22,7 @@ use raftbox_storage::schedule::format_utc;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::access;
 use crate::auth::Principal;
 use crate::{ApiError, AppState};
 
@@ -34,34 +37,45 @@ pub const NOTIFY_TIMEOUT_S_MAX: u64 = 120;
 /// Per-namespace positions.
 type Cursor = BTreeMap<String, u64>;
 
-/// The namespaces the caller can read.
-fn readable(principal: &Principal) -> Vec<String> {
-    vec![principal.user.namespace_id.clone()]
+/// The namespaces the caller can read now.
+fn readable(state: &AppState, user_id: &str) -> Result<Vec<String>, ApiError> {
+    Ok(access::namespaces(state, user_id)?.into_iter().map(|a| a.namespace.id).collect())
 }
 
 fn encode_cursor(cursor: &Cursor) -> String {
     URL_SAFE_NO_PAD.encode(serde_json::to_vec(cursor).unwrap_or_default())
 }
 
-/// Parses a cursor; one that can no longer be served (a namespace the caller cannot read,
-/// or a position past the namespace's end) is 410 `cursor-reset`.
-fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<Cursor, ApiError> {
-    let namespaces = readable(principal);
+/// A cursor as it applies now: the caller's readable namespaces with their positions (a
+/// namespace granted since the cursor joins it at 0, so its whole tree arrives), and the
+/// namespaces of the cursor the caller can no longer read (revoked, left or deleted), which
+/// are reported once and dropped. A position past a namespace's end is 410 `cursor-reset`.
+struct Position {
+    cursor: Cursor,
+    removed: Vec<String>,
+}
+
+fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<Position, ApiError> {
+    let namespaces = readable(state, &principal.user.id)?;
     if text == "0" {
-        return Ok(namespaces.into_iter().map(|ns| (ns, 0)).collect());
+        return Ok(Position { cursor: namespaces.into_iter().map(|ns| (ns, 0)).collect(), removed: Vec::new() });
     }
     let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
-    let mut cursor: Cursor =
-        serde_json::from_slice(&bytes).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
-    for (ns, seq) in &cursor {
-        if !namespaces.contains(ns) || *seq > state.node.state().namespace_cursor(ns)? {
+    let given: Cursor = serde_json::from_slice(&bytes).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
+    let mut position = Position { cursor: Cursor::new(), removed: Vec::new() };
+    for (ns, seq) in given {
+        if !namespaces.contains(&ns) {
+            position.removed.push(ns);
+        } else if seq > state.node.state().namespace_cursor(&ns)? {
             return Err(ApiError::CursorReset);
+        } else {
+            position.cursor.insert(ns, seq);
         }
     }
     for ns in namespaces {
-        cursor.entry(ns).or_insert(0);
+        position.cursor.entry(ns).or_insert(0);
     }
-    Ok(cursor)
+    Ok(position)
 }
 
 #[derive(Deserialize)]
@@ -77,8 +91,10 @@ pub async fn sync(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let limit = super::page_limit(query.limit, SYNC_PAGE_DEFAULT, SYNC_PAGE_MAX)?;
     state.node.read_barrier().await?;
-    let mut cursor = decode_cursor(&state, &principal, &query.cursor)?;
-    let mut changes = Vec::new();
+    let Position { mut cursor, removed } = decode_cursor(&state, &principal, &query.cursor)?;
+    let mut changes: Vec<serde_json::Value> =
+        removed.iter().map(|ns| json!({ "namespaceId": ns, "namespaceRemoved": true })).collect();
+    let limit = limit.saturating_add(changes.len());
     let mut has_more = false;
     for (ns, seq) in cursor.iter_mut() {
         let room = limit - changes.len();
@@ -105,15 +121,23 @@ pub async fn sync(
     Ok(Json(json!({ "changes": changes, "cursor": encode_cursor(&cursor), "hasMore": has_more })))
 }
 
-/// Namespaces whose position moved past `cursor`.
-fn changed(state: &AppState, cursor: &Cursor) -> Result<Vec<String>, ApiError> {
-    let mut out = Vec::new();
-    for (ns, seq) in cursor {
-        if state.node.state().namespace_cursor(ns)? > *seq {
-            out.push(ns.clone());
+/// Whether anything is newer than the cursor: a change in one of its namespaces, a
+/// namespace granted or removed since.
+fn pending(state: &AppState, position: &Position, given: &str) -> Result<bool, ApiError> {
+    if !position.removed.is_empty() {
+        return Ok(true);
+    }
+    let known: Option<Cursor> = match given {
+        "0" => None,
+        text => URL_SAFE_NO_PAD.decode(text).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()),
+    };
+    for (ns, seq) in &position.cursor {
+        let joined = known.as_ref().is_some_and(|k| !k.contains_key(ns));
+        if joined || state.node.state().namespace_cursor(ns)? > *seq {
+            return Ok(true);
         }
     }
-    Ok(out)
+    Ok(false)
 }
 
 #[derive(Deserialize)]
@@ -185,12 +209,13 @@ pub async fn long_poll(
     }
     // As in /v1/sync: a cursor from a node a few ms ahead is servable once this one caught up.
     state.node.read_barrier().await?;
-    let cursor = decode_cursor(&state, &principal, &query.cursor)?;
     let mut applied = state.node.raft().metrics();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
     loop {
         applied.borrow_and_update();
-        if !changed(&state, &cursor)?.is_empty() {
+        // Read again on every apply: a namespace granted while the poll is open counts.
+        let position = decode_cursor(&state, &principal, &query.cursor)?;
+        if pending(&state, &position, &query.cursor)? {
             return Ok(Json(json!({ "changes": true })));
         }
         match tokio::time::timeout_at(deadline, applied.changed()).await {
@@ -202,7 +227,9 @@ pub async fn long_poll(
 }
 
 /// Sends `{"type":"namespace_changed","namespaceId":…}` whenever a readable namespace
-/// changes on this node, until the client goes away.
+/// changes on this node, and when one is granted or taken away (the client's next sync then
+/// brings its tree or its removal), until the client goes away. The caller's namespaces are
+/// read again on every apply.
 pub async fn websocket(
     State(state): State<AppState>,
     principal: Principal,
@@ -210,33 +237,32 @@ pub async fn websocket(
 ) -> Result<Response, ApiError> {
     // Positions are taken before the upgrade answer, so no commit after it goes unheard.
     let mut seen: Cursor = BTreeMap::new();
-    for ns in readable(&principal) {
+    for ns in readable(&state, &principal.user.id)? {
         let at = state.node.state().namespace_cursor(&ns)?;
         seen.insert(ns, at);
     }
     let applied = state.node.raft().metrics();
     let slot = state.channels.open(&principal.user.id, &state.config.notify_limits)?;
     Ok(upgrade.on_upgrade(move |socket| async move {
-        notify_socket(state, seen, applied, socket).await;
+        notify_socket(state, principal.user.id, seen, applied, socket).await;
         drop(slot);
     }))
 }
 
 async fn notify_socket(
     state: AppState,
+    user_id: String,
     mut seen: Cursor,
     mut applied: tokio::sync::watch::Receiver<raftbox_raft::RaftMetrics>,
     mut socket: WebSocket,
 ) {
     loop {
         // Anything applied between the positions above and now is found by this check.
-        for ns in changed(&state, &seen).unwrap_or_default() {
+        for ns in moved(&state, &user_id, &mut seen).unwrap_or_default() {
             let message = json!({ "type": "namespace_changed", "namespaceId": ns }).to_string();
             if socket.send(Message::Text(message.into())).await.is_err() {
                 return;
             }
-            let at = state.node.state().namespace_cursor(&ns).unwrap_or(0);
-            seen.insert(ns, at);
         }
         tokio::select! {
             change = applied.changed() => {
@@ -250,4 +276,19 @@ async fn notify_socket(
             },
         }
     }
+}
+
+/// The namespaces that changed, joined or left since `seen`, which is brought up to date.
+fn moved(state: &AppState, user_id: &str, seen: &mut Cursor) -> Result<Vec<String>, ApiError> {
+    let now = readable(state, user_id)?;
+    let mut out: Vec<String> = seen.keys().filter(|ns| !now.contains(ns)).cloned().collect();
+    seen.retain(|ns, _| now.contains(ns));
+    for ns in now {
+        let at = state.node.state().namespace_cursor(&ns)?;
+        if seen.get(&ns).is_none_or(|before| at > *before) {
+            seen.insert(ns.clone(), at);
+            out.push(ns);
+        }
+    }
+    Ok(out)
 }

@@ -27,8 +27,8 @@ fn hostile_bodies() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// Every route that takes a JSON body, with `{user}`, `{job}` filled in.
-const JSON_ROUTES: [(&str, &str); 10] = [
+/// Every route that takes a JSON body, with `{user}`, `{job}`, `{ns}` filled in.
+const JSON_ROUTES: [(&str, &str); 13] = [
     ("POST", "/v1/admin/users"),
     ("POST", "/v1/admin/users/{user}/tokens"),
     ("POST", "/v1/admin/cluster/members"),
@@ -39,10 +39,13 @@ const JSON_ROUTES: [(&str, &str); 10] = [
     ("POST", "/v1/files/move"),
     ("POST", "/v1/jobs"),
     ("PATCH", "/v1/jobs/{job}"),
+    ("POST", "/v1/namespaces"),
+    ("PUT", "/v1/namespaces/{ns}/acl"),
+    ("POST", "/v1/admin/groups"),
 ];
 
 /// Specific bad values for specific routes: (method, path, body).
-fn targeted(user: &str) -> Vec<(&'static str, String, String)> {
+fn targeted(user: &str, ns: &str) -> Vec<(&'static str, String, String)> {
     let commit = |path: &str, chunks: Value, base: Value| {
         json!({ "path": path, "chunks": chunks, "baseVersion": base, "size": 1, "mtime": 0 }).to_string()
     };
@@ -83,6 +86,18 @@ fn targeted(user: &str) -> Vec<(&'static str, String, String)> {
                 .to_string(),
         ),
         ("POST", "/v1/admin/cluster/members".into(), json!({ "id": -1, "httpAddr": "x", "grpcAddr": "y" }).to_string()),
+        ("POST", "/v1/namespaces".into(), json!({ "name": "tab\there" }).to_string()),
+        ("POST", "/v1/namespaces".into(), json!({ "name": "n".repeat(1_000) }).to_string()),
+        ("PUT", format!("/v1/namespaces/{ns}/acl"), json!({ "userId": user, "role": "superuser" }).to_string()),
+        ("PUT", format!("/v1/namespaces/{ns}/acl"), json!({ "userId": user, "groupId": "g", "role": "viewer" }).to_string()),
+        ("PUT", format!("/v1/namespaces/{ns}/acl"), json!({ "role": "viewer" }).to_string()),
+        ("PUT", format!("/v1/namespaces/{ns}/acl"), json!({ "userId": "ghost", "role": "viewer" }).to_string()),
+        ("PUT", format!("/v1/namespaces/{ns}/acl"), json!({ "userName": "ghost", "role": "viewer" }).to_string()),
+        ("PUT", format!("/v1/namespaces/{ns}/acl"), json!({ "userId": user, "role": "editor" }).to_string()),
+        ("PUT", "/v1/namespaces/not-there/acl".into(), json!({ "userId": user, "role": "viewer" }).to_string()),
+        ("PUT", "/v1/namespaces/..%2F..%2Fadmin/acl".into(), json!({ "userId": user, "role": "viewer" }).to_string()),
+        ("POST", "/v1/admin/groups".into(), json!({ "name": "" }).to_string()),
+        ("POST", "/v1/admin/groups".into(), json!({ "name": "bell\u{7}" }).to_string()),
     ]
 }
 
@@ -107,6 +122,9 @@ fn bad_gets() -> Vec<String> {
         "/v1/jobs/..%2F..%2Fadmin".into(),
         "/v1/admin/users/%00".into(),
         "/v1/admin/cluster/members/-1".into(),
+        "/v1/namespaces/%00/acl".into(),
+        "/v1/namespaces/not-there/acl".into(),
+        "/v1/admin/groups/%00".into(),
     ]
 }
 
@@ -120,6 +138,8 @@ async fn every_route_refuses_bad_input_with_a_problem_and_changes_nothing() {
         json!({ "type": "noop", "payload": {}, "schedule": { "runAt": "2099-01-01T00:00:00Z" }, "maxRetries": 0 });
     let (_, _, created) = node.call("POST", "/v1/jobs", Some(&me), Some(&job.to_string())).await;
     let job_id = created["jobId"].as_str().expect("jobId").to_owned();
+    let (_, _, folder) = node.call("POST", "/v1/namespaces", Some(&me), Some(r#"{"name":"team"}"#)).await;
+    let ns = folder["namespaceId"].as_str().expect("namespaceId").to_owned();
     let before = snapshot(&node, &me).await;
 
     let mut surprises = Vec::new();
@@ -130,7 +150,7 @@ async fn every_route_refuses_bad_input_with_a_problem_and_changes_nothing() {
         }
     };
     for (method, template) in JSON_ROUTES {
-        let path = template.replace("{user}", &user_id).replace("{job}", &job_id);
+        let path = template.replace("{user}", &user_id).replace("{job}", &job_id).replace("{ns}", &ns);
         for (kind, body) in hostile_bodies() {
             // Admin routes with the admin token, the rest with a user's, so the body is judged.
             let token = if path.starts_with("/v1/admin") { ADMIN_TOKEN } else { me.as_str() };
@@ -138,7 +158,7 @@ async fn every_route_refuses_bad_input_with_a_problem_and_changes_nothing() {
             judge(format!("{method} {path} with {kind}"), status, &headers, &answer);
         }
     }
-    for (method, path, body) in targeted(&user_id) {
+    for (method, path, body) in targeted(&user_id, &ns) {
         let token = if path.starts_with("/v1/admin") { ADMIN_TOKEN } else { me.as_str() };
         let (status, headers, answer) = node.call(method, &path, Some(token), Some(&body)).await;
         judge(format!("{method} {path} with {}", cut(&Value::String(body))), status, &headers, &answer);
@@ -157,7 +177,7 @@ async fn every_route_refuses_bad_input_with_a_problem_and_changes_nothing() {
     assert_eq!(status, StatusCode::CREATED, "the node no longer writes");
 }
 
-/// What the caller can see: their files, jobs and the user count, as one value.
+/// What the caller can see: their files, jobs, namespaces and ACLs, and the groups.
 async fn snapshot(node: &TestNode, token: &str) -> Value {
     let files = node.call("GET", "/v1/sync?cursor=0", Some(token), None).await.2["changes"].clone();
     let jobs = node.call("GET", "/v1/jobs", Some(token), None).await.2["jobs"].clone();
@@ -166,7 +186,14 @@ async fn snapshot(node: &TestNode, token: &str) -> Value {
         Some(id) => node.call("GET", &format!("/v1/jobs/{id}"), Some(token), None).await.2,
         None => Value::Null,
     };
-    json!({ "files": files, "jobs": jobs, "job": detail })
+    let namespaces = node.call("GET", "/v1/namespaces", Some(token), None).await.2;
+    let mut acls = Vec::new();
+    for ns in namespaces["namespaces"].as_array().into_iter().flatten() {
+        let id = ns["namespaceId"].as_str().unwrap_or_default();
+        acls.push(node.call("GET", &format!("/v1/namespaces/{id}/acl"), Some(token), None).await.2);
+    }
+    let groups = node.call("GET", "/v1/admin/groups", Some(ADMIN_TOKEN), None).await.2;
+    json!({ "files": files, "jobs": jobs, "job": detail, "namespaces": namespaces, "acls": acls, "groups": groups })
 }
 
 fn cut(value: &Value) -> String {

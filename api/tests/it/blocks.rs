@@ -43,7 +43,8 @@ async fn put_status_get_round_trip_and_repeat_is_a_no_op() {
         node.client.get(format!("{}/v1/blocks/{hash}", node.url)).bearer_auth(ADMIN_TOKEN).send().await.expect("get");
     assert_eq!(response.status(), StatusCode::OK);
     let headers = response.headers().clone();
-    assert_eq!(headers["cache-control"], "public, max-age=31536000, immutable");
+    // Private, not public (DESIGN.md said public): blocks are access-controlled.
+    assert_eq!(headers["cache-control"], "private, max-age=31536000, immutable");
     assert_eq!(headers["etag"].to_str().expect("ascii"), format!("\"{hash}\""));
     assert_eq!(response.bytes().await.expect("bytes").to_vec(), data);
 }

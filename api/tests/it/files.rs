@@ -194,13 +194,24 @@ async fn sync_pages_cursors_and_resets() {
     assert_eq!((paths(&rest).len(), rest["hasMore"].as_bool()), (3, Some(false)));
     let end = rest["cursor"].as_str().expect("cursor").to_string();
     assert_eq!(paths(&device.sync(&end).await), vec![]);
-    // Someone else's namespace in the cursor, or a position past the end: 410.
+    // A namespace the caller cannot read (never could, or no longer can) is reported as
+    // removed and dropped from the cursor; a position past the end of one it reads: 410.
     let engine = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    for bad in [json!({ "someone-else": 0 }), json!({ "not-mine": 1 })] {
-        let cursor = engine.encode(bad.to_string());
-        let (status, problem) = device.call("GET", &format!("/v1/sync?cursor={cursor}"), None).await;
-        assert_problem(status, &problem, StatusCode::GONE, "cursor-reset");
+    for (ns, seq) in [("someone-else", 0), ("not-mine", 1)] {
+        let cursor = engine.encode(json!({ ns: seq }).to_string());
+        let (status, body) = device.call("GET", &format!("/v1/sync?cursor={cursor}"), None).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["changes"][0], json!({ "namespaceId": ns, "namespaceRemoved": true }));
+        let next: Value =
+            serde_json::from_slice(&engine.decode(body["cursor"].as_str().expect("cursor")).expect("b64"))
+                .expect("json");
+        assert!(next.get(ns).is_none(), "{next}");
     }
+    let mine: Value = serde_json::from_slice(&engine.decode(&end).expect("b64")).expect("json");
+    let (ns, _) = mine.as_object().and_then(|m| m.iter().next()).expect("my namespace");
+    let cursor = engine.encode(json!({ ns: 1_000_000 }).to_string());
+    let (status, problem) = device.call("GET", &format!("/v1/sync?cursor={cursor}"), None).await;
+    assert_problem(status, &problem, StatusCode::GONE, "cursor-reset");
     let (status, problem) = device.call("GET", "/v1/sync?cursor=%%%", None).await;
     assert_problem(status, &problem, StatusCode::BAD_REQUEST, "bad-request");
 }

@@ -8,6 +8,7 @@ mod files;
 mod guards;
 mod jobs;
 mod regressions;
+mod sharing;
 
 use std::sync::Arc;
 

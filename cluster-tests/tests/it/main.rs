@@ -15,6 +15,9 @@
 //! - `snapshot_rejoin`: a wiped node is rebuilt from a snapshot, votes only once removed and
 //!   added again, and can lead.
 //! - `restart_durability`: SIGKILL of every node at once loses no acknowledged write.
+//! - `shared_folder`: two users, two devices each, one shared folder across three nodes:
+//!   edits cross, a conflicted copy names user and device, a viewer's commit is 403, a
+//!   revoke removes the folder from the former member's sync and closes its files and blocks.
 //! - `shared_rate_limit`: a limit holds across all nodes hammered at once.
 //! - `idempotency_across_nodes`: one key sent to every node at once runs once.
 //! - `limiter_failure_modes`: without quorum, fail-open admits and fail-closed rejects.
@@ -51,6 +54,7 @@ mod maintenance;
 mod membership;
 mod poison_pill;
 mod restart_durability;
+mod shared_folder;
 mod shared_rate_limit;
 mod snapshot_rejoin;
 mod system_jobs;

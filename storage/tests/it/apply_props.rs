@@ -14,7 +14,7 @@ use raftbox_storage::command::{FileCommit, FileMove, RateCheck};
 use raftbox_storage::jobs::{Job, JobPatch, JobSpec, RunReport, RunResult, RunStatus, Schedule};
 use raftbox_storage::paths::FilePath;
 use raftbox_storage::ratelimit::Algorithm;
-use raftbox_storage::records::SavedResponse;
+use raftbox_storage::records::{Grantee, Role, SavedResponse};
 use raftbox_storage::schedule::CronSchedule;
 use raftbox_storage::{Batch, Command, Db, StateMachine};
 
@@ -49,7 +49,7 @@ fn extreme() -> impl Strategy<Value = u64> {
 
 /// A small pool of ids so that commands meet each other, plus hostile ones.
 fn id() -> impl Strategy<Value = String> {
-    prop_oneof![4 => "(u|ns|j|f)[0-2]", 1 => hostile()]
+    prop_oneof![4 => "(u|ns|j|f|g)[0-2]", 1 => Just(String::new()), 1 => hostile()]
 }
 
 fn path() -> impl Strategy<Value = FilePath> {
@@ -90,21 +90,30 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
 }
 
 fn file_commit() -> impl Strategy<Value = FileCommit> {
-    (id(), path(), prop::collection::vec(hash(), 0..4), extreme(), 0..4u64, any::<bool>(), hostile(), id(), id())
-        .prop_map(|(namespace_id, path, chunks, size, base_version, deleted, device, new_file_id, copy_file_id)| {
-            FileCommit {
-                namespace_id,
-                path,
-                chunks,
-                size,
-                mtime_ms: size,
-                base_version,
-                deleted,
-                device,
-                new_file_id,
-                copy_file_id,
-            }
-        })
+    (
+        (id(), path(), prop::collection::vec(hash(), 0..4), extreme(), 0..4u64, any::<bool>(), hostile(), id(), id()),
+        id(),
+    )
+        .prop_map(
+            |(
+                (namespace_id, path, chunks, size, base_version, deleted, device, new_file_id, copy_file_id),
+                actor_user_id,
+            )| {
+                FileCommit {
+                    namespace_id,
+                    path,
+                    chunks,
+                    size,
+                    mtime_ms: size,
+                    base_version,
+                    deleted,
+                    device,
+                    new_file_id,
+                    copy_file_id,
+                    actor_user_id,
+                }
+            },
+        )
 }
 
 fn job() -> impl Strategy<Value = Job> {
@@ -133,6 +142,7 @@ fn scope() -> impl Strategy<Value = [u8; 32]> {
 fn leaf_command() -> impl Strategy<Value = Command> {
     prop_oneof![
         1 => file_commit().prop_map(|c| Command::CommitFile(Box::new(c))),
+        1 => sharing_command(),
         3 => other_command(),
     ]
 }
@@ -160,10 +170,18 @@ fn other_command() -> impl Strategy<Value = Command> {
             token_id,
             token_hash
         }),
-        (hash(), extreme()).prop_map(|(hash, size)| Command::RegisterChunk { hash, size }),
-        (id(), path(), path(), 0..4u64, hostile(), id()).prop_map(
-            |(namespace_id, from, to, base_version, device, new_file_id)| {
-                Command::MoveFile(Box::new(FileMove { namespace_id, from, to, base_version, device, new_file_id }))
+        (hash(), extreme(), id()).prop_map(|(hash, size, uploader)| Command::RegisterChunk { hash, size, uploader }),
+        (id(), path(), path(), 0..4u64, hostile(), (id(), id())).prop_map(
+            |(namespace_id, from, to, base_version, device, (new_file_id, actor_user_id))| {
+                Command::MoveFile(Box::new(FileMove {
+                    namespace_id,
+                    from,
+                    to,
+                    base_version,
+                    device,
+                    new_file_id,
+                    actor_user_id,
+                }))
             }
         ),
         (extreme(), 0..4u32).prop_map(|(superseded_before_ms, max_versions)| Command::ExpireVersions {
@@ -209,6 +227,37 @@ fn other_command() -> impl Strategy<Value = Command> {
             response: SavedResponse { status: 201, headers: vec![("content-type".into(), body.clone())], body }
         }),
         scope().prop_map(|scope| Command::IdempotencyRelease { scope }),
+    ]
+}
+
+fn role() -> impl Strategy<Value = Option<Role>> {
+    prop::option::of(prop::sample::select(vec![Role::Viewer, Role::Editor, Role::Owner]))
+}
+
+fn grantee() -> impl Strategy<Value = Grantee> {
+    prop_oneof![id().prop_map(Grantee::User), id().prop_map(Grantee::Group)]
+}
+
+/// Shared folders, ACL changes, groups and migrations, with ids that may or may not exist.
+fn sharing_command() -> impl Strategy<Value = Command> {
+    prop_oneof![
+        (id(), hostile(), id()).prop_map(|(namespace_id, name, owner_user_id)| Command::CreateSharedFolder {
+            namespace_id,
+            name,
+            owner_user_id
+        }),
+        (id(), id(), grantee(), role()).prop_map(|(actor_user_id, namespace_id, grantee, role)| {
+            Command::SetAccess { actor_user_id, namespace_id, grantee, role }
+        }),
+        (id(), id())
+            .prop_map(|(actor_user_id, namespace_id)| Command::DeleteSharedFolder { actor_user_id, namespace_id }),
+        (id(), hostile()).prop_map(|(group_id, name)| Command::CreateGroup { group_id, name }),
+        (id(), id(), any::<bool>()).prop_map(|(group_id, user_id, member)| Command::SetGroupMember {
+            group_id,
+            user_id,
+            member
+        }),
+        (0u32..4).prop_map(|schema| Command::Migrate { schema }),
     ]
 }
 

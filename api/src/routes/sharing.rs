@@ -1,0 +1,284 @@
+//! Sharing: shared folders, their ACLs, and groups.
+//!
+//! | route | who | what |
+//! |---|---|---|
+//! | `POST /v1/namespaces` | any user | create a shared folder (the caller is its owner); keyed |
+//! | `GET /v1/namespaces` | any user | the namespaces the caller can access, with their role |
+//! | `GET /v1/namespaces/{id}/acl` | readers | the folder's ACL |
+//! | `PUT /v1/namespaces/{id}/acl` | owners | grant or change: `{userId\|userName\|groupId\|groupName, role}`; keyed |
+//! | `DELETE /v1/namespaces/{id}/acl/users/{userId}` | owners | revoke a user's entry |
+//! | `DELETE /v1/namespaces/{id}/acl/groups/{groupId}` | owners | revoke a group's entry |
+//! | `POST /v1/namespaces/{id}/leave` | members | remove one's own entry; keyed |
+//! | `DELETE /v1/namespaces/{id}` | owners | delete the folder and everything in it |
+//! | `POST /v1/admin/groups` | admin | create a group; keyed |
+//! | `GET /v1/admin/groups`, `GET /v1/admin/groups/{id}` | admin | groups, a group's members |
+//! | `PUT/DELETE /v1/admin/groups/{id}/members/{userId}` | admin | add / remove a member |
+//!
+//! Every change is one command carrying the caller as its actor: apply judges it with
+//! `sharing::role` in log order (404 for a folder the caller cannot read, 403 for a
+//! non-owner, 409 when the last owner would leave or be demoted).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use raftbox_storage::records::{Grantee, NamespaceKind, Role};
+use raftbox_storage::{Command, Outcome};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::new_id;
+use crate::access;
+use crate::auth::Principal;
+use crate::idempotency::{Keyed, Success};
+use crate::{json, ApiError, AppState};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NameRequest {
+    name: String,
+}
+
+fn kind(kind: NamespaceKind) -> &'static str {
+    match kind {
+        NamespaceKind::Personal => "user",
+        NamespaceKind::SharedFolder => "shared_folder",
+    }
+}
+
+/// An answer with no body for a command that succeeded; its rejection as a problem.
+fn no_content(outcome: Outcome) -> Result<Response, ApiError> {
+    match outcome {
+        Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok(StatusCode::NO_CONTENT.into_response()),
+    }
+}
+
+/// `POST /v1/namespaces` (keyed): a new shared folder owned by the caller.
+pub async fn create(State(state): State<AppState>, principal: Principal, keyed: Keyed) -> Result<Response, ApiError> {
+    let request: NameRequest = json::parse(&keyed.body)?;
+    let name = json::name("name", &request.name)?;
+    let namespace_id = new_id();
+    let body = json!({ "namespaceId": namespace_id, "kind": "shared_folder", "name": name, "role": "owner" });
+    let command = Command::CreateSharedFolder { namespace_id, name, owner_user_id: principal.user.id.clone() };
+    keyed.write(&state, &principal, command, Success::created(body)).await
+}
+
+/// `GET /v1/namespaces`: the caller's namespaces (personal first) with their role.
+pub async fn list(State(state): State<AppState>, principal: Principal) -> Result<Json<Value>, ApiError> {
+    state.node.read_barrier().await?;
+    let namespaces: Vec<Value> = access::namespaces(&state, &principal.user.id)?
+        .into_iter()
+        .map(|a| {
+            json!({
+                "namespaceId": a.namespace.id, "kind": kind(a.namespace.kind), "name": a.namespace.name,
+                "role": a.role.as_str(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "namespaces": namespaces })))
+}
+
+/// `GET /v1/namespaces/{id}/acl`: every entry, with user and group names.
+pub async fn acl(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(namespace_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    access::read(&state, &principal, &namespace_id).await?;
+    let sm = state.node.state();
+    let namespace =
+        sm.namespace(&namespace_id)?.ok_or_else(|| ApiError::NotFound(format!("namespace {namespace_id}")))?;
+    let mut entries = Vec::new();
+    if namespace.kind == NamespaceKind::Personal {
+        let owner = sm.user(&namespace.owner_user_id)?.map(|u| u.name).unwrap_or_default();
+        entries.push(json!({ "userId": namespace.owner_user_id, "userName": owner, "role": "owner" }));
+    }
+    for entry in sm.acl(&namespace_id)? {
+        entries.push(match &entry.grantee {
+            Grantee::User(id) => {
+                let name = sm.user(id)?.map(|u| u.name).unwrap_or_default();
+                json!({ "userId": id, "userName": name, "role": entry.role.as_str() })
+            }
+            Grantee::Group(id) => {
+                let name = sm.group(id)?.map(|g| g.name).unwrap_or_default();
+                json!({ "groupId": id, "groupName": name, "role": entry.role.as_str() })
+            }
+        });
+    }
+    Ok(Json(
+        json!({ "namespaceId": namespace_id, "kind": kind(namespace.kind), "name": namespace.name, "entries": entries }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct GrantRequest {
+    user_id: Option<String>,
+    user_name: Option<String>,
+    group_id: Option<String>,
+    group_name: Option<String>,
+    role: String,
+}
+
+/// The one grantee a grant names (by id or by name; names are looked up after a read
+/// barrier, an unknown one is 404).
+async fn grantee(state: &AppState, request: &GrantRequest) -> Result<Grantee, ApiError> {
+    let named = [&request.user_id, &request.user_name, &request.group_id, &request.group_name];
+    if named.iter().filter(|f| f.is_some()).count() != 1 {
+        return Err(ApiError::BadRequest("name exactly one of userId, userName, groupId, groupName".into()));
+    }
+    if let Some(id) = &request.user_id {
+        return Ok(Grantee::User(id.clone()));
+    }
+    if let Some(id) = &request.group_id {
+        return Ok(Grantee::Group(id.clone()));
+    }
+    state.node.read_barrier().await?;
+    if let Some(name) = &request.user_name {
+        let user =
+            state.node.state().user_by_name(name)?.ok_or_else(|| ApiError::NotFound(format!("user {name:?}")))?;
+        return Ok(Grantee::User(user.id));
+    }
+    let name = request.group_name.as_deref().unwrap_or_default();
+    let id = state.node.state().group_by_name(name)?.ok_or_else(|| ApiError::NotFound(format!("group {name:?}")))?;
+    Ok(Grantee::Group(id))
+}
+
+/// `PUT /v1/namespaces/{id}/acl` (keyed): grant or change an entry; 204.
+pub async fn grant(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(namespace_id): Path<String>,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    let request: GrantRequest = json::parse(&keyed.body)?;
+    let role = Role::parse(&request.role)
+        .ok_or_else(|| ApiError::BadRequest(format!("role {:?} is not viewer, editor or owner", request.role)))?;
+    let grantee = grantee(&state, &request).await?;
+    let command =
+        Command::SetAccess { actor_user_id: principal.user.id.clone(), namespace_id, grantee, role: Some(role) };
+    keyed.write_with(&state, &principal, command, no_content).await
+}
+
+async fn revoke(
+    state: &AppState,
+    principal: &Principal,
+    namespace_id: String,
+    grantee: Grantee,
+) -> Result<Response, ApiError> {
+    let command = Command::SetAccess { actor_user_id: principal.user.id.clone(), namespace_id, grantee, role: None };
+    no_content(state.node.write(command).await?)
+}
+
+/// `DELETE /v1/namespaces/{id}/acl/users/{userId}`: 204.
+pub async fn revoke_user(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path((namespace_id, user_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    revoke(&state, &principal, namespace_id, Grantee::User(user_id)).await
+}
+
+/// `DELETE /v1/namespaces/{id}/acl/groups/{groupId}`: 204.
+pub async fn revoke_group(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path((namespace_id, group_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    revoke(&state, &principal, namespace_id, Grantee::Group(group_id)).await
+}
+
+/// `POST /v1/namespaces/{id}/leave` (keyed): removes the caller's own entry; 204. Access
+/// through a group stays.
+pub async fn leave(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(namespace_id): Path<String>,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    let me = Grantee::User(principal.user.id.clone());
+    let command =
+        Command::SetAccess { actor_user_id: principal.user.id.clone(), namespace_id, grantee: me, role: None };
+    keyed.write_with(&state, &principal, command, no_content).await
+}
+
+/// `DELETE /v1/namespaces/{id}`: deletes a shared folder and everything in it; 204.
+pub async fn delete(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(namespace_id): Path<String>,
+) -> Result<Response, ApiError> {
+    let command = Command::DeleteSharedFolder { actor_user_id: principal.user.id.clone(), namespace_id };
+    no_content(state.node.write(command).await?)
+}
+
+/// `POST /v1/admin/groups` (keyed).
+pub async fn create_group(
+    State(state): State<AppState>,
+    principal: Principal,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    principal.require_admin()?;
+    let request: NameRequest = json::parse(&keyed.body)?;
+    let name = json::name("name", &request.name)?;
+    let group_id = new_id();
+    let body = json!({ "groupId": group_id, "name": name });
+    keyed.write(&state, &principal, Command::CreateGroup { group_id, name }, Success::created(body)).await
+}
+
+/// `GET /v1/admin/groups`.
+pub async fn list_groups(State(state): State<AppState>, principal: Principal) -> Result<Json<Value>, ApiError> {
+    principal.require_admin()?;
+    state.node.read_barrier().await?;
+    let groups: Vec<Value> =
+        state.node.state().groups()?.into_iter().map(|g| json!({ "groupId": g.id, "name": g.name })).collect();
+    Ok(Json(json!({ "groups": groups })))
+}
+
+/// `GET /v1/admin/groups/{id}`: the group and its members.
+pub async fn get_group(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(group_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    principal.require_admin()?;
+    state.node.read_barrier().await?;
+    let sm = state.node.state();
+    let group = sm.group(&group_id)?.ok_or_else(|| ApiError::NotFound(format!("group {group_id}")))?;
+    let mut members = Vec::new();
+    for user_id in sm.group_members(&group_id)? {
+        let name = sm.user(&user_id)?.map(|u| u.name).unwrap_or_default();
+        members.push(json!({ "userId": user_id, "name": name }));
+    }
+    Ok(Json(json!({ "groupId": group.id, "name": group.name, "members": members })))
+}
+
+async fn set_member(
+    state: &AppState,
+    principal: &Principal,
+    group_id: String,
+    user_id: String,
+    member: bool,
+) -> Result<Response, ApiError> {
+    principal.require_admin()?;
+    no_content(state.node.write(Command::SetGroupMember { group_id, user_id, member }).await?)
+}
+
+/// `PUT /v1/admin/groups/{id}/members/{userId}`: 204 (adding a member again changes nothing).
+pub async fn add_member(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path((group_id, user_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    set_member(&state, &principal, group_id, user_id, true).await
+}
+
+/// `DELETE /v1/admin/groups/{id}/members/{userId}`: 204; 404 if not a member.
+pub async fn remove_member(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path((group_id, user_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    set_member(&state, &principal, group_id, user_id, false).await
+}

@@ -1,0 +1,388 @@
+//! Sharing: shared folders, ACL entries (with a reverse index for listing), groups and their
+//! members, and [`role`], the one permission rule every write (in apply) and every read (in
+//! the API) asks.
+//!
+//! A personal namespace belongs to its user alone. A shared folder's ACL binds users and
+//! groups to `viewer`, `editor` or `owner`; a user's role is the highest of their own entry
+//! and those of their groups. A user's groups are kept on their record, so a check is a
+//! handful of point reads. Admins have no implicit access to anyone's files.
+
+use std::collections::BTreeMap;
+
+use crate::blocks::BlockHash;
+use crate::chunks::{self, Delta};
+use crate::command::{Outcome, Rejection};
+use crate::records::{AclEntry, FileRecord, Grantee, Group, Namespace, NamespaceKind, Role, User, VersionRecord};
+use crate::state::{Reads, StateMachine, Txn};
+use crate::{keys, StorageError};
+
+/// The data format this code writes; `Migrate` brings older stored data up to it.
+pub const SCHEMA_CURRENT: u32 = 2;
+
+/// The caller's role on a namespace, or `None`: they may not even know it exists.
+pub fn role<R: Reads>(state: &R, user_id: &str, namespace_id: &str) -> Result<Option<Role>, StorageError> {
+    let Some(namespace) = state.get_record::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
+        return Ok(None);
+    };
+    if namespace.kind == NamespaceKind::Personal {
+        return Ok((namespace.owner_user_id == user_id).then_some(Role::Owner));
+    }
+    let Some(user) = state.get_record::<User>("user", &keys::user(user_id))? else {
+        return Ok(None);
+    };
+    let mut best = entry(state, namespace_id, &Grantee::User(user.id.clone()))?.map(|e| e.role);
+    for group in &user.groups {
+        let via_group = entry(state, namespace_id, &Grantee::Group(group.clone()))?.map(|e| e.role);
+        best = best.max(via_group);
+    }
+    Ok(best)
+}
+
+/// The ACL entry naming `grantee` on `namespace_id`, if any. Ids are joined into one key,
+/// so the entry's own fields are compared too.
+fn entry<R: Reads>(state: &R, namespace_id: &str, grantee: &Grantee) -> Result<Option<AclEntry>, StorageError> {
+    let found = state.get_record::<AclEntry>("acl entry", &keys::acl(namespace_id, &grantee.key()))?;
+    Ok(found.filter(|e| e.namespace_id == namespace_id && &e.grantee == grantee))
+}
+
+pub(crate) fn create_folder(
+    txn: &mut Txn<'_>,
+    namespace_id: &str,
+    name: &str,
+    owner_user_id: &str,
+) -> Result<Outcome, StorageError> {
+    if txn.get::<User>("user", &keys::user(owner_user_id))?.is_none() {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {owner_user_id}"))));
+    }
+    if txn.get_raw(&keys::namespace(namespace_id))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("namespace id {namespace_id} is taken"))));
+    }
+    let namespace = Namespace {
+        id: namespace_id.into(),
+        kind: NamespaceKind::SharedFolder,
+        owner_user_id: owner_user_id.into(),
+        created_ms: txn.now_ms,
+        name: name.into(),
+    };
+    txn.put(keys::namespace(namespace_id), &namespace);
+    put_entry(txn, namespace_id, &Grantee::User(owner_user_id.into()), Role::Owner);
+    Ok(Outcome::NamespaceCreated { namespace_id: namespace_id.into() })
+}
+
+fn put_entry(txn: &mut Txn<'_>, namespace_id: &str, grantee: &Grantee, role: Role) {
+    let entry = AclEntry { namespace_id: namespace_id.into(), grantee: grantee.clone(), role, granted_ms: txn.now_ms };
+    txn.put(keys::acl(namespace_id, &grantee.key()), &entry);
+    txn.put_raw(keys::acl_grantee(&grantee.key(), namespace_id), Vec::new());
+}
+
+fn grantee_exists(txn: &Txn<'_>, grantee: &Grantee) -> Result<bool, StorageError> {
+    Ok(match grantee {
+        Grantee::User(id) => txn.get::<User>("user", &keys::user(id))?.is_some(),
+        Grantee::Group(id) => txn.get::<Group>("group", &keys::group(id))?.is_some(),
+    })
+}
+
+/// Direct (user) owners of a namespace, this entry's writes included.
+fn direct_owners(txn: &Txn<'_>, namespace_id: &str) -> Result<usize, StorageError> {
+    let (start, end) = keys::acl_range(namespace_id);
+    let mut owners = 0;
+    for key in txn.keys_in(&start, &end)? {
+        let found = txn.get::<AclEntry>("acl entry", &key)?;
+        if found.is_some_and(|e| {
+            e.namespace_id == namespace_id && matches!(e.grantee, Grantee::User(_)) && e.role == Role::Owner
+        }) {
+            owners += 1;
+        }
+    }
+    Ok(owners)
+}
+
+/// Advances a namespace's cursor without a change, so that notification channels wake.
+fn touch(txn: &mut Txn<'_>, namespace_id: &str) -> Result<(), StorageError> {
+    let key = keys::namespace_cursor(namespace_id);
+    let seq = txn.get::<u64>("namespace cursor", &key)?.unwrap_or(0).saturating_add(1);
+    txn.put(key, &seq);
+    Ok(())
+}
+
+/// Grants, changes or revokes an entry, judged with the actor's role as of this point of
+/// the log.
+pub(crate) fn set_access(
+    txn: &mut Txn<'_>,
+    actor_user_id: &str,
+    namespace_id: &str,
+    grantee: &Grantee,
+    role_wanted: Option<Role>,
+) -> Result<Outcome, StorageError> {
+    let not_found = || Outcome::Rejected(Rejection::NotFound(format!("namespace {namespace_id}")));
+    let Some(namespace) = txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
+        return Ok(not_found());
+    };
+    let Some(actor_role) = role(txn, actor_user_id, namespace_id)? else {
+        return Ok(not_found());
+    };
+    if namespace.kind == NamespaceKind::Personal {
+        return Ok(Outcome::Rejected(Rejection::Invalid("a personal namespace cannot be shared".into())));
+    }
+    let leaving = role_wanted.is_none() && *grantee == Grantee::User(actor_user_id.into());
+    if actor_role != Role::Owner && !leaving {
+        return Ok(Outcome::Rejected(Rejection::Forbidden("only an owner manages access".into())));
+    }
+    if !grantee_exists(txn, grantee)? {
+        let what = match grantee {
+            Grantee::User(id) => format!("user {id}"),
+            Grantee::Group(id) => format!("group {id}"),
+        };
+        return Ok(Outcome::Rejected(Rejection::NotFound(what)));
+    }
+    let existing = entry(txn, namespace_id, grantee)?;
+    if existing.is_none() && role_wanted.is_none() {
+        return Ok(Outcome::Rejected(Rejection::NotFound("no such ACL entry".into())));
+    }
+    let was_owner = existing.is_some_and(|e| e.role == Role::Owner);
+    let demoted = matches!(grantee, Grantee::User(_)) && was_owner && role_wanted != Some(Role::Owner);
+    if demoted && direct_owners(txn, namespace_id)? <= 1 {
+        return Ok(Outcome::Rejected(Rejection::Conflict(
+            "the last owner can neither leave nor be demoted; make someone else an owner first".into(),
+        )));
+    }
+    match role_wanted {
+        Some(role) => put_entry(txn, namespace_id, grantee, role),
+        None => {
+            txn.delete(keys::acl(namespace_id, &grantee.key()));
+            txn.delete(keys::acl_grantee(&grantee.key(), namespace_id));
+        }
+    }
+    touch(txn, namespace_id)?;
+    Ok(Outcome::Done)
+}
+
+/// Deletes a shared folder and everything in it, in this one apply.
+pub(crate) fn delete_folder(
+    txn: &mut Txn<'_>,
+    actor_user_id: &str,
+    namespace_id: &str,
+) -> Result<Outcome, StorageError> {
+    let not_found = || Outcome::Rejected(Rejection::NotFound(format!("namespace {namespace_id}")));
+    let Some(namespace) = txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
+        return Ok(not_found());
+    };
+    let Some(actor_role) = role(txn, actor_user_id, namespace_id)? else {
+        return Ok(not_found());
+    };
+    if namespace.kind == NamespaceKind::Personal {
+        return Ok(Outcome::Rejected(Rejection::Invalid("a personal namespace cannot be deleted".into())));
+    }
+    if actor_role != Role::Owner {
+        return Ok(Outcome::Rejected(Rejection::Forbidden("only an owner deletes a shared folder".into())));
+    }
+    let (start, end) = keys::acl_range(namespace_id);
+    for key in txn.keys_in(&start, &end)? {
+        if let Some(entry) = txn.get::<AclEntry>("acl entry", &key)? {
+            txn.delete(keys::acl_grantee(&entry.grantee.key(), &entry.namespace_id));
+        }
+        txn.delete(key);
+    }
+    let (start, end) = keys::file_path_range(namespace_id);
+    for path_key in txn.keys_in(&start, &end)? {
+        if let Some(file_id) = txn.get::<String>("file path", &path_key)? {
+            let owned =
+                txn.get::<FileRecord>("file", &keys::file(&file_id))?.is_some_and(|f| f.namespace_id == namespace_id);
+            if owned {
+                let (first, past) = keys::version_range(&file_id);
+                for version_key in txn.keys_in(&first, &past)? {
+                    if let Some(version) = txn.get::<VersionRecord>("version", &version_key)? {
+                        chunks::reference(txn, namespace_id, &version.chunks, Delta::Drop)?;
+                    }
+                    txn.delete(version_key);
+                }
+                txn.delete(keys::file(&file_id));
+            }
+        }
+        txn.delete(path_key);
+    }
+    let (start, end) = keys::change_range(namespace_id);
+    for key in txn.keys_in(&start, &end)? {
+        txn.delete(key);
+    }
+    txn.delete(keys::namespace_cursor(namespace_id));
+    txn.delete(keys::namespace(namespace_id));
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn create_group(txn: &mut Txn<'_>, group_id: &str, name: &str) -> Result<Outcome, StorageError> {
+    if txn.get_raw(&keys::group_name(name))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("a group named {name:?} exists"))));
+    }
+    if txn.get_raw(&keys::group(group_id))?.is_some() {
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("group id {group_id} is taken"))));
+    }
+    txn.put(keys::group(group_id), &Group { id: group_id.into(), name: name.into(), created_ms: txn.now_ms });
+    txn.put(keys::group_name(name), &group_id.to_string());
+    Ok(Outcome::GroupCreated { group_id: group_id.into() })
+}
+
+/// Adds a user to a group (adding a member again changes nothing) or removes one.
+pub(crate) fn set_group_member(
+    txn: &mut Txn<'_>,
+    group_id: &str,
+    user_id: &str,
+    member: bool,
+) -> Result<Outcome, StorageError> {
+    if txn.get::<Group>("group", &keys::group(group_id))?.is_none() {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("group {group_id}"))));
+    }
+    let Some(mut user) = txn.get::<User>("user", &keys::user(user_id))? else {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
+    };
+    let is_member = user.groups.iter().any(|g| g == group_id);
+    match (member, is_member) {
+        (true, true) => return Ok(Outcome::Done),
+        (false, false) => {
+            return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id} is not in group {group_id}"))))
+        }
+        (true, false) => {
+            user.groups.push(group_id.into());
+            txn.put_raw(keys::group_member(group_id, user_id), Vec::new());
+        }
+        (false, true) => {
+            user.groups.retain(|g| g != group_id);
+            txn.delete(keys::group_member(group_id, user_id));
+        }
+    }
+    txn.put(keys::user(user_id), &user);
+    Ok(Outcome::Done)
+}
+
+/// Brings the stored data up to `schema`. Schema 2 (sharing) rebuilds the per-namespace
+/// chunk references from every stored version, so blocks committed before block scoping
+/// stay readable by the readers of their namespaces. Done once; later proposals change
+/// nothing.
+pub(crate) fn migrate(txn: &mut Txn<'_>, schema: u32) -> Result<Outcome, StorageError> {
+    let stored = txn.get::<u32>("schema", &keys::schema())?.unwrap_or(1);
+    if schema <= stored {
+        return Ok(Outcome::Done);
+    }
+    if schema > SCHEMA_CURRENT {
+        return Ok(Outcome::Rejected(Rejection::Invalid(format!("schema {schema} is unknown to this node"))));
+    }
+    let (start, end) = keys::chunk_namespace_all();
+    for key in txn.keys_in(&start, &end)? {
+        txn.delete(key);
+    }
+    let (start, end) = keys::version_all();
+    let mut namespaces: BTreeMap<String, String> = BTreeMap::new();
+    for key in txn.keys_in(&start, &end)? {
+        let Some(version) = txn.get::<VersionRecord>("version", &key)? else { continue };
+        // The key is the tag, the file id, a 0 byte and the 8-byte version number.
+        let Some(file_id) = key.get(1..key.len().saturating_sub(9)) else { continue };
+        let file_id = String::from_utf8_lossy(file_id).into_owned();
+        let namespace_id = match namespaces.get(&file_id) {
+            Some(ns) => ns.clone(),
+            None => {
+                let Some(file) = txn.get::<FileRecord>("file", &keys::file(&file_id))? else { continue };
+                namespaces.insert(file_id, file.namespace_id.clone());
+                file.namespace_id
+            }
+        };
+        let mut seen: Vec<BlockHash> = Vec::new();
+        for hash in &version.chunks {
+            if !seen.contains(hash) {
+                seen.push(*hash);
+                chunks::count_in_namespace(txn, &namespace_id, hash, Delta::Add)?;
+            }
+        }
+    }
+    txn.put(keys::schema(), &schema);
+    Ok(Outcome::Done)
+}
+
+/// A namespace the caller can access, with their role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    pub namespace: Namespace,
+    pub role: Role,
+}
+
+impl StateMachine {
+    /// The caller's role on a namespace (see [`role`]).
+    pub fn role(&self, user_id: &str, namespace_id: &str) -> Result<Option<Role>, StorageError> {
+        role(self, user_id, namespace_id)
+    }
+
+    /// Every namespace the user can access (their personal one first, then by id).
+    pub fn namespaces_of(&self, user_id: &str) -> Result<Vec<Access>, StorageError> {
+        let Some(user) = self.user(user_id)? else { return Ok(Vec::new()) };
+        let mut ids: Vec<String> = vec![user.namespace_id.clone()];
+        let grantees =
+            std::iter::once(Grantee::User(user.id.clone())).chain(user.groups.iter().cloned().map(Grantee::Group));
+        let mut shared = std::collections::BTreeSet::new();
+        for grantee in grantees {
+            let (start, end) = keys::acl_grantee_range(&grantee.key());
+            for key in self.scan_keys(&start, &end, usize::MAX)? {
+                shared.insert(String::from_utf8_lossy(&key[start.len()..]).into_owned());
+            }
+        }
+        ids.extend(shared.into_iter().filter(|id| *id != user.namespace_id));
+        let mut out = Vec::new();
+        for id in ids {
+            if let (Some(namespace), Some(role)) = (self.namespace(&id)?, role(self, user_id, &id)?) {
+                out.push(Access { namespace, role });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A namespace's ACL entries, in key order.
+    pub fn acl(&self, namespace_id: &str) -> Result<Vec<AclEntry>, StorageError> {
+        let (start, end) = keys::acl_range(namespace_id);
+        Ok(self
+            .scan::<AclEntry>("acl entry", &start, &end, usize::MAX)?
+            .into_iter()
+            .map(|(_, e)| e)
+            .filter(|e| e.namespace_id == namespace_id)
+            .collect())
+    }
+
+    pub fn group(&self, group_id: &str) -> Result<Option<Group>, StorageError> {
+        self.read("group", &keys::group(group_id))
+    }
+
+    /// The id of the group with this name.
+    pub fn group_by_name(&self, name: &str) -> Result<Option<String>, StorageError> {
+        self.read("group name", &keys::group_name(name))
+    }
+
+    /// The user with this name.
+    pub fn user_by_name(&self, name: &str) -> Result<Option<User>, StorageError> {
+        match self.read::<String>("user name", &keys::user_name(name))? {
+            Some(id) => self.user(&id),
+            None => Ok(None),
+        }
+    }
+
+    /// Every group, by id.
+    pub fn groups(&self) -> Result<Vec<Group>, StorageError> {
+        let (start, end) = keys::group_range();
+        Ok(self.scan::<Group>("group", &start, &end, usize::MAX)?.into_iter().map(|(_, g)| g).collect())
+    }
+
+    /// The user ids of a group's members.
+    pub fn group_members(&self, group_id: &str) -> Result<Vec<String>, StorageError> {
+        let (start, end) = keys::group_member_range(group_id);
+        Ok(self
+            .scan_keys(&start, &end, usize::MAX)?
+            .into_iter()
+            .map(|key| String::from_utf8_lossy(&key[start.len()..]).into_owned())
+            .collect())
+    }
+
+    /// The stored data format (1 before any migration).
+    pub fn schema(&self) -> Result<u32, StorageError> {
+        Ok(self.read::<u32>("schema", &keys::schema())?.unwrap_or(1))
+    }
+}
+
+#[cfg(test)]
+#[path = "sharing_tests.rs"]
+mod tests;

@@ -1,0 +1,302 @@
+//! Sharing: roles through users and groups, who may manage access, the last owner, writes
+//! judged in apply, block readability, folder deletion, the migration and copy naming.
+
+use crate::blocks::BlockHash;
+use crate::command::{Batch, Command, FileCommit, FileMove, Outcome, Rejection};
+use crate::paths::FilePath;
+use crate::records::{Grantee, Role};
+use crate::{keys, Db, StateMachine};
+
+fn open() -> (tempfile::TempDir, StateMachine) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sm = StateMachine::new(Db::open(dir.path()).expect("open"));
+    (dir, sm)
+}
+
+fn apply(sm: &StateMachine, command: Command) -> Outcome {
+    let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command] })).expect("apply");
+    out.pop().expect("one outcome")
+}
+
+fn h(name: &str) -> BlockHash {
+    BlockHash::of(name.as_bytes())
+}
+
+/// Users ann, bob, cat (ids = names, personal namespaces `home-<name>`), and a folder
+/// `team` owned by ann.
+fn world() -> (tempfile::TempDir, StateMachine) {
+    let (dir, sm) = open();
+    for name in ["ann", "bob", "cat"] {
+        let create =
+            Command::CreateUser { user_id: name.into(), namespace_id: format!("home-{name}"), name: name.into() };
+        assert!(matches!(apply(&sm, create), Outcome::UserCreated { .. }));
+    }
+    let folder =
+        Command::CreateSharedFolder { namespace_id: "team".into(), name: "Team".into(), owner_user_id: "ann".into() };
+    assert_eq!(apply(&sm, folder), Outcome::NamespaceCreated { namespace_id: "team".into() });
+    (dir, sm)
+}
+
+fn set(actor: &str, grantee: Grantee, role: Option<Role>) -> Command {
+    Command::SetAccess { actor_user_id: actor.into(), namespace_id: "team".into(), grantee, role }
+}
+
+fn user(id: &str) -> Grantee {
+    Grantee::User(id.into())
+}
+
+fn upload(sm: &StateMachine, content: &str, uploader: &str) {
+    apply(sm, Command::RegisterChunk { hash: h(content), size: 1, uploader: uploader.into() });
+}
+
+fn commit(actor: &str, namespace: &str, path: &str, chunks: &[&str], base: u64, device: &str) -> Command {
+    Command::CommitFile(Box::new(FileCommit {
+        namespace_id: namespace.into(),
+        path: FilePath::parse(path).expect("path"),
+        chunks: chunks.iter().map(|c| h(c)).collect(),
+        size: 1,
+        mtime_ms: 1,
+        base_version: base,
+        deleted: false,
+        device: device.into(),
+        new_file_id: format!("f-{actor}-{path}-{base}"),
+        copy_file_id: format!("c-{actor}-{path}-{base}"),
+        actor_user_id: actor.into(),
+    }))
+}
+
+#[test]
+fn roles_come_from_own_entries_and_groups() {
+    let (_dir, sm) = world();
+    assert_eq!(sm.role("ann", "team").expect("role"), Some(Role::Owner));
+    assert_eq!(sm.role("bob", "team").expect("role"), None);
+    assert_eq!(sm.role("ann", "home-ann").expect("role"), Some(Role::Owner));
+    assert_eq!(sm.role("bob", "home-ann").expect("role"), None);
+    assert_eq!(sm.role("ann", "nowhere").expect("role"), None);
+    assert_eq!(apply(&sm, set("ann", user("bob"), Some(Role::Viewer))), Outcome::Done);
+    assert_eq!(sm.role("bob", "team").expect("role"), Some(Role::Viewer));
+    // cat through a group: editor; bob in the group too gets the higher of the two roles.
+    assert_eq!(
+        apply(&sm, Command::CreateGroup { group_id: "g1".into(), name: "design".into() }),
+        Outcome::GroupCreated { group_id: "g1".into() }
+    );
+    let join = |u: &str, member: bool| Command::SetGroupMember { group_id: "g1".into(), user_id: u.into(), member };
+    assert_eq!(apply(&sm, join("cat", true)), Outcome::Done);
+    assert_eq!(apply(&sm, join("bob", true)), Outcome::Done);
+    assert_eq!(apply(&sm, set("ann", Grantee::Group("g1".into()), Some(Role::Editor))), Outcome::Done);
+    assert_eq!(sm.role("cat", "team").expect("role"), Some(Role::Editor));
+    assert_eq!(sm.role("bob", "team").expect("role"), Some(Role::Editor));
+    let listed: Vec<(String, Role)> =
+        sm.namespaces_of("cat").expect("list").into_iter().map(|a| (a.namespace.id, a.role)).collect();
+    assert_eq!(listed, vec![("home-cat".to_string(), Role::Owner), ("team".to_string(), Role::Editor)]);
+    // Leaving the group takes the group's access away at once.
+    assert_eq!(apply(&sm, join("cat", false)), Outcome::Done);
+    assert_eq!(sm.role("cat", "team").expect("role"), None);
+    assert!(matches!(apply(&sm, join("cat", false)), Outcome::Rejected(Rejection::NotFound(_))));
+    assert_eq!(sm.group_members("g1").expect("members"), vec!["bob".to_string()]);
+    // Unknown ids are outcomes.
+    let ghost = Command::SetGroupMember { group_id: "nope".into(), user_id: "bob".into(), member: true };
+    assert!(matches!(apply(&sm, ghost), Outcome::Rejected(Rejection::NotFound(_))));
+    assert!(matches!(
+        apply(&sm, Command::CreateGroup { group_id: "g2".into(), name: "design".into() }),
+        Outcome::Rejected(Rejection::Conflict(_))
+    ));
+}
+
+#[test]
+fn only_owners_manage_access_and_anyone_may_leave() {
+    let (_dir, sm) = world();
+    apply(&sm, set("ann", user("bob"), Some(Role::Editor)));
+    // An editor cannot grant, a stranger cannot even see the folder.
+    assert!(matches!(
+        apply(&sm, set("bob", user("cat"), Some(Role::Viewer))),
+        Outcome::Rejected(Rejection::Forbidden(_))
+    ));
+    assert!(matches!(
+        apply(&sm, set("cat", user("cat"), Some(Role::Owner))),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
+    assert!(matches!(
+        apply(&sm, set("ann", user("ghost"), Some(Role::Viewer))),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
+    // A personal namespace cannot be shared.
+    let personal = Command::SetAccess {
+        actor_user_id: "ann".into(),
+        namespace_id: "home-ann".into(),
+        grantee: user("bob"),
+        role: Some(Role::Viewer),
+    };
+    assert!(matches!(apply(&sm, personal), Outcome::Rejected(Rejection::Invalid(_))));
+    // bob leaves.
+    assert_eq!(apply(&sm, set("bob", user("bob"), None)), Outcome::Done);
+    assert_eq!(sm.role("bob", "team").expect("role"), None);
+    assert_eq!(sm.acl("team").expect("acl").len(), 1);
+}
+
+#[test]
+fn the_last_owner_stays() {
+    let (_dir, sm) = world();
+    assert!(matches!(apply(&sm, set("ann", user("ann"), None)), Outcome::Rejected(Rejection::Conflict(_))));
+    assert!(matches!(
+        apply(&sm, set("ann", user("ann"), Some(Role::Editor))),
+        Outcome::Rejected(Rejection::Conflict(_))
+    ));
+    apply(&sm, set("ann", user("bob"), Some(Role::Owner)));
+    // Two owners demoting each other in one entry: the second finds the last owner.
+    let both = Batch {
+        now_ms: 2,
+        commands: vec![set("ann", user("bob"), Some(Role::Editor)), set("bob", user("ann"), Some(Role::Editor))],
+    };
+    let outcomes = sm.apply(b"m", Some(&both)).expect("apply");
+    assert_eq!(outcomes[0], Outcome::Done);
+    assert!(matches!(outcomes[1], Outcome::Rejected(Rejection::Forbidden(_))), "{outcomes:?}");
+    assert_eq!(sm.role("ann", "team").expect("role"), Some(Role::Owner));
+    // With a second owner, the first may leave.
+    apply(&sm, set("ann", user("cat"), Some(Role::Owner)));
+    assert_eq!(apply(&sm, set("ann", user("ann"), None)), Outcome::Done);
+    assert_eq!(sm.role("cat", "team").expect("role"), Some(Role::Owner));
+}
+
+#[test]
+fn writes_are_judged_in_apply_with_their_actor() {
+    let (_dir, sm) = world();
+    upload(&sm, "a", "ann");
+    upload(&sm, "b", "bob");
+    apply(&sm, set("ann", user("bob"), Some(Role::Viewer)));
+    assert!(matches!(apply(&sm, commit("ann", "team", "/x", &["a"], 0, "laptop")), Outcome::FileCommitted { .. }));
+    assert!(matches!(
+        apply(&sm, commit("bob", "team", "/y", &["b"], 0, "phone")),
+        Outcome::Rejected(Rejection::Forbidden(_))
+    ));
+    assert!(matches!(
+        apply(&sm, commit("cat", "team", "/y", &[], 0, "phone")),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
+    let moved = Command::MoveFile(Box::new(FileMove {
+        namespace_id: "team".into(),
+        from: FilePath::parse("/x").expect("path"),
+        to: FilePath::parse("/z").expect("path"),
+        base_version: 1,
+        device: "phone".into(),
+        new_file_id: "moved".into(),
+        actor_user_id: "bob".into(),
+    }));
+    assert!(matches!(apply(&sm, moved), Outcome::Rejected(Rejection::Forbidden(_))));
+    // Promoted in the log before the commit: the commit is allowed.
+    let batch = Batch {
+        now_ms: 3,
+        commands: vec![set("ann", user("bob"), Some(Role::Editor)), commit("bob", "team", "/y", &["b"], 0, "phone")],
+    };
+    let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
+    assert!(matches!(outcomes[1], Outcome::FileCommitted { .. }), "{outcomes:?}");
+    // A commit without an actor (an entry from before sharing) keeps its old meaning.
+    assert!(matches!(apply(&sm, commit("", "home-ann", "/old", &["b"], 0, "d")), Outcome::FileCommitted { .. }));
+}
+
+#[test]
+fn a_block_is_readable_by_its_uploaders_and_the_readers_of_namespaces_naming_it() {
+    let (_dir, sm) = world();
+    upload(&sm, "secret", "ann");
+    assert!(sm.chunk_readable("ann", &h("secret")).expect("readable"));
+    assert!(!sm.chunk_readable("bob", &h("secret")).expect("readable"));
+    // bob cannot commit ann's hash into his own namespace: it counts as missing.
+    assert_eq!(
+        apply(&sm, commit("bob", "home-bob", "/stolen", &["secret"], 0, "d")),
+        Outcome::Rejected(Rejection::MissingChunks(vec![h("secret")]))
+    );
+    // Once ann commits it into the folder, its readers may read it.
+    apply(&sm, commit("ann", "team", "/s", &["secret"], 0, "d"));
+    assert!(!sm.chunk_readable("bob", &h("secret")).expect("readable"));
+    apply(&sm, set("ann", user("bob"), Some(Role::Viewer)));
+    assert!(sm.chunk_readable("bob", &h("secret")).expect("readable"));
+    apply(&sm, set("ann", user("bob"), None));
+    assert!(!sm.chunk_readable("bob", &h("secret")).expect("readable"));
+    // Uploading the same content makes bob an uploader too.
+    upload(&sm, "secret", "bob");
+    assert!(sm.chunk_readable("bob", &h("secret")).expect("readable"));
+    assert!(matches!(
+        apply(&sm, commit("bob", "home-bob", "/mine", &["secret"], 0, "d")),
+        Outcome::FileCommitted { .. }
+    ));
+}
+
+#[test]
+fn deleting_a_folder_drops_everything_in_it() {
+    let (_dir, sm) = world();
+    upload(&sm, "a", "ann");
+    apply(&sm, set("ann", user("bob"), Some(Role::Editor)));
+    apply(&sm, commit("ann", "team", "/x", &["a"], 0, "d"));
+    apply(&sm, commit("ann", "team", "/x", &["a", "a"], 1, "d"));
+    assert_eq!(sm.chunk(&h("a")).expect("chunk").expect("indexed").refcount, 2);
+    let delete = |actor: &str| Command::DeleteSharedFolder { actor_user_id: actor.into(), namespace_id: "team".into() };
+    assert!(matches!(apply(&sm, delete("bob")), Outcome::Rejected(Rejection::Forbidden(_))));
+    assert!(matches!(apply(&sm, delete("cat")), Outcome::Rejected(Rejection::NotFound(_))));
+    // A commit and the deletion in one entry: the new file goes too.
+    let batch = Batch { now_ms: 5, commands: vec![commit("bob", "team", "/late", &["a"], 0, "d"), delete("ann")] };
+    let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
+    assert_eq!(outcomes[1], Outcome::Done, "{outcomes:?}");
+    assert_eq!(sm.namespace("team").expect("ns"), None);
+    assert_eq!(sm.role("ann", "team").expect("role"), None);
+    assert_eq!(sm.chunk(&h("a")).expect("chunk").expect("indexed").refcount, 0);
+    assert_eq!(sm.namespace_cursor("team").expect("cursor"), 0);
+    assert!(sm.changes("team", 0, 10).expect("changes").is_empty());
+    assert!(sm.namespaces_of("bob").expect("list").iter().all(|a| a.namespace.id != "team"));
+    let (start, end) = keys::chunk_namespace_all();
+    assert!(sm.scan_keys(&start, &end, 10).expect("scan").is_empty());
+    // Only the uploader can still read the block.
+    assert!(sm.chunk_readable("ann", &h("a")).expect("readable"));
+    assert!(!sm.chunk_readable("bob", &h("a")).expect("readable"));
+    // A personal namespace is not deleted this way.
+    let personal = Command::DeleteSharedFolder { actor_user_id: "ann".into(), namespace_id: "home-ann".into() };
+    assert!(matches!(apply(&sm, personal), Outcome::Rejected(Rejection::Invalid(_))));
+}
+
+#[test]
+fn the_migration_rebuilds_namespace_references_once() {
+    let (_dir, sm) = world();
+    upload(&sm, "a", "");
+    // An old-style commit (no actor), then the per-namespace index is lost, as in data
+    // written before block scoping.
+    apply(&sm, commit("", "team", "/x", &["a"], 0, "d"));
+    apply(&sm, set("ann", user("bob"), Some(Role::Viewer)));
+    assert!(sm.chunk_readable("bob", &h("a")).expect("readable"));
+    let key = keys::chunk_namespace(&h("a").0, "team");
+    sm.db().rocks().delete_cf(sm.db().cf(crate::cf::STATE), &key).expect("delete");
+    assert!(!sm.chunk_readable("bob", &h("a")).expect("readable"));
+    assert_eq!(sm.schema().expect("schema"), 1);
+    assert_eq!(apply(&sm, Command::Migrate { schema: 2 }), Outcome::Done);
+    assert_eq!(sm.schema().expect("schema"), 2);
+    assert!(sm.chunk_readable("bob", &h("a")).expect("readable"));
+    // Once done it changes nothing: the index is not rebuilt again.
+    sm.db().rocks().delete_cf(sm.db().cf(crate::cf::STATE), &key).expect("delete");
+    assert_eq!(apply(&sm, Command::Migrate { schema: 2 }), Outcome::Done);
+    assert!(!sm.chunk_readable("bob", &h("a")).expect("readable"));
+    assert!(matches!(apply(&sm, Command::Migrate { schema: 9 }), Outcome::Rejected(Rejection::Invalid(_))));
+}
+
+#[test]
+fn conflicted_copies_in_a_shared_folder_name_user_and_device() {
+    let (_dir, sm) = world();
+    upload(&sm, "v1", "ann");
+    upload(&sm, "bob edit", "bob");
+    upload(&sm, "ann edit", "ann");
+    apply(&sm, set("ann", user("bob"), Some(Role::Editor)));
+    apply(&sm, commit("ann", "team", "/plan.txt", &["v1"], 0, "laptop"));
+    apply(&sm, commit("ann", "team", "/plan.txt", &["ann edit"], 1, "laptop"));
+    match apply(&sm, commit("bob", "team", "/plan.txt", &["bob edit"], 1, "phone")) {
+        Outcome::FileConflict { copy: Some(copy), .. } => {
+            assert_eq!(copy.path.as_str(), "/plan (conflicted copy, bob's phone).txt")
+        }
+        other => panic!("{other:?}"),
+    }
+    // In a personal namespace the device alone, as before.
+    apply(&sm, commit("ann", "home-ann", "/plan.txt", &["v1"], 0, "laptop"));
+    apply(&sm, commit("ann", "home-ann", "/plan.txt", &["ann edit"], 1, "laptop"));
+    match apply(&sm, commit("ann", "home-ann", "/plan.txt", &["v1", "ann edit"], 1, "phone")) {
+        Outcome::FileConflict { copy: Some(copy), .. } => {
+            assert_eq!(copy.path.as_str(), "/plan (conflicted copy, phone).txt")
+        }
+        other => panic!("{other:?}"),
+    }
+}
