@@ -139,19 +139,33 @@ async fn request_timeout(State(state): State<AppState>, request: Request, next: 
     }
 }
 
-/// Serves the API on `listener` until `shutdown` resolves, then drains open requests.
+/// Serves the API on `listener` until `shutdown` resolves, then drains open requests. With
+/// the node's TLS ([`RaftNode::tls`]) it serves HTTPS only (HTTP/2 or 1.1 by ALPN; a
+/// plaintext request gets no answer).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
+    let tls = state.node.tls().map(|tls| tls.http_server_config());
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    if let Some(config) = tls {
+        // axum-server's acceptor sets TCP_NODELAY on every connection.
+        let handle = axum_server::Handle::new();
+        let stopper = handle.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stopper.graceful_shutdown(None);
+        });
+        let config = axum_server::tls_rustls::RustlsConfig::from_config(config);
+        return axum_server::from_tcp_rustls(listener.into_std()?, config)?.handle(handle).serve(app).await;
+    }
     // Small responses must not wait for Nagle's algorithm.
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "set TCP_NODELAY");
         }
     });
-    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -13,7 +13,7 @@ use raftbox_api::{ApiConfig, HttpConfig, JobLimits, NotifyLimits};
 
 use crate::executor::JobsConfig;
 use crate::maintenance::FilesConfig;
-use raftbox_raft::{ClusterSecret, NodeInfo, RaftSettings};
+use raftbox_raft::{ClusterSecret, NodeInfo, NodeTls, RaftSettings};
 use serde::Deserialize;
 
 /// `raftbox serve` flags; each also reads an environment variable.
@@ -79,6 +79,24 @@ struct FileConfig {
     job_limits: JobLimits,
     #[serde(default)]
     notify_limits: NotifyLimits,
+    tls: Option<TlsConfig>,
+}
+
+/// `[tls]`: HTTPS for the API and TLS between nodes (README "TLS").
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsConfig {
+    /// The node's certificate chain (PEM), server and client auth.
+    cert_file: PathBuf,
+    /// Its private key (PEM).
+    key_file: PathBuf,
+    /// The cluster's CA (PEM): peers are verified against it; without it, against the
+    /// public web roots.
+    ca_file: Option<PathBuf>,
+    /// Nodes present and demand certificates signed by `ca_file`; the cluster secret is
+    /// then optional.
+    #[serde(default)]
+    mutual: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,6 +129,8 @@ pub struct Config {
     pub grpc_addr: SocketAddr,
     pub admin_token_file: Option<PathBuf>,
     pub cluster_secret: ClusterSecret,
+    /// TLS for HTTP and gRPC, if configured.
+    pub tls: Option<NodeTls>,
     pub bootstrap: bool,
     pub members: BTreeMap<u64, NodeInfo>,
     pub raft: RaftSettings,
@@ -129,17 +149,34 @@ impl Config {
             }
             None => FileConfig::default(),
         };
-        let secret_file = args.cluster_secret_file.clone().or_else(|| file.cluster_secret_file.clone()).context(
-            "cluster_secret_file is required (config or --cluster-secret-file): without a secret anyone who reaches \
-             the gRPC port could act as a node",
-        )?;
-        let text = std::fs::read_to_string(&secret_file)
-            .with_context(|| format!("read cluster secret {}", secret_file.display()))?;
-        let secret = ClusterSecret::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", secret_file.display()))?;
-        Config::merge(file, args, secret)
+        let tls = match &file.tls {
+            Some(t) => Some(
+                NodeTls::load(&t.cert_file, &t.key_file, t.ca_file.as_deref(), t.mutual).map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
+        };
+        let mutual = tls.as_ref().is_some_and(NodeTls::mutual);
+        let secret = match args.cluster_secret_file.clone().or_else(|| file.cluster_secret_file.clone()) {
+            Some(secret_file) => {
+                let text = std::fs::read_to_string(&secret_file)
+                    .with_context(|| format!("read cluster secret {}", secret_file.display()))?;
+                ClusterSecret::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", secret_file.display()))?
+            }
+            None if mutual => ClusterSecret::mutual_tls_only(),
+            None => bail!(
+                "cluster_secret_file is required (config or --cluster-secret-file) unless [tls] mutual = true: \
+                 without a secret or mutual TLS anyone who reaches the gRPC port could act as a node"
+            ),
+        };
+        Config::merge(file, args, secret, tls)
     }
 
-    fn merge(file: FileConfig, args: ServeArgs, cluster_secret: ClusterSecret) -> anyhow::Result<Config> {
+    fn merge(
+        file: FileConfig,
+        args: ServeArgs,
+        cluster_secret: ClusterSecret,
+        tls: Option<NodeTls>,
+    ) -> anyhow::Result<Config> {
         let node_id = args.node_id.or(file.node_id).context("node_id is required (config or --node-id)")?;
         let data_dir = args.data_dir.or(file.data_dir).context("data_dir is required (config or --data-dir)")?;
         let mut members = BTreeMap::new();
@@ -219,6 +256,7 @@ impl Config {
             grpc_addr: args.grpc_addr.or(file.grpc_addr).unwrap_or(own.grpc_addr),
             admin_token_file: args.admin_token_file.or(file.admin_token_file),
             cluster_secret,
+            tls,
             bootstrap: args.bootstrap || file.bootstrap,
             members,
             raft,
@@ -279,7 +317,7 @@ mod tests {
 
     fn check(text: &str, args: ServeArgs) -> anyhow::Result<Config> {
         let secret = ClusterSecret::parse("config-tests-cluster-secret").expect("secret");
-        Config::merge(toml::from_str(text)?, args, secret)
+        Config::merge(toml::from_str(text)?, args, secret, None)
     }
 
     #[test]

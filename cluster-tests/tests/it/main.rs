@@ -31,6 +31,7 @@
 //! - `system_jobs`: the maintenance jobs follow a changed interval.
 //! - `token_revocation`: a revoked token is refused on every node within a second.
 //! - `webhook_egress`: webhooks to loopback refused at creation and at run time.
+//! - `tls`: a mutual-TLS cluster without a secret works, and refuses plaintext and strangers.
 //! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
 
 mod big_file;
@@ -54,5 +55,6 @@ mod restart_durability;
 mod shared_rate_limit;
 mod snapshot_rejoin;
 mod system_jobs;
+mod tls;
 mod token_revocation;
 mod webhook_egress;
