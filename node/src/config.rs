@@ -352,6 +352,52 @@ mod tests {
         assert!(check(&twice, args()).unwrap_err().to_string().contains("twice"));
     }
 
+    /// `Config::load` of `THREE` plus `extra` (top-level keys go in `top`).
+    fn load(dir: &std::path::Path, top: &str, extra: &str) -> anyhow::Result<Config> {
+        let path = dir.join("config.toml");
+        std::fs::write(&path, format!("{top}\n{THREE}\n{extra}")).expect("write config");
+        Config::load(ServeArgs { config: Some(path), ..args() })
+    }
+
+    #[test]
+    fn tls_is_checked_at_start_and_mutual_tls_may_replace_the_secret() {
+        let dir = tempfile::tempdir().expect("dir");
+        let certs = dir.path().join("certs");
+        crate::certs::run(crate::certs::CertsArgs { dir: certs.clone(), nodes: 2, host: vec![] }).expect("certs");
+        let file = |name: &str| certs.join(name).display().to_string();
+        let secret_path = dir.path().join("secret");
+        std::fs::write(&secret_path, "config-tests-cluster-secret\n").expect("secret");
+        let secret = format!("cluster_secret_file = \"{}\"", secret_path.display());
+        let tls = |cert: &str, key: &str, ca: Option<&str>, mutual: bool| {
+            let ca = ca.map(|ca| format!("ca_file = \"{}\"\n", file(ca))).unwrap_or_default();
+            format!("[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n{ca}mutual = {mutual}\n", file(cert), file(key))
+        };
+        let refusal = |top: &str, extra: &str| load(dir.path(), top, extra).unwrap_err().to_string();
+
+        let mutual = load(dir.path(), "", &tls("node2.pem", "node2.key", Some("ca.pem"), true)).expect("valid");
+        assert!(mutual.tls.as_ref().is_some_and(NodeTls::mutual));
+        assert!(!mutual.cluster_secret.is_set(), "mutual TLS without a secret");
+        let both = load(dir.path(), &secret, &tls("node2.pem", "node2.key", Some("ca.pem"), false)).expect("valid");
+        assert!(both.cluster_secret.is_set() && both.tls.is_some());
+
+        let neither = refusal("", "");
+        assert!(neither.contains("cluster_secret_file is required"), "{neither}");
+        let server_only = refusal("", &tls("node2.pem", "node2.key", Some("ca.pem"), false));
+        assert!(server_only.contains("cluster_secret_file is required"), "{server_only}");
+        let no_ca = refusal("", &tls("node2.pem", "node2.key", None, true));
+        assert!(no_ca.contains("tls.ca_file"), "{no_ca}");
+        let missing = refusal(&secret, &tls("node7.pem", "node2.key", Some("ca.pem"), false));
+        assert!(missing.contains("tls.cert_file") && missing.contains("node7.pem"), "{missing}");
+        let crossed = refusal(&secret, &tls("node1.pem", "node2.key", Some("ca.pem"), false));
+        assert!(crossed.contains("usable pair"), "{crossed}");
+        let not_a_cert = refusal(&secret, &tls("node2.key", "node2.key", Some("ca.pem"), false));
+        assert!(not_a_cert.contains("tls.cert_file"), "{not_a_cert}");
+        let not_a_ca = refusal(&secret, &tls("node2.pem", "node2.key", Some("node2.key"), true));
+        assert!(not_a_ca.contains("tls.ca_file"), "{not_a_ca}");
+        let unknown = refusal(&secret, "[tls]\ncert_file = \"x\"\nkey_file = \"y\"\nmutal = true\n");
+        assert!(unknown.contains("parse config"), "{unknown}");
+    }
+
     #[test]
     fn bad_configs_are_refused_with_a_reason() {
         let unknown_member = check(THREE, ServeArgs { node_id: Some(9), ..args() });

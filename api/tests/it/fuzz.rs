@@ -161,16 +161,16 @@ async fn mutated_bodies_get_no_5xx_and_refusals_are_problems() {
             ADMIN_TOKEN,
             json!({ "name": "phone", "expiresInS": 3600 }),
         ),
-        ("POST", "/v1/blocks/status".into(), &me, json!({ "hashes": [hash, "b".repeat(64)] })),
-        ("POST", "/v1/files/commit".into(), &me, commit.clone()),
-        ("POST", "/v1/files/restore".into(), &me, json!({ "path": "/f.txt", "version": 1 })),
-        ("POST", "/v1/files/move".into(), &me, json!({ "from": "/f.txt", "to": "/g.txt", "baseVersion": 1 })),
-        ("POST", "/v1/files/delete".into(), &me, json!({ "path": "/f.txt", "baseVersion": 1 })),
-        ("POST", "/v1/jobs".into(), &me, job.clone()),
+        ("POST", "/v1/blocks/status".into(), me.as_str(), json!({ "hashes": [hash, "b".repeat(64)] })),
+        ("POST", "/v1/files/commit".into(), me.as_str(), commit.clone()),
+        ("POST", "/v1/files/restore".into(), me.as_str(), json!({ "path": "/f.txt", "version": 1 })),
+        ("POST", "/v1/files/move".into(), me.as_str(), json!({ "from": "/f.txt", "to": "/g.txt", "baseVersion": 1 })),
+        ("POST", "/v1/files/delete".into(), me.as_str(), json!({ "path": "/f.txt", "baseVersion": 1 })),
+        ("POST", "/v1/jobs".into(), me.as_str(), job.clone()),
         (
             "PATCH",
             format!("/v1/jobs/{job_id}"),
-            &me,
+            me.as_str(),
             json!({ "schedule": { "runAt": "2098-01-01T00:00:00Z" }, "payload": {"n": 2}, "maxRetries": 3 }),
         ),
     ];
@@ -182,7 +182,7 @@ async fn mutated_bodies_get_no_5xx_and_refusals_are_problems() {
         let valid = valid.to_string();
         for _ in 0..MUTANTS_PER_ROUTE {
             let (kind, body) = mutate(&valid, &mut rng);
-            let (status, headers, answer) = node.call_bytes(method, path, Some(token), body.clone()).await;
+            let (status, headers, answer) = node.call_bytes(method, path, Some(*token), body.clone()).await;
             sent += 1;
             let problem = headers.get("content-type").and_then(|v| v.to_str().ok()) == Some("application/problem+json");
             let refused_properly = status.is_client_error() && problem && answer["detail"].is_string();

@@ -14,7 +14,6 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::{
     commit_file, get_block, new_user, put_block, raftbox_bin, send, tls_http_client, within, Cluster, ClusterOptions,
-    Outcome,
 };
 
 const TEST_DEADLINE: Duration = Duration::from_secs(90);
