@@ -178,12 +178,14 @@ async fn mutated_bodies_get_no_5xx_and_refusals_are_problems() {
     let started = std::time::Instant::now();
     let mut surprises = Vec::new();
     let mut sent = 0;
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     for (method, path, token, valid) in &routes {
         let valid = valid.to_string();
         for _ in 0..MUTANTS_PER_ROUTE {
             let (kind, body) = mutate(&valid, &mut rng);
             let (status, headers, answer) = node.call_bytes(method, path, Some(*token), body.clone()).await;
             sent += 1;
+            *statuses.entry(status.as_u16()).or_default() += 1;
             let problem = headers.get("content-type").and_then(|v| v.to_str().ok()) == Some("application/problem+json");
             let refused_properly = status.is_client_error() && problem && answer["detail"].is_string();
             if !(status.is_success() || refused_properly) {
@@ -193,7 +195,7 @@ async fn mutated_bodies_get_no_5xx_and_refusals_are_problems() {
             }
         }
     }
-    println!("{sent} mutants in {:.1} s", started.elapsed().as_secs_f64());
+    println!("{sent} mutants in {:.1} s; answers by status: {statuses:?}", started.elapsed().as_secs_f64());
     assert!(
         surprises.is_empty(),
         "seed {seed}: {} answers were neither 2xx nor 4xx problem+json:\n{}",
