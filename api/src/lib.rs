@@ -151,15 +151,17 @@ pub async fn serve(
     let tls = state.node.tls().map(|tls| tls.http_server_config());
     let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
     if let Some(config) = tls {
-        // axum-server's acceptor sets TCP_NODELAY on every connection.
         let handle = axum_server::Handle::new();
         let stopper = handle.clone();
         tokio::spawn(async move {
             shutdown.await;
             stopper.graceful_shutdown(None);
         });
+        // TCP_NODELAY on every connection, then the handshake (axum-server bounds it: 10 s).
         let config = axum_server::tls_rustls::RustlsConfig::from_config(config);
-        return axum_server::from_tcp_rustls(listener.into_std()?, config)?.handle(handle).serve(app).await;
+        let acceptor =
+            axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(axum_server::accept::NoDelayAcceptor::new());
+        return axum_server::from_tcp(listener.into_std()?)?.acceptor(acceptor).handle(handle).serve(app).await;
     }
     // Small responses must not wait for Nagle's algorithm.
     let listener = listener.tap_io(|tcp| {
