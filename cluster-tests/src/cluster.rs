@@ -62,11 +62,22 @@ pub struct ClusterOptions {
     /// The nodes' `[webhooks] allow` list: by default loopback and 10/8 (where a test's
     /// receiver listens, on loopback or on the namespaces' bridge).
     pub webhook_allow: Vec<String>,
-    /// Mutual TLS between the nodes and HTTPS for the API, without a cluster secret. The
-    /// certificates are made at launch by `raftbox certs` into `<dir>/certs` (a CA and one
-    /// per node id up to [`TLS_NODE_CERTS`], naming every node's host); the harness's
-    /// client trusts the CA ([`Cluster::tls_file`]).
-    pub tls: bool,
+    /// TLS for the API and between the nodes (see [`Tls`]).
+    pub tls: Tls,
+}
+
+/// A cluster's TLS. With TLS, the certificates are made at launch by `raftbox certs` into
+/// `<dir>/certs` (a CA and one per node id up to [`TLS_NODE_CERTS`], naming every node's
+/// host), and the harness's client trusts that CA only ([`Cluster::tls_file`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tls {
+    /// Plaintext HTTP and gRPC, with the cluster secret.
+    #[default]
+    Off,
+    /// HTTPS and TLS between the nodes (peers verified against the CA), with the secret.
+    Server,
+    /// HTTPS and mutual TLS between the nodes, without a secret.
+    Mutual,
 }
 
 /// Node certificates a TLS cluster gets (ids 1..=this), so nodes can be added.
@@ -82,7 +93,7 @@ impl Default for ClusterOptions {
             clock_offsets: BTreeMap::new(),
             network_namespaces: false,
             webhook_allow: ["127.0.0.0/8", "::1/128", "10.0.0.0/8"].map(String::from).to_vec(),
-            tls: false,
+            tls: Tls::Off,
         }
     }
 }
@@ -188,7 +199,7 @@ impl Cluster {
         };
         let members: Vec<Member> =
             (1..=cluster.options.nodes).map(|id| cluster.new_member(id)).collect::<Result<_>>()?;
-        if cluster.options.tls {
+        if cluster.options.tls != Tls::Off {
             cluster.make_certs(&members)?;
         }
         for member in &members {
@@ -254,6 +265,7 @@ impl Cluster {
             token_path: &self.token_path,
             secret_path: &self.secret_path,
             certs_dir: self.certs_dir.as_deref(),
+            tls: self.options.tls,
             raft: &self.options.raft,
             webhook_allow: &self.options.webhook_allow,
             extra_toml: &self.options.extra_toml,
@@ -340,7 +352,7 @@ impl Cluster {
 
     /// `http://127.0.0.1:<port>` of node `id` (`https://` in a TLS cluster).
     pub fn http_url(&self, id: u64) -> String {
-        let scheme = if self.options.tls { "https" } else { "http" };
+        let scheme = if self.options.tls == Tls::Off { "http" } else { "https" };
         format!("{scheme}://{}", self.node(id).member.http_addr)
     }
 
@@ -824,8 +836,9 @@ struct NodeConfig<'a> {
     data_dir: &'a Path,
     token_path: &'a Path,
     secret_path: &'a Path,
-    /// A TLS cluster's certificates: mutual TLS, no cluster secret.
+    /// A TLS cluster's certificates.
     certs_dir: Option<&'a Path>,
+    tls: Tls,
     raft: &'a RaftTuning,
     webhook_allow: &'a [String],
     extra_toml: &'a str,
@@ -844,7 +857,7 @@ fn render_config(config: &NodeConfig<'_>) -> String {
         toml_string(&config.token_path.display().to_string()),
         config.bootstrap,
     );
-    if config.certs_dir.is_none() {
+    if config.tls != Tls::Mutual {
         out.push_str(&format!("cluster_secret_file = {}\n", toml_string(&config.secret_path.display().to_string())));
     }
     for peer in config.members {
@@ -865,13 +878,14 @@ fn render_config(config: &NodeConfig<'_>) -> String {
         raft.logs_to_keep,
         raft.write_timeout_ms,
     ));
-    if let Some(dir) = config.certs_dir {
+    if let (Some(dir), true) = (config.certs_dir, config.tls != Tls::Off) {
         let file = |name: String| toml_string(&dir.join(name).display().to_string());
         out.push_str(&format!(
-            "\n[tls]\ncert_file = {}\nkey_file = {}\nca_file = {}\nmutual = true\n",
+            "\n[tls]\ncert_file = {}\nkey_file = {}\nca_file = {}\nmutual = {}\n",
             file(format!("node{}.pem", member.id)),
             file(format!("node{}.key", member.id)),
             file("ca.pem".into()),
+            config.tls == Tls::Mutual,
         ));
     }
     let allow: Vec<String> = config.webhook_allow.iter().map(|a| toml_string(a)).collect();
@@ -944,6 +958,7 @@ mod tests {
                 token_path: Path::new("/tmp/x/admin.token"),
                 secret_path: Path::new("/tmp/x/cluster.secret"),
                 certs_dir: None,
+                tls: Tls::Off,
                 raft: &raft,
                 webhook_allow: &[],
                 extra_toml: "",
