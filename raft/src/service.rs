@@ -168,10 +168,12 @@ pub async fn serve(
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
     let checked = InterceptedService::new(service, node.secret().check());
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let mut server = tonic::transport::Server::builder();
-    if let Some(tls) = node.tls() {
-        server = server.tls_config(tls.grpc_server())?;
+    let server = tonic::transport::Server::builder().add_service(checked);
+    match node.tls() {
+        Some(tls) => server.serve_with_incoming_shutdown(tls.grpc_incoming(listener), shutdown).await,
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            server.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
     }
-    server.add_service(checked).serve_with_incoming_shutdown(incoming, shutdown).await
 }
