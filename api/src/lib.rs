@@ -142,19 +142,35 @@ async fn request_timeout(State(state): State<AppState>, request: Request, next: 
     }
 }
 
-/// Serves the API on `listener` until `shutdown` resolves, then drains open requests.
+/// Serves the API on `listener` until `shutdown` resolves, then drains open requests. With
+/// the node's TLS ([`RaftNode::tls`]) it serves HTTPS only (HTTP/2 or 1.1 by ALPN; a
+/// plaintext request gets no answer).
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
+    let tls = state.node.tls().map(|tls| tls.http_server_config());
+    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    if let Some(config) = tls {
+        let handle = axum_server::Handle::new();
+        let stopper = handle.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stopper.graceful_shutdown(None);
+        });
+        // TCP_NODELAY on every connection, then the handshake (axum-server bounds it: 10 s).
+        let config = axum_server::tls_rustls::RustlsConfig::from_config(config);
+        let acceptor =
+            axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(axum_server::accept::NoDelayAcceptor::new());
+        return axum_server::from_tcp(listener.into_std()?)?.acceptor(acceptor).handle(handle).serve(app).await;
+    }
     // Small responses must not wait for Nagle's algorithm.
     let listener = listener.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "set TCP_NODELAY");
         }
     });
-    let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await
 }

@@ -62,7 +62,26 @@ pub struct ClusterOptions {
     /// The nodes' `[webhooks] allow` list: by default loopback and 10/8 (where a test's
     /// receiver listens, on loopback or on the namespaces' bridge).
     pub webhook_allow: Vec<String>,
+    /// TLS for the API and between the nodes (see [`Tls`]).
+    pub tls: Tls,
 }
+
+/// A cluster's TLS. With TLS, the certificates are made at launch by `raftbox certs` into
+/// `<dir>/certs` (a CA and one per node id up to [`TLS_NODE_CERTS`], naming every node's
+/// host), and the harness's client trusts that CA only ([`Cluster::tls_file`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tls {
+    /// Plaintext HTTP and gRPC, with the cluster secret.
+    #[default]
+    Off,
+    /// HTTPS and TLS between the nodes (peers verified against the CA), with the secret.
+    Server,
+    /// HTTPS and mutual TLS between the nodes, without a secret.
+    Mutual,
+}
+
+/// Node certificates a TLS cluster gets (ids 1..=this), so nodes can be added.
+pub const TLS_NODE_CERTS: u64 = 9;
 
 impl Default for ClusterOptions {
     fn default() -> ClusterOptions {
@@ -74,6 +93,7 @@ impl Default for ClusterOptions {
             clock_offsets: BTreeMap::new(),
             network_namespaces: false,
             webhook_allow: ["127.0.0.0/8", "::1/128", "10.0.0.0/8"].map(String::from).to_vec(),
+            tls: Tls::Off,
         }
     }
 }
@@ -113,6 +133,8 @@ pub struct Cluster {
     admin_token: String,
     token_path: PathBuf,
     secret_path: PathBuf,
+    /// `<dir>/certs` of a TLS cluster.
+    certs_dir: Option<PathBuf>,
     options: ClusterOptions,
     /// The namespaces and bridge, when the nodes run in namespaces (dropped after the nodes
     /// are killed: fields drop after `Drop::drop`).
@@ -166,6 +188,7 @@ impl Cluster {
             admin_token,
             token_path,
             secret_path,
+            certs_dir: None,
             options,
             network,
             nodes: BTreeMap::new(),
@@ -176,6 +199,9 @@ impl Cluster {
         };
         let members: Vec<Member> =
             (1..=cluster.options.nodes).map(|id| cluster.new_member(id)).collect::<Result<_>>()?;
+        if cluster.options.tls != Tls::Off {
+            cluster.make_certs(&members)?;
+        }
         for member in &members {
             cluster.prepare_node(member, &members, member.id == 1)?;
         }
@@ -199,6 +225,32 @@ impl Cluster {
         Ok(Member { id, http_addr: format!("{host}:{}", ports[0]), grpc_addr: format!("{host}:{}", ports[1]) })
     }
 
+    /// Makes the CA and node certificates of a TLS cluster with `raftbox certs`, naming the
+    /// hosts of `members` (loopback, or the namespaces' addresses), and makes the harness's
+    /// client trust the CA (and only it).
+    fn make_certs(&mut self, members: &[Member]) -> Result<()> {
+        let dir = self.root.join("certs");
+        let mut command = Command::new(&self.bin);
+        command.arg("certs").arg(&dir).arg("--nodes").arg(TLS_NODE_CERTS.to_string());
+        let hosts: BTreeSet<&str> =
+            members.iter().filter_map(|m| m.http_addr.rsplit_once(':').map(|(host, _)| host)).collect();
+        for host in hosts {
+            command.arg("--host").arg(host);
+        }
+        let output = command.output().with_context(|| format!("run {} certs", self.bin.display()))?;
+        ensure!(output.status.success(), "raftbox certs failed: {}", String::from_utf8_lossy(&output.stderr).trim());
+        let ca = fs::read(dir.join("ca.pem")).context("read the cluster CA")?;
+        self.http = tls_http_client(&ca, None)?;
+        self.certs_dir = Some(dir);
+        Ok(())
+    }
+
+    /// A file of a TLS cluster's `<dir>/certs`: `ca.pem`, `nodeN.pem`, `nodeN.key`.
+    pub fn tls_file(&self, name: &str) -> Result<PathBuf> {
+        let dir = self.certs_dir.as_ref().ok_or_else(|| anyhow!("this cluster runs without TLS"))?;
+        Ok(dir.join(name))
+    }
+
     /// Writes node `member`'s directory and config (`members` as its `[[members]]`).
     fn prepare_node(&mut self, member: &Member, members: &[Member], bootstrap: bool) -> Result<()> {
         let node_dir = self.root.join(format!("node{}", member.id));
@@ -212,6 +264,8 @@ impl Cluster {
             data_dir: &data_dir,
             token_path: &self.token_path,
             secret_path: &self.secret_path,
+            certs_dir: self.certs_dir.as_deref(),
+            tls: self.options.tls,
             raft: &self.options.raft,
             webhook_allow: &self.options.webhook_allow,
             extra_toml: &self.options.extra_toml,
@@ -296,9 +350,10 @@ impl Cluster {
         Ok(fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?.trim().to_string())
     }
 
-    /// `http://127.0.0.1:<port>` of node `id`.
+    /// `http://127.0.0.1:<port>` of node `id` (`https://` in a TLS cluster).
     pub fn http_url(&self, id: u64) -> String {
-        format!("http://{}", self.node(id).member.http_addr)
+        let scheme = if self.options.tls == Tls::Off { "http" } else { "https" };
+        format!("{scheme}://{}", self.node(id).member.http_addr)
     }
 
     /// The HTTP URLs of the given nodes.
@@ -781,6 +836,9 @@ struct NodeConfig<'a> {
     data_dir: &'a Path,
     token_path: &'a Path,
     secret_path: &'a Path,
+    /// A TLS cluster's certificates.
+    certs_dir: Option<&'a Path>,
+    tls: Tls,
     raft: &'a RaftTuning,
     webhook_allow: &'a [String],
     extra_toml: &'a str,
@@ -791,16 +849,17 @@ fn render_config(config: &NodeConfig<'_>) -> String {
     let member = config.member;
     let raft = config.raft;
     let mut out = format!(
-        "node_id = {}\ndata_dir = {}\nhttp_addr = {}\ngrpc_addr = {}\nadmin_token_file = {}\n\
-         cluster_secret_file = {}\nbootstrap = {}\n",
+        "node_id = {}\ndata_dir = {}\nhttp_addr = {}\ngrpc_addr = {}\nadmin_token_file = {}\nbootstrap = {}\n",
         member.id,
         toml_string(&config.data_dir.display().to_string()),
         toml_string(&member.http_addr),
         toml_string(&member.grpc_addr),
         toml_string(&config.token_path.display().to_string()),
-        toml_string(&config.secret_path.display().to_string()),
         config.bootstrap,
     );
+    if config.tls != Tls::Mutual {
+        out.push_str(&format!("cluster_secret_file = {}\n", toml_string(&config.secret_path.display().to_string())));
+    }
     for peer in config.members {
         out.push_str(&format!(
             "\n[[members]]\nid = {}\nhttp_addr = {}\ngrpc_addr = {}\n",
@@ -819,6 +878,16 @@ fn render_config(config: &NodeConfig<'_>) -> String {
         raft.logs_to_keep,
         raft.write_timeout_ms,
     ));
+    if let (Some(dir), true) = (config.certs_dir, config.tls != Tls::Off) {
+        let file = |name: String| toml_string(&dir.join(name).display().to_string());
+        out.push_str(&format!(
+            "\n[tls]\ncert_file = {}\nkey_file = {}\nca_file = {}\nmutual = {}\n",
+            file(format!("node{}.pem", member.id)),
+            file(format!("node{}.key", member.id)),
+            file("ca.pem".into()),
+            config.tls == Tls::Mutual,
+        ));
+    }
     let allow: Vec<String> = config.webhook_allow.iter().map(|a| toml_string(a)).collect();
     out.push_str(&format!("\n[webhooks]\nallow = [{}]\n", allow.join(", ")));
     out.push('\n');
@@ -888,6 +957,8 @@ mod tests {
                 data_dir: Path::new("/tmp/x/node1/data"),
                 token_path: Path::new("/tmp/x/admin.token"),
                 secret_path: Path::new("/tmp/x/cluster.secret"),
+                certs_dir: None,
+                tls: Tls::Off,
                 raft: &raft,
                 webhook_allow: &[],
                 extra_toml: "",

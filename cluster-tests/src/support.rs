@@ -89,6 +89,24 @@ pub fn http_client() -> Result<reqwest::Client> {
         .context("build the HTTP client")
 }
 
+/// [`http_client`] for a TLS cluster: it trusts the CA in `ca_pem` and nothing else, and
+/// presents `identity` (a PEM certificate chain followed by its key) when given.
+pub fn tls_http_client(ca_pem: &[u8], identity: Option<&[u8]>) -> Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .no_proxy()
+        .connect_timeout(ms(CONNECT_TIMEOUT_MS))
+        .timeout(ms(REQUEST_TIMEOUT_MS));
+    for cert in reqwest::Certificate::from_pem_bundle(ca_pem).context("parse the CA")? {
+        builder = builder.add_root_certificate(cert);
+    }
+    if let Some(pem) = identity {
+        builder = builder.identity(reqwest::Identity::from_pem(pem).context("parse the client identity")?);
+    }
+    builder.build().context("build the TLS HTTP client")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Seeds and deadlines
 

@@ -41,6 +41,9 @@ pub struct BenchArgs {
     /// File holding the admin token.
     #[arg(long, default_value = ".raftbox/admin.token")]
     token_file: PathBuf,
+    /// CA certificate (PEM) to trust for `https://` endpoints (README "TLS").
+    #[arg(long, env = "RAFTBOX_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// What each client does in a loop.
     #[arg(long, value_enum, default_value = "create-user")]
     workload: Workload,
@@ -92,7 +95,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let token = std::fs::read_to_string(&args.token_file)
         .with_context(|| format!("read admin token {}", args.token_file.display()))?;
     let token = Arc::new(token.trim().to_string());
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let client = crate::client::http_client(
+        reqwest::Client::builder().timeout(Duration::from_secs(10)),
+        args.ca_file.as_deref(),
+    )?;
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     if let Workload::Sync = args.workload {
         return sync_bench(&client, &args, &token, &run_id).await;

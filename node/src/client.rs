@@ -3,7 +3,7 @@
 //! `Retry-After` asks (bounded), and every POST carries an `Idempotency-Key`, so a retry after
 //! an unknown outcome has one effect.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -29,6 +29,10 @@ pub struct Connection {
     /// File holding the bearer token.
     #[arg(long, env = "RAFTBOX_TOKEN_FILE", global = true)]
     token_file: Option<PathBuf>,
+    /// CA certificate (PEM) to trust for an `https://` URL, besides the public roots: the
+    /// cluster's `ca.pem` (README "TLS").
+    #[arg(long, env = "RAFTBOX_CA_FILE", global = true)]
+    ca_file: Option<PathBuf>,
 }
 
 pub struct Api {
@@ -49,7 +53,8 @@ impl Api {
             }
             (None, None) => bail!("a token is needed: --token, --token-file, RAFTBOX_TOKEN or RAFTBOX_TOKEN_FILE"),
         };
-        Ok(Api { http: reqwest::Client::new(), url: connection.url.clone(), token, device, namespace: None })
+        let http = http_client(reqwest::Client::builder(), connection.ca_file.as_deref())?;
+        Ok(Api { http, url: connection.url.clone(), token, device, namespace: None })
     }
 
     /// File calls through this client work in `namespace` (a shared folder's id).
@@ -121,6 +126,23 @@ impl Api {
             _ => bail!("read {remote}: {}", problem(status, &body)),
         }
     }
+}
+
+/// `builder`'s client, trusting the CA in `ca_file` (PEM, one or more certificates) as well.
+pub fn http_client(builder: reqwest::ClientBuilder, ca_file: Option<&Path>) -> anyhow::Result<reqwest::Client> {
+    let mut builder = builder.use_rustls_tls();
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).with_context(|| format!("read CA file {}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .with_context(|| format!("CA file {}: not PEM certificates", path.display()))?;
+        if certs.is_empty() {
+            bail!("CA file {} holds no PEM certificate", path.display());
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder.build().context("build the HTTP client")
 }
 
 /// How long to wait before retry number `retry`: the answer's `Retry-After` seconds if it

@@ -13,7 +13,7 @@ use raftbox_api::{ApiConfig, HttpConfig, JobLimits, NotifyLimits};
 
 use crate::executor::JobsConfig;
 use crate::maintenance::FilesConfig;
-use raftbox_raft::{ClusterSecret, NodeInfo, RaftSettings};
+use raftbox_raft::{ClusterSecret, NodeInfo, NodeTls, RaftSettings};
 use serde::Deserialize;
 
 /// `raftbox serve` flags; each also reads an environment variable.
@@ -79,6 +79,24 @@ struct FileConfig {
     job_limits: JobLimits,
     #[serde(default)]
     notify_limits: NotifyLimits,
+    tls: Option<TlsConfig>,
+}
+
+/// `[tls]`: HTTPS for the API and TLS between nodes (README "TLS").
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TlsConfig {
+    /// The node's certificate chain (PEM), server and client auth.
+    cert_file: PathBuf,
+    /// Its private key (PEM).
+    key_file: PathBuf,
+    /// The cluster's CA (PEM): peers are verified against it; without it, against the
+    /// public web roots.
+    ca_file: Option<PathBuf>,
+    /// Nodes present and demand certificates signed by `ca_file`; the cluster secret is
+    /// then optional.
+    #[serde(default)]
+    mutual: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,6 +129,8 @@ pub struct Config {
     pub grpc_addr: SocketAddr,
     pub admin_token_file: Option<PathBuf>,
     pub cluster_secret: ClusterSecret,
+    /// TLS for HTTP and gRPC, if configured.
+    pub tls: Option<NodeTls>,
     pub bootstrap: bool,
     pub members: BTreeMap<u64, NodeInfo>,
     pub raft: RaftSettings,
@@ -129,17 +149,34 @@ impl Config {
             }
             None => FileConfig::default(),
         };
-        let secret_file = args.cluster_secret_file.clone().or_else(|| file.cluster_secret_file.clone()).context(
-            "cluster_secret_file is required (config or --cluster-secret-file): without a secret anyone who reaches \
-             the gRPC port could act as a node",
-        )?;
-        let text = std::fs::read_to_string(&secret_file)
-            .with_context(|| format!("read cluster secret {}", secret_file.display()))?;
-        let secret = ClusterSecret::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", secret_file.display()))?;
-        Config::merge(file, args, secret)
+        let tls = match &file.tls {
+            Some(t) => Some(
+                NodeTls::load(&t.cert_file, &t.key_file, t.ca_file.as_deref(), t.mutual).map_err(anyhow::Error::msg)?,
+            ),
+            None => None,
+        };
+        let mutual = tls.as_ref().is_some_and(NodeTls::mutual);
+        let secret = match args.cluster_secret_file.clone().or_else(|| file.cluster_secret_file.clone()) {
+            Some(secret_file) => {
+                let text = std::fs::read_to_string(&secret_file)
+                    .with_context(|| format!("read cluster secret {}", secret_file.display()))?;
+                ClusterSecret::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", secret_file.display()))?
+            }
+            None if mutual => ClusterSecret::mutual_tls_only(),
+            None => bail!(
+                "cluster_secret_file is required (config or --cluster-secret-file) unless [tls] mutual = true: \
+                 without a secret or mutual TLS anyone who reaches the gRPC port could act as a node"
+            ),
+        };
+        Config::merge(file, args, secret, tls)
     }
 
-    fn merge(file: FileConfig, args: ServeArgs, cluster_secret: ClusterSecret) -> anyhow::Result<Config> {
+    fn merge(
+        file: FileConfig,
+        args: ServeArgs,
+        cluster_secret: ClusterSecret,
+        tls: Option<NodeTls>,
+    ) -> anyhow::Result<Config> {
         let node_id = args.node_id.or(file.node_id).context("node_id is required (config or --node-id)")?;
         let data_dir = args.data_dir.or(file.data_dir).context("data_dir is required (config or --data-dir)")?;
         let mut members = BTreeMap::new();
@@ -219,6 +256,7 @@ impl Config {
             grpc_addr: args.grpc_addr.or(file.grpc_addr).unwrap_or(own.grpc_addr),
             admin_token_file: args.admin_token_file.or(file.admin_token_file),
             cluster_secret,
+            tls,
             bootstrap: args.bootstrap || file.bootstrap,
             members,
             raft,
@@ -279,7 +317,7 @@ mod tests {
 
     fn check(text: &str, args: ServeArgs) -> anyhow::Result<Config> {
         let secret = ClusterSecret::parse("config-tests-cluster-secret").expect("secret");
-        Config::merge(toml::from_str(text)?, args, secret)
+        Config::merge(toml::from_str(text)?, args, secret, None)
     }
 
     #[test]
@@ -312,6 +350,52 @@ mod tests {
         assert_eq!(config.api.rate_limits.len(), 1);
         let twice = format!("{text}\n[[rate_limits]]\nname = \"u\"\nscope = \"ip\"\nroutes = [\"/\"]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow_ms = 1");
         assert!(check(&twice, args()).unwrap_err().to_string().contains("twice"));
+    }
+
+    /// `Config::load` of `THREE` plus `extra` (top-level keys go in `top`).
+    fn load(dir: &std::path::Path, top: &str, extra: &str) -> anyhow::Result<Config> {
+        let path = dir.join("config.toml");
+        std::fs::write(&path, format!("{top}\n{THREE}\n{extra}")).expect("write config");
+        Config::load(ServeArgs { config: Some(path), ..args() })
+    }
+
+    #[test]
+    fn tls_is_checked_at_start_and_mutual_tls_may_replace_the_secret() {
+        let dir = tempfile::tempdir().expect("dir");
+        let certs = dir.path().join("certs");
+        crate::certs::run(crate::certs::CertsArgs { dir: certs.clone(), nodes: 2, host: vec![] }).expect("certs");
+        let file = |name: &str| certs.join(name).display().to_string();
+        let secret_path = dir.path().join("secret");
+        std::fs::write(&secret_path, "config-tests-cluster-secret\n").expect("secret");
+        let secret = format!("cluster_secret_file = \"{}\"", secret_path.display());
+        let tls = |cert: &str, key: &str, ca: Option<&str>, mutual: bool| {
+            let ca = ca.map(|ca| format!("ca_file = \"{}\"\n", file(ca))).unwrap_or_default();
+            format!("[tls]\ncert_file = \"{}\"\nkey_file = \"{}\"\n{ca}mutual = {mutual}\n", file(cert), file(key))
+        };
+        let refusal = |top: &str, extra: &str| load(dir.path(), top, extra).unwrap_err().to_string();
+
+        let mutual = load(dir.path(), "", &tls("node2.pem", "node2.key", Some("ca.pem"), true)).expect("valid");
+        assert!(mutual.tls.as_ref().is_some_and(NodeTls::mutual));
+        assert!(!mutual.cluster_secret.is_set(), "mutual TLS without a secret");
+        let both = load(dir.path(), &secret, &tls("node2.pem", "node2.key", Some("ca.pem"), false)).expect("valid");
+        assert!(both.cluster_secret.is_set() && both.tls.is_some());
+
+        let neither = refusal("", "");
+        assert!(neither.contains("cluster_secret_file is required"), "{neither}");
+        let server_only = refusal("", &tls("node2.pem", "node2.key", Some("ca.pem"), false));
+        assert!(server_only.contains("cluster_secret_file is required"), "{server_only}");
+        let no_ca = refusal("", &tls("node2.pem", "node2.key", None, true));
+        assert!(no_ca.contains("tls.ca_file"), "{no_ca}");
+        let missing = refusal(&secret, &tls("node7.pem", "node2.key", Some("ca.pem"), false));
+        assert!(missing.contains("tls.cert_file") && missing.contains("node7.pem"), "{missing}");
+        let crossed = refusal(&secret, &tls("node1.pem", "node2.key", Some("ca.pem"), false));
+        assert!(crossed.contains("usable pair"), "{crossed}");
+        let not_a_cert = refusal(&secret, &tls("node2.key", "node2.key", Some("ca.pem"), false));
+        assert!(not_a_cert.contains("tls.cert_file"), "{not_a_cert}");
+        let not_a_ca = refusal(&secret, &tls("node2.pem", "node2.key", Some("node2.key"), true));
+        assert!(not_a_ca.contains("tls.ca_file"), "{not_a_ca}");
+        let unknown = refusal(&secret, "[tls]\ncert_file = \"x\"\nkey_file = \"y\"\nmutal = true\n");
+        assert!(unknown.contains("parse config"), "{unknown}");
     }
 
     #[test]

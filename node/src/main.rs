@@ -3,6 +3,7 @@
 //! - [`config`]: the node's configuration: TOML file, flags and environment, validated once.
 //! - [`serve`]: wiring of storage, Raft, gRPC and HTTP; signals and graceful shutdown.
 //! - [`bench`]: the benchmark client.
+//! - [`certs`]: `raftbox certs`, a cluster CA and node certificates for `[tls]`.
 //! - [`client`]: what the client subcommands share (connection flags, API calls).
 //! - [`cluster_client`]: `raftbox cluster`, members and membership change.
 //! - [`files_client`]: `raftbox files`, the file-service client.
@@ -12,6 +13,7 @@
 //! - [`maintenance`]: node-local background work: block replication and reclaiming.
 
 mod bench;
+mod certs;
 mod client;
 mod cluster_client;
 mod config;
@@ -50,6 +52,8 @@ enum Commands {
     Cluster(cluster_client::ClusterArgs),
     /// Measure write throughput and latency of a running cluster with N concurrent writers.
     Bench(bench::BenchArgs),
+    /// Make a cluster CA and a certificate per node for `[tls]` (DIR --nodes N --host H).
+    Certs(certs::CertsArgs),
 }
 
 fn main() {
@@ -60,6 +64,8 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    // ring is the one rustls provider of this build; installed before anything uses TLS.
+    raftbox_raft::tls::install_default_provider();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         Commands::Serve(args) => {
@@ -67,6 +73,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             runtime.block_on(serve::run(config))
         }
         Commands::Bench(args) => runtime.block_on(bench::run(args)),
+        Commands::Certs(args) => certs::run(args),
         Commands::Cluster(args) => runtime.block_on(cluster_client::run(args)),
         Commands::Files(args) => runtime.block_on(files_client::run(args)),
         Commands::Jobs(args) => runtime.block_on(jobs_client::run(args)),

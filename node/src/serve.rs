@@ -26,14 +26,27 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let tls = match &config.tls {
+        Some(tls) if tls.mutual() => "mutual",
+        Some(_) => "server",
+        None => "off",
+    };
     tracing::info!(node_id = config.node_id, http = %config.http_addr, grpc = %config.grpc_addr,
-        data_dir = %config.data_dir.display(), "starting raftbox node");
+        data_dir = %config.data_dir.display(), tls, cluster_secret = config.cluster_secret.is_set(),
+        "starting raftbox node");
 
     let db = Db::open(&config.data_dir.join("db")).context("open database")?;
     let blocks = std::sync::Arc::new(BlockStore::open(&config.data_dir.join("blocks")).context("open block store")?);
-    let node = RaftNode::start(config.node_id, db, blocks, config.raft.clone(), config.cluster_secret.clone())
-        .await
-        .context("start raft")?;
+    let node = RaftNode::start_with_tls(
+        config.node_id,
+        db,
+        blocks,
+        config.raft.clone(),
+        config.cluster_secret.clone(),
+        config.tls.clone(),
+    )
+    .await
+    .context("start raft")?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();

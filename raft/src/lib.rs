@@ -8,6 +8,7 @@
 //! - [`node`]: a running node: write, linearizable read barrier, bootstrap.
 //! - [`membership`]: online membership change; a node that lost its data does not vote.
 //! - [`secret`]: the cluster secret every node-to-node call carries.
+//! - [`tls`]: TLS of the node (HTTPS, gRPC between nodes, mutual TLS), one crypto provider.
 //! - [`clock`]: the clock-offset check that keeps a node with a wrong clock from leading.
 
 pub mod blocks;
@@ -21,6 +22,7 @@ pub mod proposer;
 pub mod secret;
 pub mod service;
 pub mod state_machine;
+pub mod tls;
 pub mod types;
 
 /// Generated protobuf types; used only inside this crate's modules and by the server wiring.
@@ -34,4 +36,5 @@ pub use membership::{Member, MembershipAnswer, MembershipChange, MembershipError
 pub use node::{RaftNode, RaftSettings};
 pub use secret::ClusterSecret;
 pub use service::{serve, RaftGrpc};
+pub use tls::NodeTls;
 pub use types::{NodeId, NodeInfo, RaftMetrics};

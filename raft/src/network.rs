@@ -4,8 +4,10 @@
 //! Every call has a deadline; channels connect lazily with a connect timeout and HTTP/2
 //! keep-alive, so a dead peer never hangs a call. Transport failures become
 //! `RPCError::Unreachable`, which makes openraft back off. Every call carries the cluster
-//! secret; messages are bounded by [`MESSAGE_BYTES_MAX`], and an AppendEntries that would
-//! exceed [`APPEND_BYTES_MAX`] asks openraft to send fewer entries.
+//! secret (if the cluster has one) and, when the node has TLS, travels over TLS to
+//! `https://` peers, presenting the node's certificate under mutual TLS; messages are
+//! bounded by [`MESSAGE_BYTES_MAX`], and an AppendEntries that would exceed
+//! [`APPEND_BYTES_MAX`] asks openraft to send fewer entries.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +30,7 @@ use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_client::RaftServiceClient;
 use crate::pb::{RaftMessage, RaftReply};
 use crate::secret::ClusterSecret;
+use crate::tls::NodeTls;
 use crate::types::{NodeId, NodeInfo, TypeConfig};
 
 /// How long establishing a TCP connection to a peer may take.
@@ -67,11 +70,18 @@ pub enum Lane {
 pub struct Peers {
     channels: Arc<Mutex<HashMap<(Lane, String), Channel>>>,
     secret: ClusterSecret,
+    tls: Option<NodeTls>,
 }
 
 impl Peers {
+    /// Peers dialled in plaintext.
     pub fn new(secret: ClusterSecret) -> Peers {
-        Peers { channels: Arc::default(), secret }
+        Peers::with_tls(secret, None)
+    }
+
+    /// Peers dialled over TLS when `tls` is given.
+    pub fn with_tls(secret: ClusterSecret, tls: Option<NodeTls>) -> Peers {
+        Peers { channels: Arc::default(), secret, tls }
     }
 
     /// A client for the peer at `grpc_addr` (host:port) on the control lane; connects on
@@ -88,7 +98,13 @@ impl Peers {
             match channels.get(&key) {
                 Some(channel) => channel.clone(),
                 None => {
-                    let channel = Endpoint::from_shared(format!("http://{grpc_addr}"))?
+                    let endpoint = match &self.tls {
+                        Some(tls) => {
+                            Endpoint::from_shared(format!("https://{grpc_addr}"))?.tls_config(tls.grpc_client())?
+                        }
+                        None => Endpoint::from_shared(format!("http://{grpc_addr}"))?,
+                    };
+                    let channel = endpoint
                         .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
                         .tcp_nodelay(true)
                         .http2_keep_alive_interval(Duration::from_millis(KEEPALIVE_INTERVAL_MS))

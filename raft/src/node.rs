@@ -22,6 +22,7 @@ use crate::pb::{ReadIndexRequest, StatusRequest};
 use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
 use crate::secret::ClusterSecret;
 use crate::state_machine::StateMachineStore;
+use crate::tls::NodeTls;
 use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
 
 /// How long a learner asked to fill its blocks waits to apply as far as the leader had.
@@ -82,6 +83,7 @@ struct Inner {
     proposer: Proposer,
     peers: Peers,
     secret: ClusterSecret,
+    tls: Option<NodeTls>,
     clock: watch::Receiver<ClockHealth>,
     settings: RaftSettings,
 }
@@ -93,14 +95,27 @@ pub struct RaftNode {
 }
 
 impl RaftNode {
-    /// Opens the stores in `db` and starts openraft. Serving gRPC is the caller's job
-    /// (see [`crate::RaftGrpc`]).
+    /// Opens the stores in `db` and starts openraft, without TLS. Serving gRPC is the
+    /// caller's job (see [`crate::serve`]).
     pub async fn start(
         id: NodeId,
         db: Db,
         blocks: Arc<BlockStore>,
         settings: RaftSettings,
         secret: ClusterSecret,
+    ) -> Result<RaftNode, StartError> {
+        RaftNode::start_with_tls(id, db, blocks, settings, secret, None).await
+    }
+
+    /// [`RaftNode::start`] with the node's TLS: peers are dialled over TLS (presenting this
+    /// node's certificate when mutual), and [`crate::serve`] and the HTTP API serve TLS.
+    pub async fn start_with_tls(
+        id: NodeId,
+        db: Db,
+        blocks: Arc<BlockStore>,
+        settings: RaftSettings,
+        secret: ClusterSecret,
+        tls: Option<NodeTls>,
     ) -> Result<RaftNode, StartError> {
         let config = Config {
             cluster_name: "raftbox".into(),
@@ -117,7 +132,7 @@ impl RaftNode {
         let vote_right = watch::Sender::new(membership::initial_vote_right(&db)?);
         let state = StateMachine::new(db.clone());
         let sm_store = StateMachineStore::new(state.clone())?;
-        let peers = Peers::new(secret.clone());
+        let peers = Peers::with_tls(secret.clone(), tls.clone());
         let network = NetworkFactory { peers: peers.clone() };
         let raft = Raft::new(id, Arc::new(config), network, LogStore::new(db.clone()), sm_store).await?;
         let (clock_tx, clock) = watch::channel(ClockHealth {
@@ -146,8 +161,13 @@ impl RaftNode {
             clock: clock.clone(),
         });
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
-        let inner = Inner { id, db, vote_right, blocks, raft, state, proposer, peers, secret, clock, settings };
+        let inner = Inner { id, db, vote_right, blocks, raft, state, proposer, peers, secret, tls, clock, settings };
         Ok(RaftNode { inner: Arc::new(inner) })
+    }
+
+    /// The node's TLS, if it has any (its gRPC and HTTP listeners serve TLS then).
+    pub fn tls(&self) -> Option<&NodeTls> {
+        self.inner.tls.as_ref()
     }
 
     /// The cluster secret this node's calls carry and its server demands.

@@ -2,6 +2,10 @@
 //! it, or with a wrong one, before the message is decoded (a tonic interceptor sees only the
 //! metadata). Without it, anyone who reaches the gRPC port could forward commands or append
 //! entries of a higher term.
+//!
+//! A cluster whose nodes authenticate each other by mutual TLS may do without a secret
+//! ([`ClusterSecret::mutual_tls_only`]): the gRPC listener then refuses a caller without a
+//! certificate from the cluster's CA during the handshake, before any call.
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,10 +21,11 @@ pub const SECRET_BYTES_MIN: usize = 16;
 /// Longest accepted secret, in bytes.
 pub const SECRET_BYTES_MAX: usize = 1_024;
 
-/// A validated cluster secret: visible ASCII, 16 to 1024 bytes. Never printed.
+/// A validated cluster secret: visible ASCII, 16 to 1024 bytes. Never printed. `None` only
+/// where mutual TLS authenticates the nodes instead.
 #[derive(Clone)]
 pub struct ClusterSecret {
-    value: Arc<MetadataValue<tonic::metadata::Ascii>>,
+    value: Option<Arc<MetadataValue<tonic::metadata::Ascii>>>,
 }
 
 impl fmt::Debug for ClusterSecret {
@@ -40,11 +45,23 @@ impl ClusterSecret {
             return Err("the cluster secret is visible ASCII (no spaces or control characters)".into());
         }
         let value = MetadataValue::try_from(text).map_err(|e| format!("the cluster secret: {e}"))?;
-        Ok(ClusterSecret { value: Arc::new(value) })
+        Ok(ClusterSecret { value: Some(Arc::new(value)) })
+    }
+
+    /// No secret: calls carry none and the server checks none. Only for a node whose gRPC
+    /// listener demands client certificates (`[tls] mutual = true`); the configuration
+    /// refuses to start with neither.
+    pub fn mutual_tls_only() -> ClusterSecret {
+        ClusterSecret { value: None }
+    }
+
+    /// Whether there is a secret (false: mutual TLS only).
+    pub fn is_set(&self) -> bool {
+        self.value.is_some()
     }
 
     fn matches(&self, presented: &[u8]) -> bool {
-        bool::from(self.value.as_bytes().ct_eq(presented))
+        self.value.as_ref().is_some_and(|value| bool::from(value.as_bytes().ct_eq(presented)))
     }
 
     /// The server-side check, as a tonic interceptor.
@@ -56,7 +73,9 @@ impl ClusterSecret {
 /// Client side: attaches the secret to every outgoing call.
 impl tonic::service::Interceptor for ClusterSecret {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        request.metadata_mut().insert(SECRET_METADATA_KEY, (*self.value).clone());
+        if let Some(value) = &self.value {
+            request.metadata_mut().insert(SECRET_METADATA_KEY, (**value).clone());
+        }
         Ok(request)
     }
 }
@@ -69,6 +88,10 @@ pub struct SecretCheck {
 
 impl tonic::service::Interceptor for SecretCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if !self.secret.is_set() {
+            // Mutual TLS only: the handshake checked the caller's certificate.
+            return Ok(request);
+        }
         match request.metadata().get(SECRET_METADATA_KEY) {
             Some(presented) if self.secret.matches(presented.as_bytes()) => Ok(request),
             Some(_) => Err(Status::unauthenticated("wrong cluster secret")),
@@ -96,5 +119,9 @@ mod tests {
         assert_eq!(check.call(wrong).map(|_| ()).unwrap_err().code(), tonic::Code::Unauthenticated);
         assert_eq!(check.call(Request::new(())).map(|_| ()).unwrap_err().code(), tonic::Code::Unauthenticated);
         assert!(!format!("{secret:?}").contains("0123"), "never printed");
+        let mut none = ClusterSecret::mutual_tls_only();
+        let bare = none.call(Request::new(())).expect("attach nothing");
+        assert!(bare.metadata().get(SECRET_METADATA_KEY).is_none());
+        assert!(none.check().call(bare).is_ok(), "mutual TLS only: the handshake authenticated the caller");
     }
 }

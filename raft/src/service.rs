@@ -167,8 +167,10 @@ impl RaftService for RaftGrpc {
 }
 
 /// Serves the node's `RaftService` on `listener` until `shutdown` resolves. Every call must
-/// carry the cluster secret (checked before the message is decoded); messages either way are
-/// bounded by [`MESSAGE_BYTES_MAX`].
+/// carry the cluster secret if there is one (checked before the message is decoded); with the
+/// node's TLS the listener serves TLS only, and under mutual TLS it demands a client
+/// certificate from the cluster's CA in the handshake. Messages either way are bounded by
+/// [`MESSAGE_BYTES_MAX`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     node: RaftNode,
@@ -178,6 +180,12 @@ pub async fn serve(
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
     let checked = InterceptedService::new(service, node.secret().check());
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder().add_service(checked).serve_with_incoming_shutdown(incoming, shutdown).await
+    let server = tonic::transport::Server::builder().add_service(checked);
+    match node.tls() {
+        Some(tls) => server.serve_with_incoming_shutdown(tls.grpc_incoming(listener), shutdown).await,
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            server.serve_with_incoming_shutdown(incoming, shutdown).await
+        }
+    }
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 mod bad_input;
 mod blocks;
 mod files;
+mod fuzz;
 mod guards;
 mod jobs;
 mod regressions;

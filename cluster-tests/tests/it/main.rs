@@ -34,6 +34,8 @@
 //! - `system_jobs`: the maintenance jobs follow a changed interval.
 //! - `token_revocation`: a revoked token is refused on every node within a second.
 //! - `webhook_egress`: webhooks to loopback refused at creation and at run time.
+//! - `tls`: a mutual-TLS cluster without a secret works, and refuses plaintext and strangers;
+//!   with server TLS only, the secret is still demanded.
 //! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
 
 mod big_file;
@@ -58,5 +60,6 @@ mod shared_folder;
 mod shared_rate_limit;
 mod snapshot_rejoin;
 mod system_jobs;
+mod tls;
 mod token_revocation;
 mod webhook_egress;
