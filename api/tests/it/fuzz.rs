@@ -152,6 +152,11 @@ async fn mutated_bodies_get_no_5xx_and_refusals_are_problems() {
     let (status, _, created) = node.call("POST", "/v1/jobs", Some(&me), Some(&job.to_string())).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     let job_id = created["jobId"].as_str().expect("jobId").to_owned();
+    // A shared folder of the user's, whose ACL the mutants change.
+    let folder = json!({ "name": "fuzzed folder" }).to_string();
+    let (status, _, created) = node.call("POST", "/v1/namespaces", Some(&me), Some(&folder)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let folder_id = created["namespaceId"].as_str().expect("namespaceId").to_owned();
 
     let routes: Vec<(&str, String, &str, Value)> = vec![
         ("POST", "/v1/admin/users".into(), ADMIN_TOKEN, json!({ "name": "someone" })),
@@ -173,6 +178,14 @@ async fn mutated_bodies_get_no_5xx_and_refusals_are_problems() {
             me.as_str(),
             json!({ "schedule": { "runAt": "2098-01-01T00:00:00Z" }, "payload": {"n": 2}, "maxRetries": 3 }),
         ),
+        ("POST", "/v1/namespaces".into(), me.as_str(), json!({ "name": "team" })),
+        (
+            "PUT",
+            format!("/v1/namespaces/{folder_id}/acl"),
+            me.as_str(),
+            json!({ "userName": "someone", "role": "viewer" }),
+        ),
+        ("POST", "/v1/admin/groups".into(), ADMIN_TOKEN, json!({ "name": "staff" })),
     ];
 
     let started = std::time::Instant::now();
