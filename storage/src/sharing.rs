@@ -114,16 +114,10 @@ pub(crate) fn set_access(
     grantee: &Grantee,
     role_wanted: Option<Role>,
 ) -> Result<Outcome, StorageError> {
-    let not_found = || Outcome::Rejected(Rejection::NotFound(format!("namespace {namespace_id}")));
-    let Some(namespace) = txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
-        return Ok(not_found());
+    let actor_role = match folder_role(txn, actor_user_id, namespace_id, "shared")? {
+        Ok(role) => role,
+        Err(rejection) => return Ok(rejection),
     };
-    let Some(actor_role) = role(txn, actor_user_id, namespace_id)? else {
-        return Ok(not_found());
-    };
-    if namespace.kind == NamespaceKind::Personal {
-        return Ok(Outcome::Rejected(Rejection::Invalid("a personal namespace cannot be shared".into())));
-    }
     let leaving = role_wanted.is_none() && *grantee == Grantee::User(actor_user_id.into());
     if actor_role != Role::Owner && !leaving {
         return Ok(Outcome::Rejected(Rejection::Forbidden("only an owner manages access".into())));
@@ -157,22 +151,38 @@ pub(crate) fn set_access(
     Ok(Outcome::Done)
 }
 
+/// The actor's role in the shared folder `namespace_id`, or the rejection to answer: not
+/// found when there is no such namespace or the actor has no role in it (as for a read), and
+/// invalid for a personal namespace, which cannot be `done` (shared, deleted).
+fn folder_role(
+    txn: &Txn<'_>,
+    actor_user_id: &str,
+    namespace_id: &str,
+    done: &str,
+) -> Result<Result<Role, Outcome>, StorageError> {
+    let not_found = || Outcome::Rejected(Rejection::NotFound(format!("namespace {namespace_id}")));
+    let Some(namespace) = txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
+        return Ok(Err(not_found()));
+    };
+    let Some(actor_role) = role(txn, actor_user_id, namespace_id)? else {
+        return Ok(Err(not_found()));
+    };
+    if namespace.kind == NamespaceKind::Personal {
+        return Ok(Err(Outcome::Rejected(Rejection::Invalid(format!("a personal namespace cannot be {done}")))));
+    }
+    Ok(Ok(actor_role))
+}
+
 /// Deletes a shared folder and everything in it, in this one apply.
 pub(crate) fn delete_folder(
     txn: &mut Txn<'_>,
     actor_user_id: &str,
     namespace_id: &str,
 ) -> Result<Outcome, StorageError> {
-    let not_found = || Outcome::Rejected(Rejection::NotFound(format!("namespace {namespace_id}")));
-    let Some(namespace) = txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
-        return Ok(not_found());
+    let actor_role = match folder_role(txn, actor_user_id, namespace_id, "deleted")? {
+        Ok(role) => role,
+        Err(rejection) => return Ok(rejection),
     };
-    let Some(actor_role) = role(txn, actor_user_id, namespace_id)? else {
-        return Ok(not_found());
-    };
-    if namespace.kind == NamespaceKind::Personal {
-        return Ok(Outcome::Rejected(Rejection::Invalid("a personal namespace cannot be deleted".into())));
-    }
     if actor_role != Role::Owner {
         return Ok(Outcome::Rejected(Rejection::Forbidden("only an owner deletes a shared folder".into())));
     }
