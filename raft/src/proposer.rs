@@ -1,25 +1,18 @@
 //! Client-write batching and leader forwarding.
 //!
-//! Commands submitted while earlier batches are in flight are gathered into one [`Batch`]
-//! (one log entry) and the outcomes fanned back out. On the leader the batch is stamped with
-//! the leader's clock and handed to openraft in the order the batches were formed (so stamps
-//! and log order agree); on a follower it is forwarded to the leader as one `Forward` RPC,
-//! where it joins the leader's own queue. Up to [`BATCHES_IN_FLIGHT_MAX`] batches are in
-//! flight at once, so a batch need not wait for the previous one's commit and apply: openraft
-//! appends and replicates the entries that queue meanwhile together. Each entry still counts
-//! toward a quorum only once synced (see [`crate::log_store`]).
+//! Commands submitted while the previous log entry is in flight are gathered into one
+//! [`Batch`] (one log entry, one fsync) and the outcomes fanned back out. On the leader the
+//! batch is stamped with the leader's clock and proposed; on a follower it is forwarded to the
+//! leader as one `Forward` RPC, where it joins the leader's own queue.
 //!
 //! Every wait is bounded: a submission answers by its deadline (`write_timeout` after it was
 //! submitted). A submission still queued at its deadline is dropped unproposed (`Unavailable`:
 //! surely not applied); one proposed or forwarded whose answer does not come in time is
 //! `Unknown` (it may still apply) — never retried blindly.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::stream::{FuturesUnordered, StreamExt};
-use openraft::error::ClientWriteError;
-use openraft::raft::ClientWriteResponse;
+use openraft::error::{ClientWriteError, RaftError};
 use raftbox_storage::{Batch, Command, Outcome};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -30,15 +23,12 @@ use crate::metrics::NodeMetrics;
 use crate::network::{Peers, ENTRY_BYTES_MAX};
 use crate::pb::forward_reply::Result as ForwardResult;
 use crate::pb::ForwardRequest;
-use crate::types::{NodeId, NodeInfo, Raft, TypeConfig};
+use crate::types::{NodeId, Raft};
 
 /// Submissions waiting for the next batch, at most (back-pressure beyond this).
 pub const QUEUE_UNITS_MAX: usize = 16_384;
 /// Commands in one log entry, at most.
 pub const BATCH_COMMANDS_MAX: usize = 4_096;
-/// Batches proposed or forwarded and not yet answered, at most; submissions that arrive
-/// while this many are in flight join the next batch.
-pub const BATCHES_IN_FLIGHT_MAX: usize = 8;
 /// After a leader refused or could not be reached, wait this long (or until the node's view
 /// of the cluster changes) before trying again.
 const LEADER_RETRY_DELAY: Duration = Duration::from_millis(50);
@@ -105,22 +95,13 @@ impl Proposer {
 }
 
 async fn run(ctx: ProposerContext, mut rx: mpsc::Receiver<Unit>) {
-    let ctx = Arc::new(ctx);
-    let mut in_flight = FuturesUnordered::new();
     let mut next: Option<Unit> = None;
     loop {
-        if in_flight.len() >= BATCHES_IN_FLIGHT_MAX {
-            in_flight.next().await;
-            continue;
-        }
         let first = match next.take() {
             Some(unit) => unit,
-            None => tokio::select! {
-                unit = rx.recv() => match unit {
-                    Some(unit) => unit,
-                    None => break,
-                },
-                Some(()) = in_flight.next(), if !in_flight.is_empty() => continue,
+            None => match rx.recv().await {
+                Some(unit) => unit,
+                None => return,
             },
         };
         let mut units = Vec::new();
@@ -146,21 +127,10 @@ async fn run(ctx: ProposerContext, mut rx: mpsc::Receiver<Unit>) {
         let deadline = units.iter().map(|u| u.deadline).max().unwrap_or_else(Instant::now);
         ctx.metrics.batch_commands.observe(count as f64);
         ctx.metrics.batches_in_flight.inc();
-        // Handed to openraft here, in order; only the wait for the outcome runs alongside.
-        let started = start(&ctx, &units, deadline).await;
-        let ctx = ctx.clone();
-        in_flight.push(async move {
-            let result = match started {
-                Started::Proposed(answer) => outcome(answer, deadline).await,
-                Started::Forward => commit(&ctx, &units, deadline).await,
-                Started::Failed(error) => Err(error),
-            };
-            ctx.metrics.batches_in_flight.dec();
-            fan_out(units, result);
-        });
+        let result = commit(&ctx, &units, deadline).await;
+        ctx.metrics.batches_in_flight.dec();
+        fan_out(units, result);
     }
-    // The node is shutting down: answer what is in flight.
-    while in_flight.next().await.is_some() {}
 }
 
 fn fan_out(units: Vec<Unit>, result: Result<Vec<Outcome>, WriteError>) {
@@ -180,48 +150,6 @@ fn fan_out(units: Vec<Unit>, result: Result<Vec<Outcome>, WriteError>) {
     }
 }
 
-/// The answer openraft gives for a proposed batch.
-type Answer = oneshot::Receiver<Result<ClientWriteResponse<TypeConfig>, ClientWriteError<NodeId, NodeInfo>>>;
-
-/// How a batch was started by the proposer's loop.
-enum Started {
-    /// Handed to openraft on this (leader) node; the outcome comes through the receiver.
-    Proposed(Answer),
-    /// Another node leads (or none yet): [`commit`] forwards it, alongside other batches.
-    Forward,
-    /// Surely not proposed.
-    Failed(WriteError),
-}
-
-/// Starts a batch: on the leader, stamps it and hands it to openraft (so batches enter the
-/// log in the order they were formed); elsewhere leaves it to [`commit`].
-async fn start(ctx: &ProposerContext, units: &[Unit], deadline: Instant) -> Started {
-    let leader = ctx.raft.metrics().borrow().current_leader;
-    if leader != Some(ctx.node_id) {
-        return Started::Forward;
-    }
-    match stamp(ctx) {
-        Ok(now_ms) => {
-            let commands = units.iter().flat_map(|u| u.commands.iter().cloned()).collect();
-            match tokio::time::timeout_at(deadline, ctx.raft.client_write_ff(Batch { now_ms, commands })).await {
-                Ok(Ok(answer)) => Started::Proposed(answer),
-                Ok(Err(fatal)) => Started::Failed(WriteError::Unknown(fatal.to_string())),
-                Err(_) => Started::Failed(WriteError::Unknown("openraft took no proposal before the deadline".into())),
-            }
-        }
-        Err(error) => Started::Failed(error),
-    }
-}
-
-/// The leader's clock reading for a batch, if this node's clock may lead.
-fn stamp(ctx: &ProposerContext) -> Result<u64, WriteError> {
-    let clock = ctx.clock.borrow();
-    if !clock.may_lead() {
-        return Err(WriteError::Unavailable("this node's clock is off from the cluster; it does not lead".into()));
-    }
-    Ok(clock.stamp())
-}
-
 /// Proposes on the leader, or forwards to it, by `deadline`; retries only where the write
 /// surely did not happen (no leader yet, the peer said it is not the leader, or the request
 /// never left this node).
@@ -229,8 +157,17 @@ async fn commit(ctx: &ProposerContext, units: &[Unit], deadline: Instant) -> Res
     loop {
         let (leader, addr) = wait_for_leader(&ctx.raft, deadline).await?;
         if leader == ctx.node_id {
+            let stamp = {
+                let clock = ctx.clock.borrow();
+                if !clock.may_lead() {
+                    return Err(WriteError::Unavailable(
+                        "this node's clock is off from the cluster; it does not lead".into(),
+                    ));
+                }
+                clock.stamp()
+            };
             let commands = units.iter().flat_map(|u| u.commands.iter().cloned()).collect();
-            return propose(&ctx.raft, Batch { now_ms: stamp(ctx)?, commands }, deadline).await;
+            return propose(&ctx.raft, Batch { now_ms: stamp, commands }, deadline).await;
         }
         let encoded = join_encoded(units);
         match forward(&ctx.peers, &addr, encoded, deadline).await? {
@@ -251,23 +188,13 @@ async fn commit(ctx: &ProposerContext, units: &[Unit], deadline: Instant) -> Res
 /// quorum never commits, and the entry it appended may still commit later, so that is
 /// `Unknown`.
 async fn propose(raft: &Raft, batch: Batch, deadline: Instant) -> Result<Vec<Outcome>, WriteError> {
-    match tokio::time::timeout_at(deadline, raft.client_write_ff(batch)).await {
-        Ok(Ok(answer)) => outcome(answer, deadline).await,
-        Ok(Err(fatal)) => Err(WriteError::Unknown(fatal.to_string())),
-        Err(_) => Err(WriteError::Unknown("openraft took no proposal before the deadline".into())),
-    }
-}
-
-/// Waits (until `deadline`) for openraft's answer to a proposed batch.
-async fn outcome(answer: Answer, deadline: Instant) -> Result<Vec<Outcome>, WriteError> {
-    match tokio::time::timeout_at(deadline, answer).await {
-        Ok(Ok(Ok(response))) => Ok(response.data),
-        Ok(Ok(Err(ClientWriteError::ForwardToLeader(_)))) => {
+    match tokio::time::timeout_at(deadline, raft.client_write(batch)).await {
+        Ok(Ok(response)) => Ok(response.data),
+        Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
             // Refused before it was appended: the leadership had already moved.
             Err(WriteError::Unavailable("leadership moved before the write was appended".into()))
         }
-        Ok(Ok(Err(e))) => Err(WriteError::Unknown(e.to_string())),
-        Ok(Err(_)) => Err(WriteError::Unknown("openraft dropped the write (shutting down)".into())),
+        Ok(Err(e)) => Err(WriteError::Unknown(e.to_string())),
         Err(_) => Err(WriteError::Unknown("no quorum acknowledged the write before the deadline".into())),
     }
 }
