@@ -41,6 +41,7 @@ pub struct AppState {
     pub config: Arc<ApiConfig>,
     /// Open notification channels (long polls and WebSockets), for their limits.
     pub channels: routes::sync::Channels,
+    /// Per-route request counts and latencies, in the node's registry.
     pub http_metrics: metrics::HttpMetrics,
 }
 
