@@ -7,6 +7,7 @@
 //! - [`json`]: request-body parsing with problem+json errors.
 //! - [`idempotency`]: `Idempotency-Key` handling, declared per route through `Keyed`.
 //! - [`ratelimit`]: configured rate limits, applied as middleware to matching routes.
+//! - [`metrics`]: per-route request counts and latency histograms (middleware).
 //! - [`routes`]: the handlers, one module per area (probes, accounts).
 //!
 //! Every handler talks to the cluster through [`raftbox_raft::RaftNode`]: writes are
@@ -17,6 +18,7 @@ pub mod auth;
 pub mod error;
 pub mod idempotency;
 pub mod json;
+pub mod metrics;
 pub mod ratelimit;
 pub mod routes;
 pub mod webhooks;
@@ -42,11 +44,14 @@ pub struct AppState {
     pub config: Arc<ApiConfig>,
     /// Open notification channels (long polls and WebSockets), for their limits.
     pub channels: routes::sync::Channels,
+    /// Per-route request counts and latencies, in the node's registry.
+    pub http_metrics: metrics::HttpMetrics,
 }
 
 impl AppState {
     pub fn new(node: RaftNode, config: ApiConfig) -> AppState {
-        AppState { node, config: Arc::new(config), channels: routes::sync::Channels::default() }
+        let http_metrics = metrics::HttpMetrics::new(node.node_metrics().registry());
+        AppState { node, config: Arc::new(config), channels: routes::sync::Channels::default(), http_metrics }
     }
 }
 
@@ -124,6 +129,7 @@ pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
     bounded
         .merge(routes::notify_router())
         .route_layer(limiter)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(axum::middleware::from_fn(error::problems_everywhere))
         .with_state(state)
 }

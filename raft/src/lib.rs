@@ -6,6 +6,7 @@
 //! - [`proposer`]: client-write batching and leader forwarding.
 //! - [`blocks`]: block transfer between nodes (majority-durable puts, fetch from peers).
 //! - [`node`]: a running node: write, linearizable read barrier, bootstrap.
+//! - [`metrics`]: the node's Prometheus series (write path, Raft state), one registry.
 //! - [`membership`]: online membership change; a node that lost its data does not vote.
 //! - [`secret`]: the cluster secret every node-to-node call carries.
 //! - [`tls`]: TLS of the node (HTTPS, gRPC between nodes, mutual TLS), one crypto provider.
@@ -16,6 +17,7 @@ pub mod clock;
 pub mod error;
 pub mod log_store;
 pub mod membership;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod proposer;
@@ -33,6 +35,7 @@ pub mod pb {
 pub use clock::ClockHealth;
 pub use error::{StartError, WriteError};
 pub use membership::{Member, MembershipAnswer, MembershipChange, MembershipError, VoteRight};
+pub use metrics::NodeMetrics;
 pub use node::{RaftNode, RaftSettings};
 pub use secret::ClusterSecret;
 pub use service::{serve, RaftGrpc};

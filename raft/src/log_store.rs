@@ -10,17 +10,26 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader, StorageIOError};
 use raftbox_storage::{keys, Db};
 
+use crate::metrics::NodeMetrics;
+
 use crate::types::{Entry, LogId, RaftStorageError, TypeConfig, Vote};
 
 /// The log store; cloning it yields a reader over the same database.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LogStore {
     db: Db,
+    metrics: NodeMetrics,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").field("db", &self.db).finish_non_exhaustive()
+    }
 }
 
 impl LogStore {
-    pub fn new(db: Db) -> LogStore {
-        LogStore { db }
+    pub fn new(db: Db, metrics: NodeMetrics) -> LogStore {
+        LogStore { db, metrics }
     }
 
     /// Runs blocking RocksDB work off the async workers.
@@ -101,6 +110,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), RaftStorageError> {
         let bytes = serde_json::to_vec(&committed).map_err(|e| StorageIOError::write(&e))?;
+        if let Some(id) = committed {
+            self.metrics.commit_index.set(i64::try_from(id.index).unwrap_or(i64::MAX));
+        }
         // Not synced: a lost committed id only means re-applying less on restart.
         self.db.meta_put(keys::meta::COMMITTED, &bytes, false).map_err(|e| StorageIOError::write(&e).into())
     }
@@ -119,8 +131,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let bytes = serde_json::to_vec(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
             encoded.push((entry.log_id.index, bytes));
         }
-        let result =
-            self.blocking(move |db| db.log_append(encoded).map_err(|e| StorageIOError::write_logs(&e).into())).await;
+        self.metrics.log_append_entries.observe(encoded.len() as f64);
+        let fsync = self.metrics.log_fsync_seconds.clone();
+        let result = self
+            .blocking(move |db| {
+                let _timer = fsync.start_timer();
+                db.log_append(encoded).map_err(|e| StorageIOError::write_logs(&e).into())
+            })
+            .await;
         match result {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));

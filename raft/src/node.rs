@@ -16,6 +16,7 @@ use crate::clock::{watch_clock, ClockHealth};
 use crate::error::{StartError, WriteError};
 use crate::log_store::LogStore;
 use crate::membership::{self, Member, MembershipAnswer, MembershipChange, MembershipError, VoteRight};
+use crate::metrics::NodeMetrics;
 use crate::network::{NetworkFactory, Peers};
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{ReadIndexRequest, StatusRequest};
@@ -86,6 +87,7 @@ struct Inner {
     tls: Option<NodeTls>,
     clock: watch::Receiver<ClockHealth>,
     settings: RaftSettings,
+    node_metrics: NodeMetrics,
 }
 
 /// A cheap, cloneable handle to the node.
@@ -134,7 +136,9 @@ impl RaftNode {
         let sm_store = StateMachineStore::new(state.clone())?;
         let peers = Peers::with_tls(secret.clone(), tls.clone());
         let network = NetworkFactory { peers: peers.clone() };
-        let raft = Raft::new(id, Arc::new(config), network, LogStore::new(db.clone()), sm_store).await?;
+        let node_metrics = NodeMetrics::new(id);
+        let log_store = LogStore::new(db.clone(), node_metrics.clone());
+        let raft = Raft::new(id, Arc::new(config), network, log_store, sm_store).await?;
         let (clock_tx, clock) = watch::channel(ClockHealth {
             ok: None,
             offsets_ms: Default::default(),
@@ -159,9 +163,24 @@ impl RaftNode {
             peers: peers.clone(),
             write_timeout: Duration::from_millis(settings.write_timeout_ms),
             clock: clock.clone(),
+            metrics: node_metrics.clone(),
         });
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
-        let inner = Inner { id, db, vote_right, blocks, raft, state, proposer, peers, secret, tls, clock, settings };
+        let inner = Inner {
+            id,
+            db,
+            vote_right,
+            blocks,
+            raft,
+            state,
+            proposer,
+            peers,
+            secret,
+            tls,
+            clock,
+            settings,
+            node_metrics,
+        };
         Ok(RaftNode { inner: Arc::new(inner) })
     }
 
@@ -309,6 +328,11 @@ impl RaftNode {
 
     pub fn metrics(&self) -> RaftMetrics {
         self.inner.raft.metrics().borrow().clone()
+    }
+
+    /// This node's Prometheus series (see [`crate::metrics`]).
+    pub fn node_metrics(&self) -> &NodeMetrics {
+        &self.inner.node_metrics
     }
 
     /// Applies one command through the leader (batched with concurrent ones), within the

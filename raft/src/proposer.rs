@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::clock::ClockHealth;
 use crate::error::WriteError;
+use crate::metrics::NodeMetrics;
 use crate::network::{Peers, ENTRY_BYTES_MAX};
 use crate::pb::forward_reply::Result as ForwardResult;
 use crate::pb::ForwardRequest;
@@ -49,6 +50,7 @@ pub(crate) struct ProposerContext {
     pub peers: Peers,
     pub write_timeout: Duration,
     pub clock: watch::Receiver<ClockHealth>,
+    pub metrics: NodeMetrics,
 }
 
 /// Handle to the node's proposer task.
@@ -56,19 +58,22 @@ pub(crate) struct ProposerContext {
 pub struct Proposer {
     tx: mpsc::Sender<Unit>,
     write_timeout: Duration,
+    metrics: NodeMetrics,
 }
 
 impl Proposer {
     pub(crate) fn spawn(ctx: ProposerContext) -> Proposer {
         let (tx, rx) = mpsc::channel(QUEUE_UNITS_MAX);
         let write_timeout = ctx.write_timeout;
+        let metrics = ctx.metrics.clone();
         tokio::spawn(run(ctx, rx));
-        Proposer { tx, write_timeout }
+        Proposer { tx, write_timeout, metrics }
     }
 
     /// Applies `commands` (atomically, in order, within one log entry) and returns one outcome
     /// per command, within the write timeout.
     pub async fn submit(&self, commands: Vec<Command>) -> Result<Vec<Outcome>, WriteError> {
+        let _timer = self.metrics.write_seconds.start_timer();
         let encoded = serde_json::to_vec(&commands).map_err(|e| WriteError::Invalid(format!("encode: {e}")))?;
         if encoded.len() > ENTRY_BYTES_MAX {
             return Err(WriteError::TooLarge { bytes: encoded.len(), max: ENTRY_BYTES_MAX });
@@ -120,7 +125,10 @@ async fn run(ctx: ProposerContext, mut rx: mpsc::Receiver<Unit>) {
             continue;
         }
         let deadline = units.iter().map(|u| u.deadline).max().unwrap_or_else(Instant::now);
+        ctx.metrics.batch_commands.observe(count as f64);
+        ctx.metrics.batches_in_flight.inc();
         let result = commit(&ctx, &units, deadline).await;
+        ctx.metrics.batches_in_flight.dec();
         fan_out(units, result);
     }
 }

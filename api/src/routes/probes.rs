@@ -1,7 +1,5 @@
 //! Probes and cluster status: `/healthz`, `/readyz`, `/v1/cluster`, `/metrics`.
 
-use std::fmt::Write;
-
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -66,19 +64,9 @@ pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
     })
 }
 
-/// Prometheus text exposition of the node's Raft gauges.
+/// Prometheus text exposition of the node's series: HTTP per route, the write path, and
+/// openraft's state (see `raftbox_raft::metrics`).
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let m = state.node.metrics();
-    let gauges = [
-        ("raftbox_raft_term", "Current Raft term.", m.current_term),
-        ("raftbox_raft_is_leader", "1 if this node leads.", u64::from(m.current_leader == Some(m.id))),
-        ("raftbox_raft_last_log_index", "Index of the last log entry.", m.last_log_index.unwrap_or(0)),
-        ("raftbox_raft_last_applied_index", "Index of the last applied entry.", m.last_applied.map_or(0, |i| i.index)),
-        ("raftbox_raft_snapshot_index", "Last index in the current snapshot.", m.snapshot.map_or(0, |i| i.index)),
-    ];
-    let mut body = String::new();
-    for (name, help, value) in gauges {
-        let _ = writeln!(body, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{node=\"{}\"}} {value}", m.id);
-    }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
+    let body = state.node.node_metrics().render(&state.node.metrics());
+    ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body)
 }

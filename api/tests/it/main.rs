@@ -268,7 +268,67 @@ async fn probes_and_cluster_view() {
     assert!(cluster["lastApplied"].as_u64().expect("lastApplied") >= 2);
     let (status, _, metrics) = node.call("GET", "/metrics", None, None).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(metrics.as_str().expect("text").contains("raftbox_raft_is_leader{node=\"1\"} 1"));
+    let before = metrics.as_str().expect("text").to_owned();
+    assert!(before.contains("raftbox_raft_is_leader{node=\"1\"} 1"));
+    assert_eq!(series(&before, "raftbox_raft_role", &[("role", "Leader")]), Some(1.0));
+    assert_eq!(series(&before, "raftbox_raft_role", &[("role", "Follower")]), Some(0.0));
+    assert!(series(&before, "raftbox_raft_term", &[]).expect("term") >= 1.0);
+    // Per route: the template, the method and the status of each answered request.
+    let healthz = [("route", "/healthz"), ("method", "GET"), ("status", "200")];
+    assert_eq!(series(&before, "raftbox_http_requests_total", &healthz), Some(1.0));
+    assert_eq!(series(&before, "raftbox_http_request_duration_seconds_count", &healthz[..2]), Some(1.0));
+
+    // A write, a request with a path parameter and one no route matches move the series.
+    node.create_user("metrics-user").await;
+    let (status, _, _) = node.call("GET", "/v1/admin/users/no-such-user", Some(ADMIN_TOKEN), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    node.call("GET", "/v1/nothing-here", None, None).await;
+    let (_, _, metrics) = node.call("GET", "/metrics", None, None).await;
+    let after = metrics.as_str().expect("text").to_owned();
+    let created = [("route", "/v1/admin/users"), ("method", "POST"), ("status", "201")];
+    assert_eq!(series(&after, "raftbox_http_requests_total", &created), Some(1.0));
+    let user = [("route", "/v1/admin/users/{user_id}"), ("method", "GET"), ("status", "404")];
+    assert_eq!(series(&after, "raftbox_http_requests_total", &user), Some(1.0));
+    let unmatched = [("route", "unmatched"), ("method", "GET"), ("status", "404")];
+    assert_eq!(series(&after, "raftbox_http_requests_total", &unmatched), Some(1.0));
+    assert!(!after.contains("no-such-user") && !after.contains("nothing-here"), "raw paths leaked into labels");
+    for name in [
+        "raftbox_raft_log_fsync_seconds_count",
+        "raftbox_raft_log_append_entries_count",
+        "raftbox_raft_batch_commands_count",
+        "raftbox_raft_write_seconds_count",
+        "raftbox_raft_commit_index",
+        "raftbox_raft_last_log_index",
+        "raftbox_raft_last_applied_index",
+    ] {
+        let (was, is) = (series(&before, name, &[]).expect(name), series(&after, name, &[]).expect(name));
+        assert!(is > was, "{name} did not move with a write: {was} -> {is}");
+    }
+    assert_eq!(series(&after, "raftbox_raft_batches_in_flight", &[]), Some(0.0));
+    let lag = series(&after, "raftbox_raft_apply_lag", &[]).expect("apply lag");
+    let (last, applied) = (
+        series(&after, "raftbox_raft_last_log_index", &[]).expect("last log index"),
+        series(&after, "raftbox_raft_last_applied_index", &[]).expect("applied"),
+    );
+    assert_eq!(lag, last - applied);
+}
+
+/// The sum of the samples of `name` (exactly) whose labels include every pair of `labels`,
+/// from a Prometheus text exposition; `None` if there is no such sample.
+fn series(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (head, value) = line.rsplit_once(' ')?;
+        let (metric, label_text) = match head.split_once('{') {
+            Some((metric, rest)) => (metric, rest.trim_end_matches('}')),
+            None => (head, ""),
+        };
+        if metric != name || !labels.iter().all(|(k, v)| label_text.contains(&format!("{k}=\"{v}\""))) {
+            continue;
+        }
+        *found.get_or_insert(0.0) += value.parse::<f64>().expect("a numeric sample");
+    }
+    found
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(dir.path()).expect("open db");
         let sm = StateMachineStore::new(StateMachine::new(db.clone()))?;
-        Ok((dir, LogStore::new(db), sm))
+        Ok((dir, LogStore::new(db, raftbox_raft::NodeMetrics::new(1)), sm))
     }
 }
 
