@@ -1,9 +1,9 @@
 //! Rate limiting: configured limits applied as axum middleware to every matching route.
 //!
 //! Each request's applicable limits (by route) are turned into keys by scope (user, token,
-//! ip, tenant, global, endpoint) and checked in one replicated `RateCheck` command — batched
-//! with every other write, evaluated with the leader's time, so a limit holds across all
-//! nodes. The most restrictive answer wins. If no decision arrives within the deadline, a
+//! ip, tenant, global, endpoint) and checked together by the leader's limiter
+//! (`raftbox_raft::limiter`: decided in memory with the leader's time, replicated in batches),
+//! so a limit holds across all nodes. The most restrictive answer wins. If no decision arrives within the deadline, a
 //! limit's `failure` mode decides (`open` admits, `closed` rejects with 503).
 
 use std::net::SocketAddr;
@@ -13,9 +13,9 @@ use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use raftbox_raft::limiter::RateAnswer;
 use raftbox_storage::command::RateCheck;
 use raftbox_storage::ratelimit::{Algorithm, Decision};
-use raftbox_storage::{Command, Outcome};
 use serde::Deserialize;
 
 use crate::auth::{bearer_hash, lookup, Principal};
@@ -230,15 +230,13 @@ pub async fn enforce(State(state): State<AppState>, mut request: Request, next: 
     }
     let checks = applied.iter().map(|a| RateCheck { key: a.key.clone(), algorithm: a.limit.algorithm }).collect();
     let timeout = Duration::from_millis(state.config.rate_limiting.decision_timeout_ms);
-    let decided = tokio::time::timeout(timeout, state.node.write(Command::RateCheck { checks })).await;
-    let (allowed, decisions) = match decided {
-        Ok(Ok(Outcome::Rate { allowed, decisions })) => (allowed, decisions),
-        other => {
-            let reason = match other {
-                Err(_) => format!("no decision within {} ms", timeout.as_millis()),
-                Ok(Err(e)) => e.to_string(),
-                Ok(Ok(outcome)) => format!("unexpected outcome {outcome:?}"),
-            };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let decided = tokio::time::timeout_at(deadline, state.node.limiter().check(checks, deadline)).await;
+    let RateAnswer { allowed, decisions } = match decided {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => return undecided(&applied, e.to_string(), request, next).await,
+        Err(_) => {
+            let reason = format!("no decision within {} ms", timeout.as_millis());
             return undecided(&applied, reason, request, next).await;
         }
     };

@@ -15,6 +15,7 @@
 pub mod blocks;
 pub mod clock;
 pub mod error;
+pub mod limiter;
 pub mod log_store;
 pub mod membership;
 pub mod metrics;

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::blocks::Blocks;
 use crate::clock::{watch_clock, ClockHealth};
 use crate::error::{StartError, WriteError};
+use crate::limiter::{Limiter, LimiterContext};
 use crate::log_store::LogStore;
 use crate::membership::{self, Member, MembershipAnswer, MembershipChange, MembershipError, VoteRight};
 use crate::metrics::NodeMetrics;
@@ -82,6 +83,7 @@ struct Inner {
     raft: Raft,
     state: StateMachine,
     proposer: Proposer,
+    limiter: Limiter,
     peers: Peers,
     secret: ClusterSecret,
     tls: Option<NodeTls>,
@@ -165,6 +167,15 @@ impl RaftNode {
             clock: clock.clone(),
             metrics: node_metrics.clone(),
         });
+        let limiter = Limiter::spawn(LimiterContext {
+            node_id: id,
+            raft: raft.clone(),
+            state: state.clone(),
+            proposer: proposer.clone(),
+            peers: peers.clone(),
+            clock: clock.clone(),
+            write_timeout: Duration::from_millis(settings.write_timeout_ms),
+        });
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
         let inner = Inner {
             id,
@@ -174,6 +185,7 @@ impl RaftNode {
             raft,
             state,
             proposer,
+            limiter,
             peers,
             secret,
             tls,
@@ -318,6 +330,16 @@ impl RaftNode {
 
     pub fn proposer(&self) -> &Proposer {
         &self.inner.proposer
+    }
+
+    /// Rate-limit checks, decided in memory on the leader (see [`crate::limiter`]).
+    pub fn limiter(&self) -> &Limiter {
+        &self.inner.limiter
+    }
+
+    /// How long a write, read barrier or forwarded call may take.
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.inner.settings.write_timeout_ms)
     }
 
     /// The local state machine, for reads (call [`RaftNode::read_barrier`] first for a

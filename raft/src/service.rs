@@ -9,16 +9,19 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::error::WriteError;
+use crate::limiter::Undecided;
 use crate::membership::MembershipChange;
 use crate::network::MESSAGE_BYTES_MAX;
 use crate::node::RaftNode;
 use crate::pb::forward_reply::Result as ForwardResult;
 use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_server::{RaftService, RaftServiceServer};
+use crate::pb::rate_check_reply::Result as RateCheckResult;
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{
     BlockData, BlockRequest, FillBlocksReply, FillBlocksRequest, ForwardReply, ForwardRequest, PutBlockReply,
-    RaftMessage, RaftReply, ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
+    RaftMessage, RaftReply, RateCheckReply, RateCheckRequest, ReadIndexReply, ReadIndexRequest, StatusReply,
+    StatusRequest,
 };
 
 /// Serves the `RaftService` of one node.
@@ -96,6 +99,22 @@ impl RaftService for RaftGrpc {
             }
         };
         Ok(Response::new(ForwardReply { result: Some(result) }))
+    }
+
+    /// A follower's rate-limit checks, decided here if this node leads (bounded by the
+    /// write timeout; the caller's deadline drops the call sooner).
+    async fn rate_check(&self, request: Request<RateCheckRequest>) -> Result<Response<RateCheckReply>, Status> {
+        let checks: Vec<raftbox_storage::command::RateCheck> = serde_json::from_slice(&request.get_ref().checks)
+            .map_err(|e| Status::invalid_argument(format!("decode checks: {e}")))?;
+        let deadline = tokio::time::Instant::now() + self.node.write_timeout();
+        let result = match self.node.limiter().decide(&checks, deadline).await {
+            Ok(answer) => RateCheckResult::Answer(
+                serde_json::to_vec(&answer).map_err(|e| Status::internal(format!("encode answer: {e}")))?,
+            ),
+            Err(Undecided::NotLeader) => RateCheckResult::NotLeader(self.node.metrics().current_leader.unwrap_or(0)),
+            Err(Undecided::Failed(e)) => RateCheckResult::Unavailable(e.to_string()),
+        };
+        Ok(Response::new(RateCheckReply { result: Some(result) }))
     }
 
     /// The leader's read index, after it confirmed its leadership with a quorum (bounded by

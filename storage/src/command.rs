@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::blocks::BlockHash;
 use crate::jobs::{Job, JobPatch, RunReport};
 use crate::paths::FilePath;
-use crate::ratelimit::{Algorithm, Decision};
+use crate::ratelimit::{Algorithm, Decision, LimitState};
 use crate::records::{Grantee, IdempotencyResult, Role, SavedResponse};
 
 /// One log entry's worth of commands.
@@ -93,6 +93,11 @@ pub enum Command {
     /// all states advance, or none does.
     RateCheck {
         checks: Vec<RateCheck>,
+    },
+    /// Records rate-limit states the leader decided in memory (see `raft::limiter`): each
+    /// key's state is replaced. Only the leader of `term` writes these, in order.
+    RateSet {
+        entries: Vec<RateEntry>,
     },
     /// Records a block in the chunk index once a majority of nodes hold it (refcount 0 until
     /// a commit references it). Registering a known block changes nothing.
@@ -247,6 +252,17 @@ pub struct FileMove {
 pub struct RateCheck {
     pub key: String,
     pub algorithm: Algorithm,
+}
+
+/// One key's rate-limit state as the leader holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateEntry {
+    pub key: String,
+    pub state: LimitState,
+    /// When the state becomes indistinguishable from no state (then it may be purged).
+    pub idle_at_ms: u64,
+    /// The term whose leader charged this key its credit when it took the key over.
+    pub charged_term: u64,
 }
 
 /// What an idempotent command did.

@@ -4,12 +4,12 @@
 //! Each record kind has an expiry index (`keys::Expiring`) so the purge reads only what is
 //! due, in time order, and never runs on the request path.
 
-use crate::command::{Command, IdempotencyOutcome, Outcome, RateCheck, Rejection};
-use crate::keys::Expiring;
+use crate::command::{Command, IdempotencyOutcome, Outcome, RateCheck, RateEntry, Rejection};
+use crate::keys::{self, Expiring};
 use crate::records::{
-    ConflictRecord, IdempotencyRecord, IdempotencyResult, IdempotencyStatus, RateRecord, SavedResponse,
+    ConflictRecord, IdempotencyRecord, IdempotencyResult, IdempotencyStatus, LimiterTerms, RateRecord, SavedResponse,
 };
-use crate::state::{apply_command, Txn};
+use crate::state::{apply_command, StateMachine, Txn};
 use crate::StorageError;
 
 fn get_record(txn: &Txn<'_>, scope: &[u8; 32]) -> Result<Option<IdempotencyRecord>, StorageError> {
@@ -171,20 +171,64 @@ pub(crate) fn rate_check(txn: &mut Txn<'_>, checks: &[RateCheck]) -> Result<Outc
         let previous: Option<RateRecord> = txn.get("rate state", &key)?;
         let (decision, state) = check.algorithm.check(previous.as_ref().map(|r| &r.state), txn.now_ms);
         decisions.push(decision);
-        let record = RateRecord { state, idle_at_ms: txn.now_ms.saturating_add(check.algorithm.idle_after_ms()) };
+        let record = RateRecord {
+            state,
+            idle_at_ms: txn.now_ms.saturating_add(check.algorithm.idle_after_ms()),
+            charged_term: 0,
+        };
         updates.push((check.key.as_bytes(), previous.map(|p| p.idle_at_ms), record));
     }
     let allowed = decisions.iter().all(|d| d.allowed);
     if allowed {
         for (id, previous_idle_at, record) in updates {
-            if let Some(old) = previous_idle_at.filter(|old| *old != record.idle_at_ms) {
-                txn.delete(Expiring::Rate.index(old, id));
-            }
-            txn.put_raw(Expiring::Rate.index(record.idle_at_ms, id), Vec::new());
-            txn.put(Expiring::Rate.record(id), &record);
+            put_rate_record(txn, id, previous_idle_at, &record);
         }
     }
     Ok(Outcome::Rate { allowed, decisions })
+}
+
+/// Replaces each key's rate-limit state with the one the leader decided, unless a leader
+/// of a later term already took the key over.
+pub(crate) fn rate_set(txn: &mut Txn<'_>, entries: &[RateEntry]) -> Result<Outcome, StorageError> {
+    if let Some(term) = entries.iter().map(|e| e.charged_term).max() {
+        let terms: LimiterTerms = txn.get("limiter terms", &keys::limiter_terms())?.unwrap_or_default();
+        if term > terms.latest {
+            txn.put(keys::limiter_terms(), &LimiterTerms { latest: term, before: terms.latest });
+        }
+    }
+    for entry in entries {
+        let id = entry.key.as_bytes();
+        let previous: Option<RateRecord> = txn.get("rate state", &Expiring::Rate.record(id))?;
+        if previous.as_ref().is_some_and(|p| p.charged_term > entry.charged_term) {
+            // From a leader of an earlier term, after a later leader took the key over (a
+            // write forwarded late): the later leader's state stands.
+            continue;
+        }
+        let record =
+            RateRecord { state: entry.state.clone(), idle_at_ms: entry.idle_at_ms, charged_term: entry.charged_term };
+        put_rate_record(txn, id, previous.map(|p| p.idle_at_ms), &record);
+    }
+    Ok(Outcome::Done)
+}
+
+fn put_rate_record(txn: &mut Txn<'_>, id: &[u8], previous_idle_at: Option<u64>, record: &RateRecord) {
+    if let Some(old) = previous_idle_at.filter(|old| *old != record.idle_at_ms) {
+        txn.delete(Expiring::Rate.index(old, id));
+    }
+    txn.put_raw(Expiring::Rate.index(record.idle_at_ms, id), Vec::new());
+    txn.put(Expiring::Rate.record(id), record);
+}
+
+impl StateMachine {
+    /// One key's rate-limit state as last applied.
+    pub fn rate_record(&self, key: &str) -> Result<Option<RateRecord>, StorageError> {
+        self.read("rate state", &Expiring::Rate.record(key.as_bytes()))
+    }
+
+    /// The latest terms whose leaders decided rate limits in memory.
+    pub fn limiter_terms(&self) -> Result<LimiterTerms, StorageError> {
+        Ok(self.read("limiter terms", &keys::limiter_terms())?.unwrap_or_default())
+    }
 }
 
 pub(crate) fn purge_expired(txn: &mut Txn<'_>, max_records: usize) -> Result<Outcome, StorageError> {

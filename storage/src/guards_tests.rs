@@ -175,6 +175,58 @@ fn idle_rate_state_is_purged() {
 }
 
 #[test]
+fn a_rate_set_replaces_the_state_and_its_expiry() {
+    use crate::command::RateEntry;
+    use crate::ratelimit::LimitState;
+    let (_dir, sm) = open();
+    let bucket = Algorithm::TokenBucket { capacity: 2, refill_per_s: 1 };
+    apply(&sm, 0, Command::RateCheck { checks: vec![RateCheck { key: "k".into(), algorithm: bucket }] });
+    let state = bucket.charge(None, 100, 5);
+    let idle_at_ms = bucket.idle_at_ms(&state, 100);
+    let entry = RateEntry { key: "k".into(), state: state.clone(), idle_at_ms, charged_term: 7 };
+    assert_eq!(apply(&sm, 100, Command::RateSet { entries: vec![entry] }), Outcome::Done);
+    let record = sm.rate_record("k").expect("read").expect("record");
+    assert!(matches!(record.state, LimitState::Bucket { milli_tokens: 0, at_ms: 3_100 }));
+    assert_eq!((record.state, record.idle_at_ms, record.charged_term), (state, idle_at_ms, 7));
+    // The old expiry (2 s after the check at 0) no longer purges it; the new one does.
+    assert_eq!(
+        apply(&sm, 2_500, Command::PurgeExpired { max_records: 10 }),
+        Outcome::Purged { records: 0, more: false }
+    );
+    assert_eq!(
+        apply(&sm, idle_at_ms, Command::PurgeExpired { max_records: 10 }),
+        Outcome::Purged { records: 1, more: false }
+    );
+    assert_eq!(sm.rate_record("k").expect("read"), None);
+}
+
+#[test]
+fn a_rate_set_from_an_earlier_term_does_not_undo_a_later_take_over() {
+    use crate::command::RateEntry;
+    let (_dir, sm) = open();
+    let bucket = Algorithm::TokenBucket { capacity: 10, refill_per_s: 1 };
+    let entry = |n: u64, term: u64| RateEntry {
+        key: "k".into(),
+        state: bucket.charge(None, 0, n),
+        idle_at_ms: 60_000,
+        charged_term: term,
+    };
+    apply(&sm, 0, Command::RateSet { entries: vec![entry(8, 5)] });
+    // A write of term 4's leader, forwarded late, arrives after term 5 took the key over.
+    apply(&sm, 1, Command::RateSet { entries: vec![entry(1, 4)] });
+    assert_eq!(sm.rate_record("k").expect("read").expect("record").state, bucket.charge(None, 0, 8));
+    // The same term, or a later one, replaces it.
+    apply(&sm, 2, Command::RateSet { entries: vec![entry(9, 5)] });
+    assert_eq!(sm.rate_record("k").expect("read").expect("record").state, bucket.charge(None, 0, 9));
+    // The terms that decided in memory: 5, and 4 before it.
+    let terms = sm.limiter_terms().expect("read");
+    assert_eq!((terms.latest, terms.before), (5, 0), "4 came after 5: it is not a later term");
+    apply(&sm, 3, Command::RateSet { entries: vec![entry(1, 8)] });
+    let terms = sm.limiter_terms().expect("read");
+    assert_eq!((terms.latest, terms.before), (8, 5));
+}
+
+#[test]
 fn a_curable_rejection_is_not_saved_under_the_key() {
     use crate::blocks::BlockHash;
     use crate::command::FileCommit;

@@ -65,6 +65,11 @@ pub struct Decision {
 
 const MILLI: u64 = 1_000;
 
+/// Most admissions a leader holds unreplicated per key (see [`Algorithm::credit`]).
+pub const CREDIT_MAX: u64 = 64;
+/// Most timestamps one charge adds to a sliding log (a charge is at most a credit).
+const SLIDING_LOG_CHARGE_MAX: u64 = CREDIT_MAX;
+
 /// `a / b` rounded up; `u64::MAX` for `b = 0`.
 fn ceil_div(a: u64, b: u64) -> u64 {
     if b == 0 {
@@ -118,6 +123,98 @@ impl Algorithm {
         }
     }
 
+    /// Admissions a leader may hand out for one key before they are replicated (see the
+    /// leader's limiter, `raft::limiter`): a new leader charges this many to every key it
+    /// takes over, as admissions the old leader may have given that no log holds. An
+    /// eighth of the limit, 1 to [`CREDIT_MAX`].
+    pub fn credit(&self) -> u64 {
+        (self.limit() / 8).clamp(1, CREDIT_MAX)
+    }
+
+    /// `state` with `n` admissions recorded at `now_ms` whether or not they fit (the bucket
+    /// may go into debt: tokens come back only after it is repaid). Used for admissions that
+    /// may have happened but are not known; counting them is the conservative choice.
+    pub fn charge(&self, state: Option<&LimitState>, now_ms: u64, n: u64) -> LimitState {
+        match *self {
+            Algorithm::TokenBucket { capacity, refill_per_s } => {
+                let full = mul(capacity, MILLI);
+                // Tokens at `base`: now, or later for a bucket in debt (empty until then).
+                let (tokens, base) = match state {
+                    Some(LimitState::Bucket { milli_tokens, at_ms }) if *at_ms > now_ms => (*milli_tokens, *at_ms),
+                    Some(LimitState::Bucket { milli_tokens, at_ms }) => {
+                        (full.min(milli_tokens.saturating_add(mul(now_ms - at_ms, refill_per_s))), now_ms)
+                    }
+                    _ => (full, now_ms),
+                };
+                let owed = mul(n, MILLI);
+                if tokens >= owed {
+                    LimitState::Bucket { milli_tokens: tokens - owed, at_ms: base }
+                } else {
+                    // In debt: empty until the refill has repaid what is owed (rounded up).
+                    let debt_ms = ceil_div(owed - tokens, refill_per_s);
+                    LimitState::Bucket { milli_tokens: 0, at_ms: base.saturating_add(debt_ms) }
+                }
+            }
+            Algorithm::FixedWindow { window_ms, .. } => {
+                let window_ms = window_ms.max(1);
+                let start = now_ms - now_ms % window_ms;
+                let count = match state {
+                    Some(LimitState::Window { window_start_ms, count }) if *window_start_ms == start => *count,
+                    _ => 0,
+                };
+                LimitState::Window { window_start_ms: start, count: count.saturating_add(n) }
+            }
+            Algorithm::SlidingLog { window_ms, .. } => {
+                let mut times: Vec<u64> = match state {
+                    Some(LimitState::Log { times_ms }) => {
+                        times_ms.iter().copied().filter(|t| t.saturating_add(window_ms.max(1)) > now_ms).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                let newest = times.last().copied().unwrap_or(now_ms).max(now_ms);
+                times.extend(std::iter::repeat_n(newest, n.min(SLIDING_LOG_CHARGE_MAX) as usize));
+                LimitState::Log { times_ms: times }
+            }
+            Algorithm::SlidingWindow { window_ms, .. } => {
+                let window_ms = window_ms.max(1);
+                let start = now_ms - now_ms % window_ms;
+                let (current, previous) = match state {
+                    Some(LimitState::Counter { window_start_ms, current, previous }) => {
+                        if *window_start_ms == start {
+                            (*current, *previous)
+                        } else if window_start_ms.checked_add(window_ms) == Some(start) {
+                            (0, *current)
+                        } else {
+                            (0, 0)
+                        }
+                    }
+                    _ => (0, 0),
+                };
+                LimitState::Counter { window_start_ms: start, current: current.saturating_add(n), previous }
+            }
+            Algorithm::LeakyBucket { drain_per_s, .. } => {
+                let now_us = mul(now_ms, MILLI);
+                let free_at = match state {
+                    Some(LimitState::Queue { free_at_us }) => (*free_at_us).max(now_us),
+                    _ => now_us,
+                };
+                LimitState::Queue { free_at_us: free_at.saturating_add(mul(n, interval_us(drain_per_s))) }
+            }
+        }
+    }
+
+    /// When `state`, last touched at `now_ms`, becomes indistinguishable from no state (an
+    /// upper bound, also for a bucket in debt or a queue that reaches into the future).
+    pub fn idle_at_ms(&self, state: &LimitState, now_ms: u64) -> u64 {
+        let own = match state {
+            LimitState::Bucket { at_ms, .. } => *at_ms,
+            LimitState::Queue { free_at_us } => free_at_us.div_ceil(MILLI),
+            LimitState::Log { times_ms } => times_ms.last().copied().unwrap_or(0),
+            LimitState::Window { .. } | LimitState::Counter { .. } => 0,
+        };
+        own.max(now_ms).saturating_add(self.idle_after_ms())
+    }
+
     /// How long after a check the key's state becomes indistinguishable from no state (an
     /// upper bound): used to drop idle keys.
     pub fn idle_after_ms(&self) -> u64 {
@@ -143,12 +240,14 @@ fn token_bucket(capacity: u64, refill_per_s: u64, state: Option<&LimitState>, no
     let tokens = full.min(tokens.saturating_add(mul(elapsed_ms, refill_per_s)));
     let allowed = tokens >= MILLI;
     let after = if allowed { tokens - MILLI } else { tokens };
+    // A bucket charged into debt (see `Algorithm::charge`) refills only from `at_ms` on.
+    let waiting_ms = at_ms.saturating_sub(now_ms);
     let decision = Decision {
         allowed,
         limit: capacity,
         remaining: after / MILLI,
-        reset_ms: ceil_div(full.saturating_sub(after), refill_per_s),
-        retry_after_ms: if allowed { 0 } else { ceil_div(MILLI - tokens, refill_per_s) },
+        reset_ms: waiting_ms.saturating_add(ceil_div(full.saturating_sub(after), refill_per_s)),
+        retry_after_ms: if allowed { 0 } else { waiting_ms.saturating_add(ceil_div(MILLI - tokens, refill_per_s)) },
         delay_ms: 0,
     };
     (decision, LimitState::Bucket { milli_tokens: after, at_ms: now_ms.max(at_ms) })

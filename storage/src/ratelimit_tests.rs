@@ -178,3 +178,72 @@ fn rejected_requests_do_not_consume() {
         assert_eq!(s1, s2, "{algorithm:?}: a rejection changed the state");
     }
 }
+
+fn every_algorithm(limit: u64) -> [Algorithm; 5] {
+    [
+        Algorithm::TokenBucket { capacity: limit, refill_per_s: 5 },
+        Algorithm::FixedWindow { limit, window_ms: 1_000 },
+        Algorithm::SlidingLog { limit, window_ms: 1_000 },
+        Algorithm::SlidingWindow { limit, window_ms: 1_000 },
+        Algorithm::LeakyBucket { capacity: limit, drain_per_s: 5 },
+    ]
+}
+
+#[test]
+fn a_charge_that_fits_is_the_same_as_that_many_admissions() {
+    for algorithm in every_algorithm(10) {
+        for n in 0..=10 {
+            let mut admitted = None;
+            for _ in 0..n {
+                let (d, next) = algorithm.check(admitted.as_ref(), 5_000);
+                assert!(d.allowed, "{algorithm:?}");
+                admitted = Some(next);
+            }
+            let charged = algorithm.charge(None, 5_000, n);
+            match admitted {
+                Some(admitted) => assert_eq!(charged, admitted, "{algorithm:?}, n = {n}"),
+                None => assert!(algorithm.check(Some(&charged), 5_000).0.allowed, "{algorithm:?}: n = 0 takes nothing"),
+            }
+        }
+    }
+}
+
+#[test]
+fn a_charge_beyond_the_limit_rejects_until_it_is_repaid() {
+    for algorithm in every_algorithm(10) {
+        let charged = algorithm.charge(None, 5_000, 10);
+        let (d, after) = algorithm.check(Some(&charged), 5_000);
+        assert!(!d.allowed && d.retry_after_ms > 0, "{algorithm:?}: {d:?}");
+        assert_eq!(after, charged, "{algorithm:?}: a rejection changed the state");
+    }
+    // A token bucket (10, 5/s) charged 25 at t = 0 owes 15 tokens: empty for 3 s, then it
+    // refills from zero (one token per 200 ms).
+    let bucket = Algorithm::TokenBucket { capacity: 10, refill_per_s: 5 };
+    let charged = bucket.charge(None, 0, 25);
+    assert_eq!(charged, LimitState::Bucket { milli_tokens: 0, at_ms: 3_000 });
+    let (d, _) = bucket.check(Some(&charged), 2_999);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after_ms, 1 + 200, "the debt, then one token's refill");
+    assert!(!bucket.check(Some(&charged), 3_199).0.allowed);
+    let (d, _) = bucket.check(Some(&charged), 3_200);
+    assert!(d.allowed && d.remaining == 0, "{d:?}");
+    assert!(bucket.idle_at_ms(&charged, 0) >= 3_000 + bucket.idle_after_ms(), "idle only once repaid and refilled");
+    // A second charge adds to the debt.
+    assert_eq!(bucket.charge(Some(&charged), 1_000, 5), LimitState::Bucket { milli_tokens: 0, at_ms: 4_000 });
+    // Charges are total: extreme counts and times saturate.
+    for algorithm in every_algorithm(1) {
+        for now in [0, 1, u64::MAX / 2, u64::MAX] {
+            let state = algorithm.charge(None, now, u64::MAX);
+            let state = algorithm.charge(Some(&state), now, u64::MAX);
+            let _ = (algorithm.check(Some(&state), now), algorithm.idle_at_ms(&state, now));
+        }
+    }
+}
+
+#[test]
+fn the_credit_is_an_eighth_of_the_limit_within_bounds() {
+    assert_eq!(Algorithm::TokenBucket { capacity: 200, refill_per_s: 100 }.credit(), 25);
+    assert_eq!(Algorithm::TokenBucket { capacity: 10, refill_per_s: 5 }.credit(), 1);
+    assert_eq!(Algorithm::FixedWindow { limit: 1, window_ms: 1 }.credit(), 1);
+    assert_eq!(Algorithm::FixedWindow { limit: 1_000_000, window_ms: 1 }.credit(), CREDIT_MAX);
+}

@@ -334,6 +334,7 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
             guards::once(txn, consumer, message_id, *ttl_ms, command)
         }
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
+        Command::RateSet { entries } => guards::rate_set(txn, entries),
         Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
         Command::RegisterChunk { hash, size, uploader } => chunks::register(txn, hash, *size, uploader),
         Command::CollectOrphans { orphaned_before_ms, max_chunks } => {

@@ -10,7 +10,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use raftbox_storage::blocks::BlockHash;
-use raftbox_storage::command::{FileCommit, FileMove, RateCheck};
+use raftbox_storage::command::{FileCommit, FileMove, RateCheck, RateEntry};
 use raftbox_storage::jobs::{Job, JobPatch, JobSpec, RunReport, RunResult, RunStatus, Schedule};
 use raftbox_storage::paths::FilePath;
 use raftbox_storage::ratelimit::Algorithm;
@@ -193,6 +193,19 @@ fn other_command() -> impl Strategy<Value = Command> {
         prop::collection::vec((hostile(), algorithm()), 0..3).prop_map(|checks| Command::RateCheck {
             checks: checks.into_iter().map(|(key, algorithm)| RateCheck { key, algorithm }).collect()
         }),
+        prop::collection::vec((hostile(), algorithm(), extreme(), extreme(), extreme(), extreme()), 0..3).prop_map(
+            |entries| Command::RateSet {
+                entries: entries
+                    .into_iter()
+                    .map(|(key, algorithm, now, n, idle_at_ms, charged_term)| RateEntry {
+                        key,
+                        state: algorithm.charge(None, now, n),
+                        idle_at_ms,
+                        charged_term,
+                    })
+                    .collect()
+            }
+        ),
         (0..5u32).prop_map(|max_records| Command::PurgeExpired { max_records }),
         job().prop_map(|j| Command::CreateJob(Box::new(j))),
         (id(), prop::option::of(schedule()), prop::option::of(extreme())).prop_map(|(job_id, schedule, next)| {

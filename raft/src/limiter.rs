@@ -1,0 +1,485 @@
+//! Rate-limit decisions taken in memory on the leader, replicated in batches.
+//!
+//! A check is decided by the leader alone, from the states it holds in memory, and answered
+//! once a quorum has confirmed (one heartbeat round, shared by every check waiting for one)
+//! that it was still the leader after the decision. The new states reach the log afterwards,
+//! many keys per `RateSet` command. Followers forward their checks to the leader (`RateCheck`
+//! RPC). The safety argument — why no more than a limit's own allowance is ever admitted,
+//! across leader changes and partitions — is in ARCHITECTURE.md ("Rate limiting on the
+//! leader"). In short:
+//!
+//! - the leader holds at most [`Algorithm::credit`] admissions per key that no log entry
+//!   records yet; beyond that a check waits for replication (bounded by its deadline);
+//! - before it decides anything for a key, a new leader has applied everything earlier
+//!   leaders committed and commits a `RateSet` that charges the key that credit, as
+//!   admissions an earlier leader may have given that no log holds (unless no earlier term
+//!   ever decided in memory);
+//! - an admission is answered only after a quorum confirmed the leadership of the term it
+//!   was decided in, so every answered admission precedes the election of any later leader.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use raftbox_storage::command::{RateCheck, RateEntry};
+use raftbox_storage::ratelimit::{Decision, LimitState};
+use raftbox_storage::{Command, Outcome, StateMachine};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::time::Instant;
+
+use crate::clock::ClockHealth;
+use crate::error::WriteError;
+use crate::network::Peers;
+use crate::pb::rate_check_reply::Result as RateCheckResult;
+use crate::pb::RateCheckRequest;
+use crate::proposer::{never_sent, wait_for_leader, Proposer};
+use crate::types::{NodeId, Raft};
+
+/// Leadership confirmations waiting for the next heartbeat round, at most.
+const CONFIRM_QUEUE_MAX: usize = 16_384;
+/// How often idle keys are dropped from memory.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
+/// After a failed replication, wait this long before trying again.
+const FLUSH_RETRY_DELAY: Duration = Duration::from_millis(20);
+/// After the leader refused or could not be reached, wait this long (or until the node's
+/// view of the cluster changes) before trying again.
+const LEADER_RETRY_DELAY: Duration = Duration::from_millis(50);
+
+/// The answer to one request's checks: admitted only if every check admits it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateAnswer {
+    pub allowed: bool,
+    pub decisions: Vec<Decision>,
+}
+
+/// Why the leader did not decide.
+#[derive(Debug)]
+pub enum Undecided {
+    /// This node is not (or no longer) the leader: nothing was decided; ask the leader.
+    NotLeader,
+    /// The leader could not decide in time (no quorum, replication behind).
+    Failed(WriteError),
+}
+
+/// One key's state on the leader.
+struct Slot {
+    state: LimitState,
+    idle_at_ms: u64,
+    /// Admissions decided on this key that no applied log entry records yet.
+    unreplicated: u64,
+    /// Changed since the last `RateSet` was sent.
+    dirty: bool,
+}
+
+/// The leader's states for one term.
+#[derive(Default)]
+struct Table {
+    /// The term these states belong to (0: none).
+    term: u64,
+    /// The latest time a decision used: decisions never go back in time.
+    floor_ms: u64,
+    keys: HashMap<String, Slot>,
+}
+
+struct Confirm {
+    term: u64,
+    reply: oneshot::Sender<bool>,
+}
+
+/// What the limiter needs of the node.
+pub(crate) struct LimiterContext {
+    pub node_id: NodeId,
+    pub raft: Raft,
+    pub state: StateMachine,
+    pub proposer: Proposer,
+    pub peers: Peers,
+    pub clock: watch::Receiver<ClockHealth>,
+    pub write_timeout: Duration,
+}
+
+struct Inner {
+    ctx: LimiterContext,
+    table: Mutex<Table>,
+    /// Wakes the replication task.
+    dirty: Notify,
+    /// Woken after every replication attempt (keys at their credit may go on).
+    flushed: Notify,
+    /// One take-over at a time (each commits a `RateSet`).
+    takeover: tokio::sync::Mutex<()>,
+    confirm: mpsc::Sender<Confirm>,
+}
+
+/// Handle to the node's limiter.
+#[derive(Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl Limiter {
+    pub(crate) fn spawn(ctx: LimiterContext) -> Limiter {
+        let (confirm, confirms) = mpsc::channel(CONFIRM_QUEUE_MAX);
+        let inner = Arc::new(Inner {
+            ctx,
+            table: Mutex::new(Table::default()),
+            dirty: Notify::new(),
+            flushed: Notify::new(),
+            takeover: tokio::sync::Mutex::new(()),
+            confirm,
+        });
+        tokio::spawn(replicate(Arc::downgrade(&inner)));
+        tokio::spawn(confirm_rounds(inner.ctx.raft.clone(), inner.ctx.write_timeout, confirms));
+        Limiter { inner }
+    }
+
+    /// Decides `checks` (atomically: all admit or none consumes) on the leader, forwarding
+    /// them there from a follower, by `deadline`.
+    pub async fn check(&self, checks: Vec<RateCheck>, deadline: Instant) -> Result<RateAnswer, WriteError> {
+        let ctx = &self.inner.ctx;
+        loop {
+            let (leader, addr) = wait_for_leader(&ctx.raft, deadline).await?;
+            let decided = if leader == ctx.node_id {
+                match self.decide(&checks, deadline).await {
+                    Ok(answer) => Some(answer),
+                    Err(Undecided::NotLeader) => None,
+                    Err(Undecided::Failed(e)) => return Err(e),
+                }
+            } else {
+                forward(&ctx.peers, &addr, &checks, deadline).await?
+            };
+            if let Some(answer) = decided {
+                return Ok(answer);
+            }
+            // Nothing was decided: let the node learn of the new leader, then try again.
+            let mut metrics = ctx.raft.metrics();
+            let _ = tokio::time::timeout(LEADER_RETRY_DELAY, metrics.changed()).await;
+            if Instant::now() >= deadline {
+                return Err(WriteError::Unavailable(format!("leader {leader} could not decide in time")));
+            }
+        }
+    }
+
+    /// Decides on this node, which must be the leader (a forwarded check arrives here).
+    pub async fn decide(&self, checks: &[RateCheck], deadline: Instant) -> Result<RateAnswer, Undecided> {
+        let term = self.leader_term().ok_or(Undecided::NotLeader)?;
+        loop {
+            self.take_over(term, checks, deadline).await?;
+            let flushed = self.inner.flushed.notified();
+            tokio::pin!(flushed);
+            let decided = {
+                let mut table = self.table();
+                if table.term != term {
+                    return Err(Undecided::NotLeader);
+                }
+                if checks.iter().any(|c| !table.keys.contains_key(&c.key)) {
+                    continue; // dropped as idle meanwhile: take it over again
+                }
+                if checks.iter().any(|c| table.keys[&c.key].unreplicated >= c.algorithm.credit()) {
+                    // Wait for the replication in flight; registered before the lock is let go.
+                    flushed.as_mut().enable();
+                    None
+                } else {
+                    Some(decide_in(&mut table, checks, self.inner.ctx.clock.borrow().stamp()))
+                }
+            };
+            match decided {
+                // A rejection consumed nothing: no confirmation is needed for safety.
+                Some(answer) if !answer.allowed => return Ok(answer),
+                Some(answer) => {
+                    self.inner.dirty.notify_one();
+                    return match self.confirm(term, deadline).await {
+                        true => Ok(answer),
+                        false => Err(Undecided::Failed(WriteError::Unavailable(
+                            "the leader could not confirm its leadership with a quorum".into(),
+                        ))),
+                    };
+                }
+                None => {
+                    if tokio::time::timeout_at(deadline, flushed).await.is_err() {
+                        return Err(Undecided::Failed(WriteError::Unavailable(
+                            "admissions the leader has not replicated yet are at the limit's credit".into(),
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    /// This node's term if it is the leader with a clock fit to lead.
+    fn leader_term(&self) -> Option<u64> {
+        let ctx = &self.inner.ctx;
+        if !ctx.clock.borrow().may_lead() {
+            return None;
+        }
+        let metrics = ctx.raft.metrics();
+        let m = metrics.borrow();
+        (m.current_leader == Some(ctx.node_id)).then_some(m.current_term)
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.inner.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes sure this term's table holds every key of `checks`: a key new to the term is
+    /// read from the applied state (everything earlier leaders committed applied first) and
+    /// charged its credit unless this term already did, in a committed `RateSet`.
+    async fn take_over(&self, term: u64, checks: &[RateCheck], deadline: Instant) -> Result<(), Undecided> {
+        let missing = |table: &mut Table| -> Vec<RateCheck> {
+            if table.term != term {
+                *table = Table { term, ..Table::default() };
+            }
+            let mut seen = std::collections::HashSet::new();
+            checks.iter().filter(|c| !table.keys.contains_key(&c.key) && seen.insert(&c.key)).cloned().collect()
+        };
+        if missing(&mut self.table()).is_empty() {
+            return Ok(());
+        }
+        let _one = tokio::time::timeout_at(deadline, self.inner.takeover.lock()).await.map_err(|_| late())?;
+        let missing = missing(&mut self.table());
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let ctx = &self.inner.ctx;
+        // Everything committed before this term's first entry is applied here.
+        let read = tokio::time::timeout_at(deadline, ctx.raft.get_read_log_id()).await.map_err(|_| late())?;
+        let Ok((Some(read_log_id), _)) = read else { return Err(Undecided::NotLeader) };
+        if read_log_id.leader_id.term != term {
+            return Err(Undecided::NotLeader);
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        ctx.raft
+            .wait(Some(remaining))
+            .applied_index_at_least(Some(read_log_id.index), "rate limiter take-over")
+            .await
+            .map_err(|_| late())?;
+        let storage = |e: raftbox_storage::StorageError| Undecided::Failed(WriteError::Unavailable(e.to_string()));
+        let now_ms = {
+            let floor = self.table().floor_ms;
+            ctx.clock.borrow().stamp().max(floor).max(ctx.state.clock_ms().map_err(storage)?)
+        };
+        // The latest earlier term whose leader decided in memory (0: none ever did, so no
+        // admission can be missing from the log).
+        let terms = ctx.state.limiter_terms().map_err(storage)?;
+        if terms.latest > term {
+            return Err(Undecided::NotLeader);
+        }
+        let earlier = if terms.latest == term { terms.before } else { terms.latest };
+        let mut entries = Vec::with_capacity(missing.len());
+        for check in &missing {
+            let record = ctx.state.rate_record(&check.key).map_err(storage)?;
+            let owed = match &record {
+                Some(record) if record.charged_term == term => 0,
+                _ if earlier == 0 => 0,
+                _ => check.algorithm.credit(),
+            };
+            let state = match record {
+                Some(record) if owed == 0 => record.state,
+                record => check.algorithm.charge(record.as_ref().map(|r| &r.state), now_ms, owed),
+            };
+            let idle_at_ms = check.algorithm.idle_at_ms(&state, now_ms);
+            entries.push(RateEntry { key: check.key.clone(), state, idle_at_ms, charged_term: term });
+        }
+        let written =
+            tokio::time::timeout_at(deadline, ctx.proposer.submit(vec![Command::RateSet { entries: entries.clone() }]))
+                .await
+                .map_err(|_| late())?;
+        match written {
+            Ok(outcomes) if outcomes == [Outcome::Done] => {}
+            Ok(outcomes) => {
+                return Err(Undecided::Failed(WriteError::Unknown(format!("unexpected outcome {outcomes:?}"))))
+            }
+            Err(e) => return Err(Undecided::Failed(e)),
+        }
+        let mut table = self.table();
+        if table.term != term {
+            return Err(Undecided::NotLeader);
+        }
+        table.floor_ms = table.floor_ms.max(now_ms);
+        for entry in entries {
+            let slot = Slot { state: entry.state, idle_at_ms: entry.idle_at_ms, unreplicated: 0, dirty: false };
+            table.keys.insert(entry.key, slot);
+        }
+        Ok(())
+    }
+
+    /// Waits for a quorum to confirm, after this call, that this node leads `term`.
+    async fn confirm(&self, term: u64, deadline: Instant) -> bool {
+        let (reply, confirmed) = oneshot::channel();
+        let sent = tokio::time::timeout_at(deadline, self.inner.confirm.send(Confirm { term, reply })).await;
+        matches!(sent, Ok(Ok(()))) && matches!(tokio::time::timeout_at(deadline, confirmed).await, Ok(Ok(true)))
+    }
+}
+
+fn late() -> Undecided {
+    Undecided::Failed(WriteError::Unavailable("the leader could not decide before the deadline".into()))
+}
+
+/// Decides every check at `stamp` (or the table's floor, if later); an admission advances
+/// every key's state.
+fn decide_in(table: &mut Table, checks: &[RateCheck], stamp: u64) -> RateAnswer {
+    let now_ms = stamp.max(table.floor_ms);
+    table.floor_ms = now_ms;
+    let decided: Vec<(Decision, LimitState)> =
+        checks.iter().map(|c| c.algorithm.check(Some(&table.keys[&c.key].state), now_ms)).collect();
+    let allowed = decided.iter().all(|(d, _)| d.allowed);
+    if allowed {
+        for (check, (_, state)) in checks.iter().zip(&decided) {
+            let slot = table.keys.get_mut(&check.key).expect("every key was taken over");
+            slot.idle_at_ms = check.algorithm.idle_at_ms(state, now_ms);
+            slot.state = state.clone();
+            slot.unreplicated += 1;
+            slot.dirty = true;
+        }
+    }
+    RateAnswer { allowed, decisions: decided.into_iter().map(|(d, _)| d).collect() }
+}
+
+/// Replicates changed states, many keys per `RateSet`, one at a time (so they apply in
+/// the order they were decided); drops idle keys; empties the table when the node no
+/// longer leads its term.
+async fn replicate(inner: std::sync::Weak<Inner>) {
+    let mut last_prune = Instant::now();
+    loop {
+        let Some(limiter) = inner.upgrade().map(|inner| Limiter { inner }) else { return };
+        let _ = tokio::time::timeout(PRUNE_INTERVAL, limiter.inner.dirty.notified()).await;
+        let term = limiter.table().term;
+        if term != 0 && limiter.leader_term() != Some(term) {
+            // Not the leader of that term any more: what was not replicated is the next
+            // leader's to charge.
+            *limiter.table() = Table::default();
+            limiter.inner.flushed.notify_waiters();
+            continue;
+        }
+        if last_prune.elapsed() >= PRUNE_INTERVAL {
+            last_prune = Instant::now();
+            let now_ms = limiter.inner.ctx.clock.borrow().stamp();
+            limiter.table().keys.retain(|_, s| s.dirty || s.unreplicated > 0 || s.idle_at_ms > now_ms);
+        }
+        let (entries, counts): (Vec<RateEntry>, Vec<u64>) = {
+            let mut table = limiter.table();
+            table
+                .keys
+                .iter_mut()
+                .filter(|(_, slot)| slot.dirty)
+                .map(|(key, slot)| {
+                    slot.dirty = false;
+                    let entry = RateEntry {
+                        key: key.clone(),
+                        state: slot.state.clone(),
+                        idle_at_ms: slot.idle_at_ms,
+                        charged_term: term,
+                    };
+                    (entry, slot.unreplicated)
+                })
+                .unzip()
+        };
+        if entries.is_empty() {
+            continue;
+        }
+        let keys: Vec<String> = entries.iter().map(|e| e.key.clone()).collect();
+        let written = limiter.inner.ctx.proposer.submit(vec![Command::RateSet { entries }]).await;
+        let ok = matches!(&written, Ok(outcomes) if outcomes == &[Outcome::Done]);
+        {
+            let mut table = limiter.table();
+            if table.term == term {
+                for (key, count) in keys.iter().zip(counts) {
+                    if let Some(slot) = table.keys.get_mut(key) {
+                        if ok {
+                            slot.unreplicated = slot.unreplicated.saturating_sub(count);
+                        } else {
+                            slot.dirty = true;
+                        }
+                    }
+                }
+            }
+        }
+        limiter.inner.flushed.notify_waiters();
+        if let Err(e) = written {
+            tracing::debug!(error = %e, "replicating rate-limit states; trying again");
+            tokio::time::sleep(FLUSH_RETRY_DELAY).await;
+            limiter.inner.dirty.notify_one();
+        }
+    }
+}
+
+/// Confirms leadership for every waiting check with one heartbeat round each time: a check
+/// is confirmed only by a round that started after it was queued, in its own term.
+async fn confirm_rounds(raft: Raft, round_timeout: Duration, mut confirms: mpsc::Receiver<Confirm>) {
+    while let Some(first) = confirms.recv().await {
+        let mut waiting = vec![first];
+        while let Ok(more) = confirms.try_recv() {
+            waiting.push(more);
+        }
+        let term = match tokio::time::timeout(round_timeout, raft.get_read_log_id()).await {
+            // The read log id is the later of the commit index and this term's first entry,
+            // so its term is the term whose leadership a quorum just confirmed.
+            Ok(Ok((Some(read_log_id), _))) => Some(read_log_id.leader_id.term),
+            _ => None,
+        };
+        for confirm in waiting {
+            let _ = confirm.reply.send(term == Some(confirm.term));
+        }
+    }
+}
+
+/// Sends checks to the leader. `Ok(None)`: nothing was decided — the peer is not the
+/// leader, or the request never left this node.
+async fn forward(
+    peers: &Peers,
+    addr: &str,
+    checks: &[RateCheck],
+    deadline: Instant,
+) -> Result<Option<RateAnswer>, WriteError> {
+    let Ok(mut client) = peers.client(addr) else { return Ok(None) };
+    let encoded = serde_json::to_vec(checks).map_err(|e| WriteError::Invalid(format!("encode: {e}")))?;
+    let mut request = tonic::Request::new(RateCheckRequest { checks: encoded });
+    request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+    let reply = match tokio::time::timeout_at(deadline, client.rate_check(request)).await {
+        Ok(Ok(reply)) => reply.into_inner(),
+        Ok(Err(status)) if never_sent(&status) => return Ok(None),
+        Ok(Err(status)) => return Err(WriteError::Unknown(format!("rate check at the leader: {}", status.message()))),
+        Err(_) => return Err(WriteError::Unknown("the leader did not decide before the deadline".into())),
+    };
+    match reply.result {
+        Some(RateCheckResult::Answer(bytes)) => {
+            serde_json::from_slice(&bytes).map(Some).map_err(|e| WriteError::Unknown(e.to_string()))
+        }
+        Some(RateCheckResult::NotLeader(_)) => Ok(None),
+        Some(RateCheckResult::Unavailable(message)) => Err(WriteError::Unavailable(message)),
+        None => Err(WriteError::Unknown("empty rate check reply".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use raftbox_storage::ratelimit::Algorithm;
+
+    use super::*;
+
+    fn table_with(keys: &[(&str, LimitState)]) -> Table {
+        let slot = |state: &LimitState| Slot { state: state.clone(), idle_at_ms: 0, unreplicated: 0, dirty: false };
+        Table { term: 3, floor_ms: 0, keys: keys.iter().map(|(k, s)| (k.to_string(), slot(s))).collect() }
+    }
+
+    #[test]
+    fn a_decision_is_all_or_nothing_and_never_goes_back_in_time() {
+        let roomy = Algorithm::FixedWindow { limit: 10, window_ms: 1_000 };
+        let tight = Algorithm::FixedWindow { limit: 1, window_ms: 1_000 };
+        let mut table = table_with(&[("roomy", roomy.charge(None, 0, 0)), ("tight", tight.charge(None, 0, 0))]);
+        let both =
+            [RateCheck { key: "roomy".into(), algorithm: roomy }, RateCheck { key: "tight".into(), algorithm: tight }];
+        let first = decide_in(&mut table, &both, 100);
+        assert!(first.allowed);
+        assert_eq!(first.decisions.iter().map(|d| d.remaining).collect::<Vec<_>>(), vec![9, 0]);
+        assert!(table.keys.values().all(|s| s.unreplicated == 1 && s.dirty));
+        // Rejected by the tight limit: the roomy one keeps its state.
+        let second = decide_in(&mut table, &both, 200);
+        assert!(!second.allowed);
+        assert_eq!(table.keys["roomy"].unreplicated, 1);
+        assert_eq!(table.keys["roomy"].state, LimitState::Window { window_start_ms: 0, count: 1 });
+        // A clock that went back is held at the latest time used.
+        let roomy_only = [RateCheck { key: "roomy".into(), algorithm: roomy }];
+        assert!(decide_in(&mut table, &roomy_only, 50).allowed);
+        assert_eq!(table.floor_ms, 200);
+    }
+}
