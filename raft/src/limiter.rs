@@ -11,9 +11,10 @@
 //! - the leader holds at most [`Algorithm::credit`] admissions per key that no log entry
 //!   records yet; beyond that a check waits for replication (bounded by its deadline);
 //! - before it decides anything for a key, a new leader has applied everything earlier
-//!   leaders committed and commits a `RateSet` that charges the key that credit, as
-//!   admissions an earlier leader may have given that no log holds (unless no earlier term
-//!   ever decided in memory);
+//!   leaders committed and commits a `RateSet` that charges the key that credit if an
+//!   earlier term decided it in memory, as admissions that leader may have given that no log
+//!   holds; a key's record outlives any such admission's effect, so a key without one owes
+//!   nothing;
 //! - an admission is answered only after a quorum confirmed the leadership of the term it
 //!   was decided in, so every answered admission precedes the election of any later leader.
 
@@ -22,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use raftbox_storage::command::{RateCheck, RateEntry};
-use raftbox_storage::ratelimit::{Decision, LimitState};
+use raftbox_storage::ratelimit::{Algorithm, Decision, LimitState};
 use raftbox_storage::{Command, Outcome, StateMachine};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -38,6 +39,10 @@ use crate::types::{NodeId, Raft};
 
 /// Leadership confirmations waiting for the next heartbeat round, at most.
 const CONFIRM_QUEUE_MAX: usize = 16_384;
+/// How long past its idle time a key's record in the log stays live for decisions (then it
+/// is purged one `idle_after` later): keeps a key in steady use from ever waiting for its
+/// record to move on.
+const LIVE_EXTRA_MS: u64 = 60_000;
 /// How often idle keys are dropped from memory.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1);
 /// After a failed replication, wait this long before trying again.
@@ -64,8 +69,14 @@ pub enum Undecided {
 
 /// One key's state on the leader.
 struct Slot {
+    algorithm: Algorithm,
     state: LimitState,
+    /// When `state` is idle.
     idle_at_ms: u64,
+    /// When the state in the log is idle: admissions are decided only before then, so a
+    /// record is never purged while a lost admission could still matter (it is purged a
+    /// further `idle_after` later).
+    live_until_ms: u64,
     /// Admissions decided on this key that no applied log entry records yet.
     unreplicated: u64,
     /// Changed since the last `RateSet` was sent.
@@ -171,15 +182,24 @@ impl Limiter {
                 if table.term != term {
                     return Err(Undecided::NotLeader);
                 }
-                if checks.iter().any(|c| !table.keys.contains_key(&c.key)) {
-                    continue; // dropped as idle meanwhile: take it over again
+                let now_ms = self.inner.ctx.clock.borrow().stamp().max(table.floor_ms);
+                let idle = |s: &Slot| !s.dirty && s.unreplicated == 0 && s.live_until_ms <= now_ms;
+                if checks.iter().any(|c| table.keys.get(&c.key).is_none_or(idle)) {
+                    // New, or idle in the log: take it over (again), which also moves the
+                    // log's record past now.
+                    table.keys.retain(|_, s| !idle(s));
+                    continue;
                 }
-                if checks.iter().any(|c| table.keys[&c.key].unreplicated >= c.algorithm.credit()) {
+                let wait = |c: &RateCheck| {
+                    let slot = &table.keys[&c.key];
+                    slot.unreplicated >= c.algorithm.credit() || slot.live_until_ms <= now_ms
+                };
+                if checks.iter().any(wait) {
                     // Wait for the replication in flight; registered before the lock is let go.
                     flushed.as_mut().enable();
                     None
                 } else {
-                    Some(decide_in(&mut table, checks, self.inner.ctx.clock.borrow().stamp()))
+                    Some(decide_in(&mut table, checks, now_ms))
                 }
             };
             match decided {
@@ -257,27 +277,31 @@ impl Limiter {
             let floor = self.table().floor_ms;
             ctx.clock.borrow().stamp().max(floor).max(ctx.state.clock_ms().map_err(storage)?)
         };
-        // The latest earlier term whose leader decided in memory (0: none ever did, so no
-        // admission can be missing from the log).
-        let terms = ctx.state.limiter_terms().map_err(storage)?;
-        if terms.latest > term {
-            return Err(Undecided::NotLeader);
-        }
-        let earlier = if terms.latest == term { terms.before } else { terms.latest };
         let mut entries = Vec::with_capacity(missing.len());
+        let mut algorithms = Vec::with_capacity(missing.len());
         for check in &missing {
             let record = ctx.state.rate_record(&check.key).map_err(storage)?;
+            // A key an earlier term decided in memory may lack up to a credit of admissions
+            // in the log. A key without a record had none that could still matter (see
+            // `Slot::live_until_ms`); one written by `RateCheck` (term 0) lacks nothing.
             let owed = match &record {
-                Some(record) if record.charged_term == term => 0,
-                _ if earlier == 0 => 0,
-                _ => check.algorithm.credit(),
+                Some(r) if r.charged_term > term => return Err(Undecided::NotLeader),
+                Some(r) if r.charged_term != 0 && r.charged_term < term => check.algorithm.credit(),
+                _ => 0,
             };
             let state = match record {
                 Some(record) if owed == 0 => record.state,
                 record => check.algorithm.charge(record.as_ref().map(|r| &r.state), now_ms, owed),
             };
             let idle_at_ms = check.algorithm.idle_at_ms(&state, now_ms);
-            entries.push(RateEntry { key: check.key.clone(), state, idle_at_ms, charged_term: term });
+            let entry = RateEntry {
+                key: check.key.clone(),
+                state,
+                idle_at_ms: purge_at(check.algorithm, idle_at_ms),
+                charged_term: term,
+            };
+            entries.push(entry);
+            algorithms.push((check.algorithm, idle_at_ms));
         }
         let written =
             tokio::time::timeout_at(deadline, ctx.proposer.submit(vec![Command::RateSet { entries: entries.clone() }]))
@@ -295,8 +319,15 @@ impl Limiter {
             return Err(Undecided::NotLeader);
         }
         table.floor_ms = table.floor_ms.max(now_ms);
-        for entry in entries {
-            let slot = Slot { state: entry.state, idle_at_ms: entry.idle_at_ms, unreplicated: 0, dirty: false };
+        for (entry, (algorithm, idle_at_ms)) in entries.into_iter().zip(algorithms) {
+            let slot = Slot {
+                algorithm,
+                state: entry.state,
+                idle_at_ms,
+                live_until_ms: idle_at_ms.saturating_add(LIVE_EXTRA_MS),
+                unreplicated: 0,
+                dirty: false,
+            };
             table.keys.insert(entry.key, slot);
         }
         Ok(())
@@ -314,10 +345,16 @@ fn late() -> Undecided {
     Undecided::Failed(WriteError::Unavailable("the leader could not decide before the deadline".into()))
 }
 
+/// When the record of a state idle at `idle_at_ms` may be purged: after it stopped being
+/// live, once any admission decided before then has stopped mattering.
+fn purge_at(algorithm: Algorithm, idle_at_ms: u64) -> u64 {
+    idle_at_ms.saturating_add(LIVE_EXTRA_MS).saturating_add(algorithm.idle_after_ms())
+}
+
 /// Decides every check at `stamp` (or the table's floor, if later); an admission advances
 /// every key's state.
-fn decide_in(table: &mut Table, checks: &[RateCheck], stamp: u64) -> RateAnswer {
-    let now_ms = stamp.max(table.floor_ms);
+fn decide_in(table: &mut Table, checks: &[RateCheck], now_ms: u64) -> RateAnswer {
+    let now_ms = now_ms.max(table.floor_ms);
     table.floor_ms = now_ms;
     let decided: Vec<(Decision, LimitState)> =
         checks.iter().map(|c| c.algorithm.check(Some(&table.keys[&c.key].state), now_ms)).collect();
@@ -326,6 +363,7 @@ fn decide_in(table: &mut Table, checks: &[RateCheck], stamp: u64) -> RateAnswer 
         for (check, (_, state)) in checks.iter().zip(&decided) {
             let slot = table.keys.get_mut(&check.key).expect("every key was taken over");
             slot.idle_at_ms = check.algorithm.idle_at_ms(state, now_ms);
+            slot.algorithm = check.algorithm;
             slot.state = state.clone();
             slot.unreplicated += 1;
             slot.dirty = true;
@@ -355,7 +393,7 @@ async fn replicate(inner: std::sync::Weak<Inner>) {
             let now_ms = limiter.inner.ctx.clock.borrow().stamp();
             limiter.table().keys.retain(|_, s| s.dirty || s.unreplicated > 0 || s.idle_at_ms > now_ms);
         }
-        let (entries, counts): (Vec<RateEntry>, Vec<u64>) = {
+        let (entries, flushed): (Vec<RateEntry>, Vec<(u64, u64)>) = {
             let mut table = limiter.table();
             table
                 .keys
@@ -366,10 +404,10 @@ async fn replicate(inner: std::sync::Weak<Inner>) {
                     let entry = RateEntry {
                         key: key.clone(),
                         state: slot.state.clone(),
-                        idle_at_ms: slot.idle_at_ms,
+                        idle_at_ms: purge_at(slot.algorithm, slot.idle_at_ms),
                         charged_term: term,
                     };
-                    (entry, slot.unreplicated)
+                    (entry, (slot.unreplicated, slot.idle_at_ms))
                 })
                 .unzip()
         };
@@ -382,10 +420,11 @@ async fn replicate(inner: std::sync::Weak<Inner>) {
         {
             let mut table = limiter.table();
             if table.term == term {
-                for (key, count) in keys.iter().zip(counts) {
+                for (key, (count, idle_at_ms)) in keys.iter().zip(flushed) {
                     if let Some(slot) = table.keys.get_mut(key) {
                         if ok {
                             slot.unreplicated = slot.unreplicated.saturating_sub(count);
+                            slot.live_until_ms = slot.live_until_ms.max(idle_at_ms.saturating_add(LIVE_EXTRA_MS));
                         } else {
                             slot.dirty = true;
                         }
@@ -452,12 +491,17 @@ async fn forward(
 
 #[cfg(test)]
 mod tests {
-    use raftbox_storage::ratelimit::Algorithm;
-
     use super::*;
 
     fn table_with(keys: &[(&str, LimitState)]) -> Table {
-        let slot = |state: &LimitState| Slot { state: state.clone(), idle_at_ms: 0, unreplicated: 0, dirty: false };
+        let slot = |state: &LimitState| Slot {
+            algorithm: Algorithm::FixedWindow { limit: 1, window_ms: 1 },
+            state: state.clone(),
+            idle_at_ms: 0,
+            live_until_ms: 0,
+            unreplicated: 0,
+            dirty: false,
+        };
         Table { term: 3, floor_ms: 0, keys: keys.iter().map(|(k, s)| (k.to_string(), slot(s))).collect() }
     }
 

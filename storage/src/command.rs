@@ -259,9 +259,10 @@ pub struct RateCheck {
 pub struct RateEntry {
     pub key: String,
     pub state: LimitState,
-    /// When the state becomes indistinguishable from no state (then it may be purged).
+    /// When the record may be purged: the state is idle by then, and so would be any state
+    /// the leader decided after it but did not replicate (see `raft::limiter`).
     pub idle_at_ms: u64,
-    /// The term whose leader charged this key its credit when it took the key over.
+    /// The term whose leader decides this key in memory.
     pub charged_term: u64,
 }
 

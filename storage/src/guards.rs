@@ -5,9 +5,9 @@
 //! due, in time order, and never runs on the request path.
 
 use crate::command::{Command, IdempotencyOutcome, Outcome, RateCheck, RateEntry, Rejection};
-use crate::keys::{self, Expiring};
+use crate::keys::Expiring;
 use crate::records::{
-    ConflictRecord, IdempotencyRecord, IdempotencyResult, IdempotencyStatus, LimiterTerms, RateRecord, SavedResponse,
+    ConflictRecord, IdempotencyRecord, IdempotencyResult, IdempotencyStatus, RateRecord, SavedResponse,
 };
 use crate::state::{apply_command, StateMachine, Txn};
 use crate::StorageError;
@@ -190,12 +190,6 @@ pub(crate) fn rate_check(txn: &mut Txn<'_>, checks: &[RateCheck]) -> Result<Outc
 /// Replaces each key's rate-limit state with the one the leader decided, unless a leader
 /// of a later term already took the key over.
 pub(crate) fn rate_set(txn: &mut Txn<'_>, entries: &[RateEntry]) -> Result<Outcome, StorageError> {
-    if let Some(term) = entries.iter().map(|e| e.charged_term).max() {
-        let terms: LimiterTerms = txn.get("limiter terms", &keys::limiter_terms())?.unwrap_or_default();
-        if term > terms.latest {
-            txn.put(keys::limiter_terms(), &LimiterTerms { latest: term, before: terms.latest });
-        }
-    }
     for entry in entries {
         let id = entry.key.as_bytes();
         let previous: Option<RateRecord> = txn.get("rate state", &Expiring::Rate.record(id))?;
@@ -223,11 +217,6 @@ impl StateMachine {
     /// One key's rate-limit state as last applied.
     pub fn rate_record(&self, key: &str) -> Result<Option<RateRecord>, StorageError> {
         self.read("rate state", &Expiring::Rate.record(key.as_bytes()))
-    }
-
-    /// The latest terms whose leaders decided rate limits in memory.
-    pub fn limiter_terms(&self) -> Result<LimiterTerms, StorageError> {
-        Ok(self.read("limiter terms", &keys::limiter_terms())?.unwrap_or_default())
     }
 }
 

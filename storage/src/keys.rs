@@ -263,11 +263,6 @@ pub fn clock() -> Vec<u8> {
     tagged(tag::SYSTEM, b"clock")
 }
 
-/// The terms whose leaders decided rate limits in memory (`records::LimiterTerms`).
-pub fn limiter_terms() -> Vec<u8> {
-    tagged(tag::SYSTEM, b"limiter-terms")
-}
-
 pub fn user(user_id: &str) -> Vec<u8> {
     tagged(tag::USER, user_id.as_bytes())
 }

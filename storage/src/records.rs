@@ -150,20 +150,12 @@ pub struct IdempotencyRecord {
     pub expires_ms: u64,
 }
 
-/// The latest two terms whose leaders took rate-limit keys over (`Command::RateSet`): a new
-/// leader need charge no credit if no earlier term ever decided in memory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LimiterTerms {
-    pub latest: u64,
-    pub before: u64,
-}
-
 /// Rate-limiter state of one key, and when it becomes indistinguishable from no state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RateRecord {
     pub state: crate::ratelimit::LimitState,
     pub idle_at_ms: u64,
-    /// The term whose leader charged the key its credit (`Command::RateSet`); 0 for a
+    /// The term whose leader decided this key in memory (`Command::RateSet`); 0 for a
     /// state written by a `RateCheck`.
     #[serde(default)]
     pub charged_term: u64,
