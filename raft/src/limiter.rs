@@ -4,7 +4,7 @@
 //! once a quorum has confirmed (one heartbeat round, shared by every check waiting for one)
 //! that it was still the leader after the decision. The new states reach the log afterwards,
 //! many keys per `RateSet` command. Followers forward their checks to the leader (`RateCheck`
-//! RPC). The safety argument — why no more than a limit's own allowance is ever admitted,
+//! RPC), every request that arrived while the previous call was in flight in one call. The safety argument — why no more than a limit's own allowance is ever admitted,
 //! across leader changes and partitions — is in ARCHITECTURE.md ("Rate limiting on the
 //! leader"). In short:
 //!
@@ -37,8 +37,11 @@ use crate::pb::RateCheckRequest;
 use crate::proposer::{never_sent, wait_for_leader, Proposer};
 use crate::types::{NodeId, Raft};
 
-/// Leadership confirmations waiting for the next heartbeat round, at most.
+/// Leadership confirmations waiting for the next heartbeat round, or checks waiting to be
+/// forwarded, at most.
 const CONFIRM_QUEUE_MAX: usize = 16_384;
+/// Requests in one forward to the leader, at most.
+const FORWARD_BATCH_MAX: usize = 1_024;
 /// How long past its idle time a key's record in the log stays live for decisions (then it
 /// is purged one `idle_after` later): keeps a key in steady use from ever waiting for its
 /// record to move on.
@@ -101,6 +104,7 @@ struct Confirm {
 /// What the limiter needs of the node.
 pub(crate) struct LimiterContext {
     pub node_id: NodeId,
+    pub db: raftbox_storage::Db,
     pub raft: Raft,
     pub state: StateMachine,
     pub proposer: Proposer,
@@ -119,6 +123,7 @@ struct Inner {
     /// One take-over at a time (each commits a `RateSet`).
     takeover: tokio::sync::Mutex<()>,
     confirm: mpsc::Sender<Confirm>,
+    outgoing: mpsc::Sender<Outgoing>,
 }
 
 /// Handle to the node's limiter.
@@ -130,6 +135,7 @@ pub struct Limiter {
 impl Limiter {
     pub(crate) fn spawn(ctx: LimiterContext) -> Limiter {
         let (confirm, confirms) = mpsc::channel(CONFIRM_QUEUE_MAX);
+        let (outgoing, outgoings) = mpsc::channel(CONFIRM_QUEUE_MAX);
         let inner = Arc::new(Inner {
             ctx,
             table: Mutex::new(Table::default()),
@@ -137,9 +143,11 @@ impl Limiter {
             flushed: Notify::new(),
             takeover: tokio::sync::Mutex::new(()),
             confirm,
+            outgoing,
         });
+        tokio::spawn(forward_batches(inner.ctx.peers.clone(), outgoings));
         tokio::spawn(replicate(Arc::downgrade(&inner)));
-        tokio::spawn(confirm_rounds(inner.ctx.raft.clone(), inner.ctx.write_timeout, confirms));
+        tokio::spawn(confirm_rounds(Arc::downgrade(&inner), confirms));
         Limiter { inner }
     }
 
@@ -156,7 +164,17 @@ impl Limiter {
                     Err(Undecided::Failed(e)) => return Err(e),
                 }
             } else {
-                forward(&ctx.peers, &addr, &checks, deadline).await?
+                let (reply, answer) = oneshot::channel();
+                let outgoing = Outgoing { addr, checks: checks.clone(), deadline, reply };
+                let queued = tokio::time::timeout_at(deadline, self.inner.outgoing.send(outgoing)).await;
+                if !matches!(queued, Ok(Ok(()))) {
+                    return Err(WriteError::Unavailable("the forward queue stayed full".into()));
+                }
+                match tokio::time::timeout_at(deadline, answer).await {
+                    Ok(Ok(answer)) => answer?,
+                    Ok(Err(_)) => return Err(WriteError::ShuttingDown),
+                    Err(_) => return Err(WriteError::Unknown("the leader did not decide before the deadline".into())),
+                }
             };
             if let Some(answer) = decided {
                 return Ok(answer);
@@ -441,36 +459,167 @@ async fn replicate(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Confirms leadership for every waiting check with one heartbeat round each time: a check
-/// is confirmed only by a round that started after it was queued, in its own term.
-async fn confirm_rounds(raft: Raft, round_timeout: Duration, mut confirms: mpsc::Receiver<Confirm>) {
+/// Confirms leadership for every waiting check with one round each time: a check is
+/// confirmed only by a round that started after it was queued, in its own term.
+///
+/// A round asks every voter whether the vote it saved is still for this node in that term
+/// (`ConfirmLeader`; answered from storage, outside the Raft core, so it never queues behind
+/// log writes). openraft saves a vote before it grants it, so a voter that says yes had not
+/// yet helped elect a later leader when it read its vote; a quorum saying yes means no later
+/// leader was elected before this round began (quorums intersect).
+async fn confirm_rounds(inner: std::sync::Weak<Inner>, mut confirms: mpsc::Receiver<Confirm>) {
     while let Some(first) = confirms.recv().await {
         let mut waiting = vec![first];
         while let Ok(more) = confirms.try_recv() {
             waiting.push(more);
         }
-        let term = match tokio::time::timeout(round_timeout, raft.get_read_log_id()).await {
-            // The read log id is the later of the commit index and this term's first entry,
-            // so its term is the term whose leadership a quorum just confirmed.
-            Ok(Ok((Some(read_log_id), _))) => Some(read_log_id.leader_id.term),
-            _ => None,
-        };
+        let Some(inner) = inner.upgrade() else { return };
+        let mut terms: Vec<u64> = waiting.iter().map(|c| c.term).collect();
+        terms.sort_unstable();
+        terms.dedup();
+        let mut confirmed = Vec::new();
+        for term in terms {
+            if quorum_holds(&inner.ctx, term).await {
+                confirmed.push(term);
+            }
+        }
         for confirm in waiting {
-            let _ = confirm.reply.send(term == Some(confirm.term));
+            let _ = confirm.reply.send(confirmed.contains(&confirm.term));
         }
     }
 }
 
-/// Sends checks to the leader. `Ok(None)`: nothing was decided — the peer is not the
-/// leader, or the request never left this node.
-async fn forward(
+/// Whether a quorum of every voter configuration still holds its vote for this node in
+/// `term`, each answer within the write timeout.
+async fn quorum_holds(ctx: &LimiterContext, term: u64) -> bool {
+    let membership = ctx.raft.metrics().borrow().membership_config.membership().clone();
+    let me = ctx.node_id;
+    let mine = crate::log_store::stored_vote(&ctx.db)
+        .is_some_and(|vote| vote.leader_id.term == term && vote.leader_id.node_id == me);
+    if !mine {
+        return false;
+    }
+    let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
+    let asks = voters.iter().filter(|id| **id != me).filter_map(|id| {
+        let addr = membership.get_node(id)?.grpc_addr.clone();
+        let peers = ctx.peers.clone();
+        let timeout = ctx.write_timeout;
+        let id = *id;
+        Some(async move {
+            let Ok(mut client) = peers.client(&addr) else { return (id, false) };
+            let mut request = tonic::Request::new(crate::pb::ConfirmLeaderRequest { term, leader_id: me });
+            request.set_timeout(timeout);
+            let reply = tokio::time::timeout(timeout, client.confirm_leader(request)).await;
+            (id, matches!(reply, Ok(Ok(r)) if r.get_ref().holds))
+        })
+    });
+    let mut granted: std::collections::BTreeSet<NodeId> = [me].into();
+    let is_quorum = |granted: &std::collections::BTreeSet<NodeId>| {
+        membership.get_joint_config().iter().all(|config| config.intersection(granted).count() * 2 > config.len())
+    };
+    let mut pending: futures::stream::FuturesUnordered<_> = asks.collect();
+    while !is_quorum(&granted) {
+        use futures::StreamExt as _;
+        match pending.next().await {
+            Some((id, true)) => {
+                granted.insert(id);
+            }
+            Some((_, false)) => {}
+            None => return false,
+        }
+    }
+    true
+}
+
+/// What the leader answers for one forwarded request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Forwarded {
+    Answer(RateAnswer),
+    /// Nothing was decided: the node does not lead.
+    NotLeader,
+    Unavailable {
+        message: String,
+    },
+}
+
+impl From<Result<RateAnswer, Undecided>> for Forwarded {
+    fn from(decided: Result<RateAnswer, Undecided>) -> Forwarded {
+        match decided {
+            Ok(answer) => Forwarded::Answer(answer),
+            Err(Undecided::NotLeader) => Forwarded::NotLeader,
+            Err(Undecided::Failed(e)) => Forwarded::Unavailable { message: e.to_string() },
+        }
+    }
+}
+
+/// A follower's request waiting for the next forward. `Ok(None)` answers: nothing was
+/// decided (not the leader, or the call never left this node).
+struct Outgoing {
+    addr: String,
+    checks: Vec<RateCheck>,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Option<RateAnswer>, WriteError>>,
+}
+
+/// Forwards this node's checks to the leader, every request that arrived while the
+/// previous call was in flight in one call (one at a time, like the proposer's batches).
+async fn forward_batches(peers: Peers, mut outgoing: mpsc::Receiver<Outgoing>) {
+    while let Some(first) = outgoing.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < FORWARD_BATCH_MAX {
+            match outgoing.try_recv() {
+                Ok(more) => batch.push(more),
+                Err(_) => break,
+            }
+        }
+        // Normally all for one leader; otherwise one call per address, in turn.
+        while !batch.is_empty() {
+            let addr = batch[0].addr.clone();
+            let (these, rest): (Vec<Outgoing>, Vec<Outgoing>) = batch.into_iter().partition(|o| o.addr == addr);
+            batch = rest;
+            forward(&peers, &addr, these).await;
+        }
+    }
+}
+
+async fn forward(peers: &Peers, addr: &str, batch: Vec<Outgoing>) {
+    let now = Instant::now();
+    let (batch, late): (Vec<Outgoing>, Vec<Outgoing>) = batch.into_iter().partition(|o| o.deadline > now);
+    for o in late {
+        let _ = o.reply.send(Err(WriteError::Unavailable("no decision before the deadline".into())));
+    }
+    let Some(deadline) = batch.iter().map(|o| o.deadline).max() else { return };
+    let answers = call_leader(peers, addr, batch.iter().map(|o| &o.checks).collect(), deadline).await;
+    match answers {
+        Ok(Some(answers)) if answers.len() == batch.len() => {
+            for (o, answer) in batch.into_iter().zip(answers) {
+                let _ = o.reply.send(match answer {
+                    Forwarded::Answer(answer) => Ok(Some(answer)),
+                    Forwarded::NotLeader => Ok(None),
+                    Forwarded::Unavailable { message } => Err(WriteError::Unavailable(message)),
+                });
+            }
+        }
+        Ok(Some(answers)) => {
+            let e = WriteError::Unknown(format!("{} answers for {} requests", answers.len(), batch.len()));
+            batch.into_iter().for_each(|o| drop(o.reply.send(Err(e.clone()))));
+        }
+        Ok(None) => batch.into_iter().for_each(|o| drop(o.reply.send(Ok(None)))),
+        Err(e) => batch.into_iter().for_each(|o| drop(o.reply.send(Err(e.clone())))),
+    }
+}
+
+/// One `RateCheck` call. `Ok(None)`: nothing was decided — the peer is not the leader, or
+/// the request never left this node.
+async fn call_leader(
     peers: &Peers,
     addr: &str,
-    checks: &[RateCheck],
+    requests: Vec<&Vec<RateCheck>>,
     deadline: Instant,
-) -> Result<Option<RateAnswer>, WriteError> {
+) -> Result<Option<Vec<Forwarded>>, WriteError> {
     let Ok(mut client) = peers.client(addr) else { return Ok(None) };
-    let encoded = serde_json::to_vec(checks).map_err(|e| WriteError::Invalid(format!("encode: {e}")))?;
+    let encoded = serde_json::to_vec(&requests).map_err(|e| WriteError::Invalid(format!("encode: {e}")))?;
     let mut request = tonic::Request::new(RateCheckRequest { checks: encoded });
     request.set_timeout(deadline.saturating_duration_since(Instant::now()));
     let reply = match tokio::time::timeout_at(deadline, client.rate_check(request)).await {
@@ -480,11 +629,10 @@ async fn forward(
         Err(_) => return Err(WriteError::Unknown("the leader did not decide before the deadline".into())),
     };
     match reply.result {
-        Some(RateCheckResult::Answer(bytes)) => {
+        Some(RateCheckResult::Answers(bytes)) => {
             serde_json::from_slice(&bytes).map(Some).map_err(|e| WriteError::Unknown(e.to_string()))
         }
         Some(RateCheckResult::NotLeader(_)) => Ok(None),
-        Some(RateCheckResult::Unavailable(message)) => Err(WriteError::Unavailable(message)),
         None => Err(WriteError::Unknown("empty rate check reply".into())),
     }
 }

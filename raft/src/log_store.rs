@@ -50,6 +50,12 @@ impl LogStore {
     }
 }
 
+/// The vote this node last saved (openraft saves a vote before it acts on it or answers).
+pub(crate) fn stored_vote(db: &Db) -> Option<Vote> {
+    let raw = db.meta_get(keys::meta::VOTE).ok()??;
+    serde_json::from_slice(&raw).ok()
+}
+
 fn range_to_indexes<RB: RangeBounds<u64>>(range: &RB) -> (u64, u64) {
     let start = match range.start_bound() {
         Bound::Included(&i) => i,

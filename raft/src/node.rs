@@ -169,6 +169,7 @@ impl RaftNode {
         });
         let limiter = Limiter::spawn(LimiterContext {
             node_id: id,
+            db: db.clone(),
             raft: raft.clone(),
             state: state.clone(),
             proposer: proposer.clone(),
@@ -335,6 +336,12 @@ impl RaftNode {
     /// Rate-limit checks, decided in memory on the leader (see [`crate::limiter`]).
     pub fn limiter(&self) -> &Limiter {
         &self.inner.limiter
+    }
+
+    /// Whether the vote this node saved last is for `leader_id` in `term`.
+    pub fn vote_holds(&self, term: u64, leader_id: NodeId) -> bool {
+        crate::log_store::stored_vote(&self.inner.db)
+            .is_some_and(|vote| vote.leader_id.term == term && vote.leader_id.node_id == leader_id)
     }
 
     /// How long a write, read barrier or forwarded call may take.

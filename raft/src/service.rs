@@ -9,7 +9,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::error::WriteError;
-use crate::limiter::Undecided;
+use crate::limiter::Forwarded;
 use crate::membership::MembershipChange;
 use crate::network::MESSAGE_BYTES_MAX;
 use crate::node::RaftNode;
@@ -19,9 +19,9 @@ use crate::pb::raft_service_server::{RaftService, RaftServiceServer};
 use crate::pb::rate_check_reply::Result as RateCheckResult;
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{
-    BlockData, BlockRequest, FillBlocksReply, FillBlocksRequest, ForwardReply, ForwardRequest, PutBlockReply,
-    RaftMessage, RaftReply, RateCheckReply, RateCheckRequest, ReadIndexReply, ReadIndexRequest, StatusReply,
-    StatusRequest,
+    BlockData, BlockRequest, ConfirmLeaderReply, ConfirmLeaderRequest, FillBlocksReply, FillBlocksRequest,
+    ForwardReply, ForwardRequest, PutBlockReply, RaftMessage, RaftReply, RateCheckReply, RateCheckRequest,
+    ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
 };
 
 /// Serves the `RaftService` of one node.
@@ -101,20 +101,32 @@ impl RaftService for RaftGrpc {
         Ok(Response::new(ForwardReply { result: Some(result) }))
     }
 
-    /// A follower's rate-limit checks, decided here if this node leads (bounded by the
+    /// A follower's rate-limit checks, decided here if this node leads (each bounded by the
     /// write timeout; the caller's deadline drops the call sooner).
     async fn rate_check(&self, request: Request<RateCheckRequest>) -> Result<Response<RateCheckReply>, Status> {
-        let checks: Vec<raftbox_storage::command::RateCheck> = serde_json::from_slice(&request.get_ref().checks)
+        let requests: Vec<Vec<raftbox_storage::command::RateCheck>> = serde_json::from_slice(&request.get_ref().checks)
             .map_err(|e| Status::invalid_argument(format!("decode checks: {e}")))?;
+        let leader = self.node.metrics().current_leader;
+        if leader != Some(self.node.id()) {
+            let result = RateCheckResult::NotLeader(leader.unwrap_or(0));
+            return Ok(Response::new(RateCheckReply { result: Some(result) }));
+        }
         let deadline = tokio::time::Instant::now() + self.node.write_timeout();
-        let result = match self.node.limiter().decide(&checks, deadline).await {
-            Ok(answer) => RateCheckResult::Answer(
-                serde_json::to_vec(&answer).map_err(|e| Status::internal(format!("encode answer: {e}")))?,
-            ),
-            Err(Undecided::NotLeader) => RateCheckResult::NotLeader(self.node.metrics().current_leader.unwrap_or(0)),
-            Err(Undecided::Failed(e)) => RateCheckResult::Unavailable(e.to_string()),
-        };
-        Ok(Response::new(RateCheckReply { result: Some(result) }))
+        let limiter = self.node.limiter();
+        let decided = futures::future::join_all(requests.iter().map(|checks| limiter.decide(checks, deadline))).await;
+        let answers: Vec<Forwarded> = decided.into_iter().map(Forwarded::from).collect();
+        let encoded = serde_json::to_vec(&answers).map_err(|e| Status::internal(format!("encode answers: {e}")))?;
+        Ok(Response::new(RateCheckReply { result: Some(RateCheckResult::Answers(encoded)) }))
+    }
+
+    /// Whether this node's saved vote is still for the caller's leadership (a vote for a
+    /// later leader is saved before it is granted).
+    async fn confirm_leader(
+        &self,
+        request: Request<ConfirmLeaderRequest>,
+    ) -> Result<Response<ConfirmLeaderReply>, Status> {
+        let ConfirmLeaderRequest { term, leader_id } = request.into_inner();
+        Ok(Response::new(ConfirmLeaderReply { holds: self.node.vote_holds(term, leader_id) }))
     }
 
     /// The leader's read index, after it confirmed its leadership with a quorum (bounded by

@@ -66,7 +66,7 @@ pub struct Decision {
 const MILLI: u64 = 1_000;
 
 /// Most admissions a leader holds unreplicated per key (see [`Algorithm::credit`]).
-pub const CREDIT_MAX: u64 = 64;
+pub const CREDIT_MAX: u64 = 4_096;
 /// Most timestamps one charge adds to a sliding log (a charge is at most a credit).
 const SLIDING_LOG_CHARGE_MAX: u64 = CREDIT_MAX;
 
