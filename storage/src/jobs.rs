@@ -287,11 +287,31 @@ fn not_found(job_id: &str) -> Outcome {
     Outcome::Rejected(Rejection::NotFound(format!("job {job_id}")))
 }
 
+/// Runs to start in the same apply as a claim (the claim and the start of a run in one
+/// command): the i-th job claimed runs as `run_ids[i]`, its record kept `run_ttl_ms` after it
+/// ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunStarts<'a> {
+    pub run_ids: &'a [String],
+    pub run_ttl_ms: u64,
+}
+
 /// Claims up to `max` jobs: due SCHEDULED jobs, then jobs whose lease expired. The attempt
 /// whose lease expired counts: a job without retries left is not run again but ends its fire
-/// (FAILED, or the next fire of a recurring job).
-pub(crate) fn claim(txn: &mut Txn<'_>, worker: &str, lease_ms: u64, max: usize) -> Result<Outcome, StorageError> {
+/// (FAILED, or the next fire of a recurring job). With `starts`, each claimed job is also
+/// started (RUNNING, its run record written), and at most `starts.run_ids.len()` are claimed.
+pub(crate) fn claim(
+    txn: &mut Txn<'_>,
+    worker: &str,
+    lease_ms: u64,
+    max: usize,
+    starts: Option<RunStarts<'_>>,
+) -> Result<Outcome, StorageError> {
     let now = txn.now_ms;
+    let max = starts.map_or(max, |s| max.min(s.run_ids.len()));
+    if max == 0 {
+        return Ok(Outcome::JobsClaimed { jobs: Vec::new() });
+    }
     let (start, end) = keys::job_due_until(now);
     let mut ids: Vec<String> = txn
         .committed_keys(&start, &end, max)?
@@ -337,6 +357,9 @@ pub(crate) fn claim(txn: &mut Txn<'_>, worker: &str, lease_ms: u64, max: usize) 
         job.lease_owner = Some(worker.to_string());
         job.lease_expires_ms = Some(now.saturating_add(lease_ms));
         job.updated_ms = now;
+        if let Some(starts) = starts {
+            begin_run(txn, &mut job, &starts.run_ids[claimed.len()], worker, starts.run_ttl_ms);
+        }
         store(txn, Some(&before), &job);
         claimed.push(job);
     }
@@ -401,17 +424,25 @@ pub(crate) fn start(
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} already runs under fence {fence}"))));
     }
     let mut job = before.clone();
+    begin_run(txn, &mut job, run_id, worker, run_ttl_ms);
+    store(txn, Some(&before), &job);
+    Ok(Outcome::Done)
+}
+
+/// Starts the attempt of a job its fence holder claimed: the job becomes RUNNING and the run
+/// record (sequence `runs + 1`) is written; the caller stores the job.
+fn begin_run(txn: &mut Txn<'_>, job: &mut Job, run_id: &str, worker: &str, run_ttl_ms: u64) {
     job.status = JobStatus::Running;
     job.runs = job.runs.saturating_add(1);
     job.updated_ms = txn.now_ms;
     let run = JobRun {
         run_id: run_id.to_string(),
         seq: job.runs,
-        job_id: job_id.to_string(),
+        job_id: job.id.clone(),
         scheduled_for_ms: job.scheduled_for_ms.unwrap_or(txn.now_ms),
         attempt: job.attempts,
         worker_id: worker.to_string(),
-        fence,
+        fence: job.fence,
         started_ms: txn.now_ms,
         finished_ms: None,
         status: RunStatus::Running,
@@ -419,9 +450,7 @@ pub(crate) fn start(
         result: None,
         ttl_ms: run_ttl_ms,
     };
-    txn.put(keys::job_run(job_id, run.seq), &run);
-    store(txn, Some(&before), &job);
-    Ok(Outcome::Done)
+    txn.put(keys::job_run(&job.id, run.seq), &run);
 }
 
 pub(crate) fn renew(txn: &mut Txn<'_>, job_id: &str, fence: u64, lease_ms: u64) -> Result<Outcome, StorageError> {

@@ -347,7 +347,9 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::CreateJob(job) => jobs::create(txn, job),
         Command::PatchJob { job_id, patch } => jobs::patch(txn, job_id, patch),
         Command::CancelJob { job_id } => jobs::cancel(txn, job_id),
-        Command::ClaimJobs { worker, lease_ms, max_jobs } => jobs::claim(txn, worker, *lease_ms, *max_jobs as usize),
+        Command::ClaimJobs { worker, lease_ms, max_jobs } => {
+            jobs::claim(txn, worker, *lease_ms, *max_jobs as usize, None)
+        }
         Command::StartRun { job_id, fence, run_id, worker, run_ttl_ms } => {
             jobs::start(txn, job_id, *fence, run_id, worker, *run_ttl_ms)
         }
@@ -368,6 +370,10 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
             sharing::set_group_member(txn, group_id, user_id, *member)
         }
         Command::Migrate { schema } => sharing::migrate(txn, *schema),
+        Command::ClaimAndStartJobs { worker, lease_ms, run_ids, run_ttl_ms } => {
+            let starts = jobs::RunStarts { run_ids, run_ttl_ms: *run_ttl_ms };
+            jobs::claim(txn, worker, *lease_ms, run_ids.len(), Some(starts))
+        }
     }
 }
 
