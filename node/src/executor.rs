@@ -97,21 +97,32 @@ pub async fn run(
     let mut ticks = tokio::time::interval(POLL_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stopped);
+    // The last claim took all it asked for, so more may be due: claim again as soon as a slot
+    // frees, without looking at the due index first (a scan that has to step over the index
+    // entries of every job claimed since the last compaction).
+    let mut more = false;
     loop {
-        tokio::select! {
+        let freed = tokio::select! {
             _ = &mut stopped => return,
-            _ = ticks.tick() => {}
-            _ = ctx.freed.notified() => {}
+            _ = ticks.tick() => false,
+            _ = ctx.freed.notified() => true,
+        };
+        if freed && !more {
+            continue;
         }
-        let due = ctx.node.state().next_claimable_ms().ok().flatten().is_some_and(|t| t <= now_ms());
         let free = ctx.slots.available_permits();
-        if due && free > 0 {
-            claim(&ctx, free).await;
+        if free == 0 {
+            continue;
         }
+        if !more && !ctx.node.state().next_claimable_ms().ok().flatten().is_some_and(|t| t <= now_ms()) {
+            continue;
+        }
+        more = claim(&ctx, free).await;
     }
 }
 
-async fn claim(ctx: &Arc<Context>, free: usize) {
+/// Claims and starts up to `free` jobs; whether it got all it asked for.
+async fn claim(ctx: &Arc<Context>, free: usize) -> bool {
     // The claim runs under a key of its own, so that a claim whose outcome is unknown can be
     // repeated: the repeat replays the jobs the first one claimed (instead of leaving them
     // claimed by no one who knows, until their lease runs out) or claims them now. It also
@@ -137,12 +148,20 @@ async fn claim(ctx: &Arc<Context>, free: usize) {
         Ok(Outcome::Idempotency(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(outcome) })) => {
             *outcome
         }
-        Ok(other) => return tracing::warn!(outcome = ?other, "unexpected claim outcome"),
-        Err(e) => return tracing::debug!(error = %e, "claim failed"),
+        Ok(other) => {
+            tracing::warn!(outcome = ?other, "unexpected claim outcome");
+            return false;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "claim failed");
+            return false;
+        }
     };
     let Outcome::JobsClaimed { jobs } = claimed else {
-        return tracing::warn!(outcome = ?claimed, "unexpected claim outcome");
+        tracing::warn!(outcome = ?claimed, "unexpected claim outcome");
+        return false;
     };
+    let all = jobs.len() == free;
     for (job, run_id) in jobs.into_iter().zip(run_ids) {
         let Ok(slot) = ctx.slots.clone().try_acquire_owned() else {
             // More claimed than slots (cannot happen with one run id per free slot); the lease
@@ -152,6 +171,7 @@ async fn claim(ctx: &Arc<Context>, free: usize) {
         let ctx = ctx.clone();
         tokio::spawn(async move { attempt(&ctx, job, run_id, slot).await });
     }
+    all
 }
 
 /// One attempt, started by its claim: execute with lease renewal, give the slot back, report
