@@ -114,7 +114,7 @@ pub async fn run(
         if free == 0 {
             continue;
         }
-        if !more && !ctx.node.state().next_claimable_ms().ok().flatten().is_some_and(|t| t <= now_ms()) {
+        if !more && !ctx.node.state().claimable_at(now_ms()).unwrap_or(false) {
             continue;
         }
         more = claim(&ctx, free).await;

@@ -561,15 +561,16 @@ impl StateMachine {
         Ok(out)
     }
 
-    /// The earliest time a claim could take something: the first due time or lease expiry.
-    pub fn next_claimable_ms(&self) -> Result<Option<u64>, StorageError> {
-        let due = self.scan_keys(&keys::job_due_until(0).0, &keys::job_due_until(u64::MAX - 1).1, 1)?;
-        let lease = self.scan_keys(&keys::job_lease_until(0).0, &keys::job_lease_until(u64::MAX - 1).1, 1)?;
-        let first = |keys: &[Vec<u8>]| keys.first().and_then(|k| keys::parse_timed(k)).map(|(t, _)| t);
-        Ok(match (first(&due), first(&lease)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
+    /// Whether a claim at `now_ms` could take something: a job due or a lease expired by then.
+    /// Both scans end at `now_ms`, so they never step over the index entries of jobs claimed
+    /// or finished since (deleted, but in RocksDB until compacted) beyond it.
+    pub fn claimable_at(&self, now_ms: u64) -> Result<bool, StorageError> {
+        for (start, end) in [keys::job_due_until(now_ms), keys::job_lease_until(now_ms)] {
+            if !self.scan_keys(&start, &end, 1)?.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
 

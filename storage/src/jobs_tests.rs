@@ -157,8 +157,11 @@ fn patch_moves_the_next_run_and_runs_expire() {
     };
     at(&sm, 1, Command::PatchJob { job_id: "j".into(), patch: Box::new(patch) });
     assert!(claim(&sm, 100, "w").is_empty(), "moved to 5 s");
-    assert_eq!(sm.next_claimable_ms().expect("peek"), Some(5_000));
+    assert!(!sm.claimable_at(4_999).expect("peek"));
+    assert!(sm.claimable_at(5_000).expect("peek"));
     let claimed = claim(&sm, 5_000, "w");
+    assert!(!sm.claimable_at(5_499).expect("peek"), "claimed, its lease runs");
+    assert!(sm.claimable_at(5_500).expect("peek"), "its lease expired");
     start(&sm, 5_000, "j", claimed[0].fence, "w");
     at(&sm, 5_001, report("j", claimed[0].fence, RunStatus::Succeeded, 0));
     assert_eq!(

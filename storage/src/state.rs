@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use rocksdb::{IteratorMode, WriteBatch};
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -147,8 +147,16 @@ fn range<T>(
     mut each: impl FnMut(Box<[u8]>, Box<[u8]>) -> Result<T, StorageError>,
 ) -> Result<Vec<T>, StorageError> {
     let mut out = Vec::new();
+    if max == 0 {
+        return Ok(out);
+    }
     let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
-    for item in db.rocks().iterator_cf(db.cf(cf::STATE), mode) {
+    // The bound stops RocksDB itself at `end`: without it, an iterator whose range ends in
+    // deleted keys (a queue-like index: due jobs, leases) steps over every tombstone after
+    // `end` until it finds a live key.
+    let mut options = ReadOptions::default();
+    options.set_iterate_upper_bound(end.to_vec());
+    for item in db.rocks().iterator_cf_opt(db.cf(cf::STATE), options, mode) {
         let (key, value) = item?;
         if *key >= *end || out.len() >= max {
             break;
