@@ -25,7 +25,7 @@ use raftbox_storage::{Command, Outcome, Rejection};
 use rand::Rng as _;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::maintenance::FilesConfig;
 use raftbox_api::webhooks::WebhookPolicy;
@@ -41,6 +41,12 @@ const MAINTENANCE_ROUNDS_MAX: u32 = 1_000;
 /// Reports being written, at most, per attempt slot (an attempt whose work is done waits for
 /// one of these before it gives its slot back).
 const REPORTS_PER_SLOT: usize = 4;
+/// Claims in flight at once on this node during a burst: while one waits for its log entry,
+/// the next takes the slots freed meanwhile.
+const CLAIMS_IN_FLIGHT_MAX: usize = 2;
+/// In a burst, a freed slot starts a claim once this share of the slots is free (1/N), so
+/// claims stay large; the next tick claims whatever is free.
+const CLAIM_SHARE_MIN: usize = 4;
 
 /// Executor settings (node TOML `[jobs]`).
 #[derive(Debug, Clone, Deserialize)]
@@ -77,6 +83,10 @@ struct Context {
     reports: Arc<Semaphore>,
     /// Woken when a slot is given back, so due jobs are claimed without waiting for a tick.
     freed: Notify,
+    /// One per claim in flight.
+    claims: Arc<Semaphore>,
+    /// True while the last claim took all it asked for: more may be due.
+    burst: watch::Sender<bool>,
 }
 
 /// Runs until `stopped` resolves.
@@ -93,36 +103,52 @@ pub async fn run(
     let reports = Arc::new(Semaphore::new(concurrency.saturating_mul(REPORTS_PER_SLOT)));
     let http = webhook_client(webhooks.clone());
     let freed = Notify::new();
-    let ctx = Arc::new(Context { node, worker, config, files, http, webhooks, slots, reports, freed });
+    let burst = watch::Sender::new(false);
+    let claims = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT_MAX));
+    let ctx = Arc::new(Context { node, worker, config, files, http, webhooks, slots, reports, freed, claims, burst });
     let mut ticks = tokio::time::interval(POLL_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stopped);
-    // The last claim took all it asked for, so more may be due: claim again as soon as a slot
-    // frees, without looking at the due index first (a scan that has to step over the index
-    // entries of every job claimed since the last compaction).
-    let mut more = false;
     loop {
         let freed = tokio::select! {
             _ = &mut stopped => return,
             _ = ticks.tick() => false,
             _ = ctx.freed.notified() => true,
         };
-        if freed && !more {
+        // In a burst (the last claim took all it asked for, so more may be due) claim again as
+        // soon as a slot frees, up to CLAIMS_IN_FLIGHT_MAX at once, without looking at the due
+        // index first; otherwise one claim at a time, on a tick, when something is due.
+        let burst = *ctx.burst.borrow();
+        if freed && !burst {
             continue;
         }
+        if !burst && ctx.claims.available_permits() < CLAIMS_IN_FLIGHT_MAX {
+            continue;
+        }
+        let Ok(place) = ctx.claims.clone().try_acquire_owned() else { continue };
         let free = ctx.slots.available_permits();
-        if free == 0 {
+        let enough = if freed { (ctx.config.concurrency.max(1) as usize).div_ceil(CLAIM_SHARE_MIN) } else { 1 };
+        if free < enough {
             continue;
         }
-        if !more && !ctx.node.state().claimable_at(now_ms()).unwrap_or(false) {
+        if !burst && !ctx.node.state().claimable_at(now_ms()).unwrap_or(false) {
             continue;
         }
-        more = claim(&ctx, free).await;
+        let Ok(slots) = ctx.slots.clone().try_acquire_many_owned(free as u32) else { continue };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let all = claim(&ctx, slots, free).await;
+            ctx.burst.send_if_modified(|burst| std::mem::replace(burst, all) != all);
+            drop(place);
+            // The loop may have skipped a freed slot while this claim held the last place.
+            ctx.freed.notify_one();
+        });
     }
 }
 
-/// Claims and starts up to `free` jobs; whether it got all it asked for.
-async fn claim(ctx: &Arc<Context>, free: usize) -> bool {
+/// Claims and starts up to `free` jobs, one slot of `slots` each; whether it got all it asked
+/// for (the slots it did not use are given back).
+async fn claim(ctx: &Arc<Context>, mut slots: OwnedSemaphorePermit, free: usize) -> bool {
     // The claim runs under a key of its own, so that a claim whose outcome is unknown can be
     // repeated: the repeat replays the jobs the first one claimed (instead of leaving them
     // claimed by no one who knows, until their lease runs out) or claims them now. It also
@@ -142,7 +168,8 @@ async fn claim(ctx: &Arc<Context>, free: usize) -> bool {
             run_ttl_ms: ctx.config.run_retention_s.saturating_mul(1_000),
         }),
     };
-    let lease_end = tokio::time::Instant::now() + Duration::from_millis(ctx.config.lease_ms);
+    let asked = tokio::time::Instant::now();
+    let lease_end = asked + Duration::from_millis(ctx.config.lease_ms);
     let claimed = match repeat_while_unknown(&ctx.node, command, lease_end).await.map(|(outcome, _)| outcome) {
         Ok(Outcome::Idempotency(IdempotencyOutcome::Applied { outcome })) => *outcome,
         Ok(Outcome::Idempotency(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(outcome) })) => {
@@ -162,12 +189,10 @@ async fn claim(ctx: &Arc<Context>, free: usize) -> bool {
         return false;
     };
     let all = jobs.len() == free;
+    tracing::debug!(asked = free, claimed = jobs.len(), ms = asked.elapsed().as_millis() as u64, "claimed");
     for (job, run_id) in jobs.into_iter().zip(run_ids) {
-        let Ok(slot) = ctx.slots.clone().try_acquire_owned() else {
-            // More claimed than slots (cannot happen with one run id per free slot); the lease
-            // expires and the attempt counts as timed out.
-            continue;
-        };
+        // One run id per slot, so there is a slot for every job claimed.
+        let Some(slot) = slots.split(1) else { break };
         let ctx = ctx.clone();
         tokio::spawn(async move { attempt(&ctx, job, run_id, slot).await });
     }

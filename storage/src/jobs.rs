@@ -313,19 +313,13 @@ pub(crate) fn claim(
         return Ok(Outcome::JobsClaimed { jobs: Vec::new() });
     }
     let (start, end) = keys::job_due_until(now);
-    let mut ids: Vec<String> = txn
-        .committed_keys(&start, &end, max)?
-        .iter()
-        .filter_map(|k| keys::parse_timed(k).map(|(_, id)| String::from_utf8_lossy(id).into_owned()))
-        .collect();
-    if ids.len() < max {
+    let mut index_keys = untaken_keys(txn, &start, &end, max)?;
+    if index_keys.len() < max {
         let (start, end) = keys::job_lease_until(now);
-        for key in txn.committed_keys(&start, &end, max - ids.len())? {
-            if let Some((_, id)) = keys::parse_timed(&key) {
-                ids.push(String::from_utf8_lossy(id).into_owned());
-            }
-        }
+        index_keys.extend(untaken_keys(txn, &start, &end, max - index_keys.len())?);
     }
+    let ids =
+        index_keys.iter().filter_map(|k| keys::parse_timed(k).map(|(_, id)| String::from_utf8_lossy(id).into_owned()));
     let mut claimed = Vec::new();
     for id in ids {
         let Some(before) = load(txn, &id)? else { continue };
@@ -364,6 +358,28 @@ pub(crate) fn claim(
         claimed.push(job);
     }
     Ok(Outcome::JobsClaimed { jobs: claimed })
+}
+
+/// Up to `max` index keys of `[start, end)` as of the previous entry, leaving out those an
+/// earlier command of this entry deleted (jobs another claim in the same entry took), so that
+/// several claims in one entry each get their own jobs.
+fn untaken_keys(txn: &Txn<'_>, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+    let mut out = Vec::new();
+    let mut from = start.to_vec();
+    while out.len() < max {
+        let want = max - out.len();
+        let chunk = txn.committed_keys(&from, end, want)?;
+        let exhausted = chunk.len() < want;
+        if let Some(last) = chunk.last() {
+            from = last.clone();
+            from.push(0);
+        }
+        out.extend(chunk.into_iter().filter(|key| !txn.deleted(key)));
+        if exhausted {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// Ends the job's current run, if one is still RUNNING under the job's fence, with `status`

@@ -333,24 +333,32 @@ fn claim_and_start_takes_at_most_one_job_per_run_id_in_due_order() {
     let rest = claim_and_start(&sm, 100, "w", &["r3", "r4", "r5"]);
     assert_eq!((rest.len(), rest[0].id.as_str()), (1, "c"));
     assert_eq!(sm.job_runs("c", None, 1).expect("runs")[0].run_id, "r3");
-    // Several claims in one entry: each sees the one before it, so no job goes to two.
+    // Several claims in one entry: each sees the ones before it, so no job goes to two, and
+    // each gets jobs of its own while some are due.
     let (_dir, sm) = open();
-    at(&sm, 0, Command::CreateJob(Box::new(job("a", Schedule::Once { run_at_ms: 10 }, 0))));
-    let both = |w: &str| Command::ClaimAndStartJobs {
+    for id in ["a", "b", "c"] {
+        at(&sm, 0, Command::CreateJob(Box::new(job(id, Schedule::Once { run_at_ms: 10 }, 0))));
+    }
+    let claim_one = |w: &str| Command::ClaimAndStartJobs {
         worker: w.into(),
         lease_ms: 500,
         run_ids: vec![format!("{w}-r")],
         run_ttl_ms: RUN_TTL_MS,
     };
-    let outcomes = sm.apply(b"m", Some(&Batch { now_ms: 100, commands: vec![both("w1"), both("w2")] })).expect("apply");
-    let counts: Vec<usize> = outcomes
+    let commands = vec![claim_one("w1"), claim_one("w2"), claim_one("w3"), claim_one("w4")];
+    let outcomes = sm.apply(b"m", Some(&Batch { now_ms: 100, commands })).expect("apply");
+    let taken: Vec<Vec<String>> = outcomes
         .iter()
         .map(|o| match o {
-            Outcome::JobsClaimed { jobs } => jobs.len(),
+            Outcome::JobsClaimed { jobs } => jobs.iter().map(|j| j.id.clone()).collect(),
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(counts, [1, 0]);
+    assert_eq!(taken, [vec!["a"], vec!["b"], vec!["c"], vec![]]);
+    for (id, worker) in [("a", "w1"), ("b", "w2"), ("c", "w3")] {
+        let run = &sm.job_runs(id, None, 10).expect("runs")[0];
+        assert_eq!((run.worker_id.as_str(), run.run_id.clone()), (worker, format!("{worker}-r")));
+    }
 }
 
 #[test]

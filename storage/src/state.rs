@@ -78,6 +78,11 @@ impl Txn<'_> {
         self.overlay.insert(key, None);
     }
 
+    /// Whether an earlier command of this entry deleted `key` (and none wrote it since).
+    pub(crate) fn deleted(&self, key: &[u8]) -> bool {
+        matches!(self.overlay.get(key), Some(None))
+    }
+
     /// Keys of `[start, end)` as of the previous entry (this entry's writes not included),
     /// at most `max`.
     pub(crate) fn committed_keys(&self, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
