@@ -378,6 +378,12 @@ async fn jobs_bench(client: &reqwest::Client, args: &BenchArgs, token: &Arc<Stri
     let mut lateness: Vec<u64> =
         receipts.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|t| t.saturating_sub(due_ms)).collect();
     lateness.sort_unstable();
+    let mut per_quarter = vec![0usize; (lateness.last().copied().unwrap_or(0) / 250 + 1) as usize];
+    for late in &lateness {
+        per_quarter[(late / 250) as usize] += 1;
+    }
+    let per_quarter: Vec<String> = per_quarter.iter().map(usize::to_string).collect();
+    println!("webhooks received per 250 ms after the due time: {}", per_quarter.join(" "));
     let pct = |p: f64| lateness[((lateness.len() - 1) as f64 * p).round() as usize];
     let span_ms = lateness.last().copied().unwrap_or(0).max(1);
     println!(

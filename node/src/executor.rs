@@ -1,7 +1,9 @@
 //! The job executor: every node runs one. It watches its own replicated state for due jobs
-//! (or expired leases), claims them through one Raft command (exactly one claimer wins),
-//! runs each attempt under a renewed lease and reports the outcome with its fence; a report
-//! with a stale fence changes nothing.
+//! (or expired leases), claims them and starts their attempts through one Raft command
+//! (exactly one claimer wins), runs each attempt under a renewed lease and reports the
+//! outcome with its fence; a report with a stale fence changes nothing. An attempt's slot is
+//! given back as soon as its work is done, so the next due jobs are claimed while the report
+//! is still being written.
 //!
 //! Webhooks: `POST <target>` with `{jobId, runId, scheduledFor, attempt, payload}` and the
 //! headers `Idempotency-Key: <jobId>:<scheduledFor>`, `X-Raftbox-Fence-Token`,
@@ -23,7 +25,7 @@ use raftbox_storage::{Command, Outcome, Rejection};
 use rand::Rng as _;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::maintenance::FilesConfig;
 use raftbox_api::webhooks::WebhookPolicy;
@@ -36,6 +38,15 @@ const FENCED_RETRY_PAUSE: Duration = Duration::from_millis(200);
 const MAINTENANCE_BATCH_RECORDS: u32 = 1_000;
 /// Commands one maintenance run issues, at most, before it leaves the rest to the next run.
 const MAINTENANCE_ROUNDS_MAX: u32 = 1_000;
+/// Reports being written, at most, per attempt slot (an attempt whose work is done waits for
+/// one of these before it gives its slot back).
+const REPORTS_PER_SLOT: usize = 4;
+/// Claims in flight at once on this node during a burst: while one waits for its log entry,
+/// the next takes the slots freed meanwhile.
+const CLAIMS_IN_FLIGHT_MAX: usize = 2;
+/// In a burst, a freed slot starts a claim once this share of the slots is free (1/N), so
+/// claims stay large; the next tick claims whatever is free.
+const CLAIM_SHARE_MIN: usize = 4;
 
 /// Executor settings (node TOML `[jobs]`).
 #[derive(Debug, Clone, Deserialize)]
@@ -43,7 +54,7 @@ const MAINTENANCE_ROUNDS_MAX: u32 = 1_000;
 pub struct JobsConfig {
     /// Lease of a claimed job; renewed every third of it while the attempt runs.
     pub lease_ms: u64,
-    /// Attempts this node runs at once.
+    /// Attempts this node runs at once (webhook calls in flight, for webhook jobs).
     pub concurrency: u32,
     /// How long run records are kept, in seconds (7 days).
     pub run_retention_s: u64,
@@ -66,7 +77,16 @@ struct Context {
     files: FilesConfig,
     http: reqwest::Client,
     webhooks: WebhookPolicy,
+    /// One per attempt running its work.
     slots: Arc<Semaphore>,
+    /// One per attempt writing its report (the work done, its slot given back).
+    reports: Arc<Semaphore>,
+    /// Woken when a slot is given back, so due jobs are claimed without waiting for a tick.
+    freed: Notify,
+    /// One per claim in flight.
+    claims: Arc<Semaphore>,
+    /// True while the last claim took all it asked for: more may be due.
+    burst: watch::Sender<bool>,
 }
 
 /// Runs until `stopped` resolves.
@@ -78,89 +98,120 @@ pub async fn run(
     stopped: impl std::future::Future<Output = ()>,
 ) {
     let worker = format!("node{}-{}", node.id(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let slots = Arc::new(Semaphore::new(config.concurrency.max(1) as usize));
+    let concurrency = config.concurrency.max(1) as usize;
+    let slots = Arc::new(Semaphore::new(concurrency));
+    let reports = Arc::new(Semaphore::new(concurrency.saturating_mul(REPORTS_PER_SLOT)));
     let http = webhook_client(webhooks.clone());
-    let ctx = Arc::new(Context { node, worker, config, files, http, webhooks, slots });
+    let freed = Notify::new();
+    let burst = watch::Sender::new(false);
+    let claims = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT_MAX));
+    let ctx = Arc::new(Context { node, worker, config, files, http, webhooks, slots, reports, freed, claims, burst });
     let mut ticks = tokio::time::interval(POLL_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stopped);
     loop {
-        tokio::select! {
+        let freed = tokio::select! {
             _ = &mut stopped => return,
-            _ = ticks.tick() => {}
+            _ = ticks.tick() => false,
+            _ = ctx.freed.notified() => true,
+        };
+        // In a burst (the last claim took all it asked for, so more may be due) claim again as
+        // soon as a slot frees, up to CLAIMS_IN_FLIGHT_MAX at once, without looking at the due
+        // index first; otherwise one claim at a time, on a tick, when something is due.
+        let burst = *ctx.burst.borrow();
+        if freed && !burst {
+            continue;
         }
-        let due = ctx.node.state().next_claimable_ms().ok().flatten().is_some_and(|t| t <= now_ms());
+        if !burst && ctx.claims.available_permits() < CLAIMS_IN_FLIGHT_MAX {
+            continue;
+        }
+        let Ok(place) = ctx.claims.clone().try_acquire_owned() else { continue };
         let free = ctx.slots.available_permits();
-        if due && free > 0 {
-            claim(&ctx, free).await;
+        let enough = if freed { (ctx.config.concurrency.max(1) as usize).div_ceil(CLAIM_SHARE_MIN) } else { 1 };
+        if free < enough {
+            continue;
         }
+        if !burst && !ctx.node.state().claimable_at(now_ms()).unwrap_or(false) {
+            continue;
+        }
+        let Ok(slots) = ctx.slots.clone().try_acquire_many_owned(free as u32) else { continue };
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let all = claim(&ctx, slots, free).await;
+            ctx.burst.send_if_modified(|burst| std::mem::replace(burst, all) != all);
+            drop(place);
+            // The loop may have skipped a freed slot while this claim held the last place.
+            ctx.freed.notify_one();
+        });
     }
 }
 
-async fn claim(ctx: &Arc<Context>, free: usize) {
+/// Claims and starts up to `free` jobs, one slot of `slots` each; whether it got all it asked
+/// for (the slots it did not use are given back).
+async fn claim(ctx: &Arc<Context>, mut slots: OwnedSemaphorePermit, free: usize) -> bool {
     // The claim runs under a key of its own, so that a claim whose outcome is unknown can be
     // repeated: the repeat replays the jobs the first one claimed (instead of leaving them
-    // claimed by no one who knows, until their lease runs out) or claims them now.
+    // claimed by no one who knows, until their lease runs out) or claims them now. It also
+    // starts each claimed job's attempt (one command, not a claim and then a start per job):
+    // the i-th job claimed runs as `run_ids[i]`.
     let key = *blake3::hash(format!("claim/{}/{}", ctx.worker, uuid::Uuid::new_v4()).as_bytes()).as_bytes();
+    let run_ids: Vec<String> = (0..free).map(|_| uuid::Uuid::new_v4().to_string()).collect();
     let command = Command::Idempotent {
         scope: key,
         fingerprint: key,
         ttl_ms: ctx.config.lease_ms,
         on_success: None,
-        command: Box::new(Command::ClaimJobs {
+        command: Box::new(Command::ClaimAndStartJobs {
             worker: ctx.worker.clone(),
             lease_ms: ctx.config.lease_ms,
-            max_jobs: free as u32,
+            run_ids: run_ids.clone(),
+            run_ttl_ms: ctx.config.run_retention_s.saturating_mul(1_000),
         }),
     };
-    let lease_end = tokio::time::Instant::now() + Duration::from_millis(ctx.config.lease_ms);
+    let asked = tokio::time::Instant::now();
+    let lease_end = asked + Duration::from_millis(ctx.config.lease_ms);
     let claimed = match repeat_while_unknown(&ctx.node, command, lease_end).await.map(|(outcome, _)| outcome) {
         Ok(Outcome::Idempotency(IdempotencyOutcome::Applied { outcome })) => *outcome,
         Ok(Outcome::Idempotency(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(outcome) })) => {
             *outcome
         }
-        Ok(other) => return tracing::warn!(outcome = ?other, "unexpected claim outcome"),
-        Err(e) => return tracing::debug!(error = %e, "claim failed"),
+        Ok(other) => {
+            tracing::warn!(outcome = ?other, "unexpected claim outcome");
+            return false;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "claim failed");
+            return false;
+        }
     };
     let Outcome::JobsClaimed { jobs } = claimed else {
-        return tracing::warn!(outcome = ?claimed, "unexpected claim outcome");
+        tracing::warn!(outcome = ?claimed, "unexpected claim outcome");
+        return false;
     };
-    for job in jobs {
-        let Ok(permit) = ctx.slots.clone().try_acquire_owned() else {
-            // More claimed than slots (cannot happen with max_jobs = free); the lease expires.
-            continue;
-        };
+    let all = jobs.len() == free;
+    tracing::debug!(asked = free, claimed = jobs.len(), ms = asked.elapsed().as_millis() as u64, "claimed");
+    for (job, run_id) in jobs.into_iter().zip(run_ids) {
+        // One run id per slot, so there is a slot for every job claimed.
+        let Some(slot) = slots.split(1) else { break };
         let ctx = ctx.clone();
-        tokio::spawn(async move {
-            attempt(&ctx, job).await;
-            drop(permit);
-        });
+        tokio::spawn(async move { attempt(&ctx, job, run_id, slot).await });
     }
+    all
 }
 
-/// One attempt: start (fenced), execute with lease renewal, report (fenced). The state
-/// machine decides what follows (a retry, the next fire by the job's current schedule, or
-/// the end), so a PATCH made meanwhile governs.
-async fn attempt(ctx: &Context, job: Job) {
-    let run_id = uuid::Uuid::new_v4().to_string();
-    let start = Command::StartRun {
-        job_id: job.id.clone(),
-        fence: job.fence,
-        run_id: run_id.clone(),
-        worker: ctx.worker.clone(),
-        run_ttl_ms: ctx.config.run_retention_s.saturating_mul(1_000),
-    };
-    let lease_end = tokio::time::Instant::now() + Duration::from_millis(ctx.config.lease_ms);
-    match repeat_while_unknown(&ctx.node, start, lease_end).await {
-        // A repeat of a start that took effect finds the run already started under our fence.
-        Ok((Outcome::Done, _)) => {}
-        Ok((Outcome::Rejected(Rejection::Conflict(_)), true)) => {}
-        Ok((other, _)) => return tracing::info!(job = %job.id, outcome = ?other, "attempt not started"),
-        Err(e) => return tracing::warn!(job = %job.id, error = %e, "attempt not started; the lease will expire"),
-    }
+/// One attempt, started by its claim: execute with lease renewal, give the slot back, report
+/// (fenced). The state machine decides what follows (a retry, the next fire by the job's
+/// current schedule, or the end), so a PATCH made meanwhile governs.
+async fn attempt(ctx: &Context, job: Job, run_id: String, slot: OwnedSemaphorePermit) {
     let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, ctx.config.lease_ms));
     let ran = execute(ctx, &job, &run_id).await;
     renewer.abort();
+    // The work is done: its slot goes to the next due job while the report is written. Reports
+    // in flight are bounded (a place is free once a report ends, each within its lease), and
+    // the semaphore is never closed.
+    let report_place = ctx.reports.clone().acquire_owned().await.ok();
+    drop(slot);
+    ctx.freed.notify_one();
     let report = RunReport {
         job_id: job.id.clone(),
         fence: job.fence,
@@ -180,14 +231,15 @@ async fn attempt(ctx: &Context, job: Job) {
         Ok((other, _)) => tracing::info!(job = %job.id, outcome = ?other, "attempt report refused"),
         Err(e) => tracing::warn!(job = %job.id, error = %e, "attempt report lost; the lease will expire"),
     }
+    drop(report_place);
 }
 
 /// Writes a job command, repeating it while its outcome is unknown, until `deadline`.
-/// Only for commands whose repeat is safe, never blind: a fenced command (start, report)
-/// carries the fence of this worker's claim, so a repeat of one that took effect is refused
-/// by the fence check (or, for a start, finds the run already started) and changes nothing;
-/// a claim runs under its own idempotency key and a repeat replays it. Returns the outcome
-/// and whether it answers a repeat (so a refusal may mean "done before").
+/// Only for commands whose repeat is safe, never blind: a report carries the fence of this
+/// worker's claim, so a repeat of one that took effect is refused by the fence check and
+/// changes nothing; a claim (which also starts the runs) runs under its own idempotency key
+/// and a repeat replays it. Returns the outcome and whether it answers a repeat (so a refusal
+/// may mean "done before").
 async fn repeat_while_unknown(
     node: &RaftNode,
     command: Command,

@@ -206,6 +206,16 @@ pub enum Command {
     Migrate {
         schema: u32,
     },
+    /// `ClaimJobs` and `StartRun` in one command: claims due jobs and jobs whose lease expired
+    /// for `worker` (fence incremented) and starts each one's attempt in the same apply — the
+    /// i-th job claimed is RUNNING as run `run_ids[i]` (so at most `run_ids.len()` are
+    /// claimed), its record kept `run_ttl_ms` after it ends.
+    ClaimAndStartJobs {
+        worker: String,
+        lease_ms: u64,
+        run_ids: Vec<String>,
+        run_ttl_ms: u64,
+    },
 }
 
 /// A commit request, with the ids the leader may need already generated.

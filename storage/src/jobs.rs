@@ -287,25 +287,39 @@ fn not_found(job_id: &str) -> Outcome {
     Outcome::Rejected(Rejection::NotFound(format!("job {job_id}")))
 }
 
+/// Runs to start in the same apply as a claim (the claim and the start of a run in one
+/// command): the i-th job claimed runs as `run_ids[i]`, its record kept `run_ttl_ms` after it
+/// ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunStarts<'a> {
+    pub run_ids: &'a [String],
+    pub run_ttl_ms: u64,
+}
+
 /// Claims up to `max` jobs: due SCHEDULED jobs, then jobs whose lease expired. The attempt
 /// whose lease expired counts: a job without retries left is not run again but ends its fire
-/// (FAILED, or the next fire of a recurring job).
-pub(crate) fn claim(txn: &mut Txn<'_>, worker: &str, lease_ms: u64, max: usize) -> Result<Outcome, StorageError> {
+/// (FAILED, or the next fire of a recurring job). With `starts`, each claimed job is also
+/// started (RUNNING, its run record written), and at most `starts.run_ids.len()` are claimed.
+pub(crate) fn claim(
+    txn: &mut Txn<'_>,
+    worker: &str,
+    lease_ms: u64,
+    max: usize,
+    starts: Option<RunStarts<'_>>,
+) -> Result<Outcome, StorageError> {
     let now = txn.now_ms;
-    let (start, end) = keys::job_due_until(now);
-    let mut ids: Vec<String> = txn
-        .committed_keys(&start, &end, max)?
-        .iter()
-        .filter_map(|k| keys::parse_timed(k).map(|(_, id)| String::from_utf8_lossy(id).into_owned()))
-        .collect();
-    if ids.len() < max {
-        let (start, end) = keys::job_lease_until(now);
-        for key in txn.committed_keys(&start, &end, max - ids.len())? {
-            if let Some((_, id)) = keys::parse_timed(&key) {
-                ids.push(String::from_utf8_lossy(id).into_owned());
-            }
-        }
+    let max = starts.map_or(max, |s| max.min(s.run_ids.len()));
+    if max == 0 {
+        return Ok(Outcome::JobsClaimed { jobs: Vec::new() });
     }
+    let (start, end) = keys::job_due_until(now);
+    let mut index_keys = untaken_keys(txn, &start, &end, max)?;
+    if index_keys.len() < max {
+        let (start, end) = keys::job_lease_until(now);
+        index_keys.extend(untaken_keys(txn, &start, &end, max - index_keys.len())?);
+    }
+    let ids =
+        index_keys.iter().filter_map(|k| keys::parse_timed(k).map(|(_, id)| String::from_utf8_lossy(id).into_owned()));
     let mut claimed = Vec::new();
     for id in ids {
         let Some(before) = load(txn, &id)? else { continue };
@@ -337,10 +351,35 @@ pub(crate) fn claim(txn: &mut Txn<'_>, worker: &str, lease_ms: u64, max: usize) 
         job.lease_owner = Some(worker.to_string());
         job.lease_expires_ms = Some(now.saturating_add(lease_ms));
         job.updated_ms = now;
+        if let Some(starts) = starts {
+            begin_run(txn, &mut job, &starts.run_ids[claimed.len()], worker, starts.run_ttl_ms);
+        }
         store(txn, Some(&before), &job);
         claimed.push(job);
     }
     Ok(Outcome::JobsClaimed { jobs: claimed })
+}
+
+/// Up to `max` index keys of `[start, end)` as of the previous entry, leaving out those an
+/// earlier command of this entry deleted (jobs another claim in the same entry took), so that
+/// several claims in one entry each get their own jobs.
+fn untaken_keys(txn: &Txn<'_>, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+    let mut out = Vec::new();
+    let mut from = start.to_vec();
+    while out.len() < max {
+        let want = max - out.len();
+        let chunk = txn.committed_keys(&from, end, want)?;
+        let exhausted = chunk.len() < want;
+        if let Some(last) = chunk.last() {
+            from = last.clone();
+            from.push(0);
+        }
+        out.extend(chunk.into_iter().filter(|key| !txn.deleted(key)));
+        if exhausted {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// Ends the job's current run, if one is still RUNNING under the job's fence, with `status`
@@ -401,17 +440,25 @@ pub(crate) fn start(
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} already runs under fence {fence}"))));
     }
     let mut job = before.clone();
+    begin_run(txn, &mut job, run_id, worker, run_ttl_ms);
+    store(txn, Some(&before), &job);
+    Ok(Outcome::Done)
+}
+
+/// Starts the attempt of a job its fence holder claimed: the job becomes RUNNING and the run
+/// record (sequence `runs + 1`) is written; the caller stores the job.
+fn begin_run(txn: &mut Txn<'_>, job: &mut Job, run_id: &str, worker: &str, run_ttl_ms: u64) {
     job.status = JobStatus::Running;
     job.runs = job.runs.saturating_add(1);
     job.updated_ms = txn.now_ms;
     let run = JobRun {
         run_id: run_id.to_string(),
         seq: job.runs,
-        job_id: job_id.to_string(),
+        job_id: job.id.clone(),
         scheduled_for_ms: job.scheduled_for_ms.unwrap_or(txn.now_ms),
         attempt: job.attempts,
         worker_id: worker.to_string(),
-        fence,
+        fence: job.fence,
         started_ms: txn.now_ms,
         finished_ms: None,
         status: RunStatus::Running,
@@ -419,9 +466,7 @@ pub(crate) fn start(
         result: None,
         ttl_ms: run_ttl_ms,
     };
-    txn.put(keys::job_run(job_id, run.seq), &run);
-    store(txn, Some(&before), &job);
-    Ok(Outcome::Done)
+    txn.put(keys::job_run(&job.id, run.seq), &run);
 }
 
 pub(crate) fn renew(txn: &mut Txn<'_>, job_id: &str, fence: u64, lease_ms: u64) -> Result<Outcome, StorageError> {
@@ -532,15 +577,16 @@ impl StateMachine {
         Ok(out)
     }
 
-    /// The earliest time a claim could take something: the first due time or lease expiry.
-    pub fn next_claimable_ms(&self) -> Result<Option<u64>, StorageError> {
-        let due = self.scan_keys(&keys::job_due_until(0).0, &keys::job_due_until(u64::MAX - 1).1, 1)?;
-        let lease = self.scan_keys(&keys::job_lease_until(0).0, &keys::job_lease_until(u64::MAX - 1).1, 1)?;
-        let first = |keys: &[Vec<u8>]| keys.first().and_then(|k| keys::parse_timed(k)).map(|(t, _)| t);
-        Ok(match (first(&due), first(&lease)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
+    /// Whether a claim at `now_ms` could take something: a job due or a lease expired by then.
+    /// Both scans end at `now_ms`, so they never step over the index entries of jobs claimed
+    /// or finished since (deleted, but in RocksDB until compacted) beyond it.
+    pub fn claimable_at(&self, now_ms: u64) -> Result<bool, StorageError> {
+        for (start, end) in [keys::job_due_until(now_ms), keys::job_lease_until(now_ms)] {
+            if !self.scan_keys(&start, &end, 1)?.is_empty() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
 

@@ -1,5 +1,6 @@
-//! Job transitions: create, claim (one winner), start, renew, finish with retries, cron
-//! re-scheduling, stale fences after a lease expired, cancel, patch, run expiry.
+//! Job transitions: create, claim (one winner), start, claim and start in one command, renew,
+//! finish with retries, cron re-scheduling, stale fences after a lease expired, cancel,
+//! patch, run expiry.
 
 use crate::command::{Batch, Command, Outcome, Rejection};
 use crate::jobs::{Job, JobPatch, JobSpec, JobStatus, RunReport, RunStatus, Schedule};
@@ -156,8 +157,11 @@ fn patch_moves_the_next_run_and_runs_expire() {
     };
     at(&sm, 1, Command::PatchJob { job_id: "j".into(), patch: Box::new(patch) });
     assert!(claim(&sm, 100, "w").is_empty(), "moved to 5 s");
-    assert_eq!(sm.next_claimable_ms().expect("peek"), Some(5_000));
+    assert!(!sm.claimable_at(4_999).expect("peek"));
+    assert!(sm.claimable_at(5_000).expect("peek"));
     let claimed = claim(&sm, 5_000, "w");
+    assert!(!sm.claimable_at(5_499).expect("peek"), "claimed, its lease runs");
+    assert!(sm.claimable_at(5_500).expect("peek"), "its lease expired");
     start(&sm, 5_000, "j", claimed[0].fence, "w");
     at(&sm, 5_001, report("j", claimed[0].fence, RunStatus::Succeeded, 0));
     assert_eq!(
@@ -266,4 +270,122 @@ fn interval_schedules_fire_every_period_and_coalesce() {
     let hours = Schedule::Interval { every_ms: 7_200_000 };
     assert_eq!(hours.next_after_fire(0, 10), Some(7_200_000), "intervals above an hour stay exact");
     assert_eq!(Schedule::Once { run_at_ms: 5 }.next_after_fire(5, 10), None);
+}
+
+fn claim_and_start(sm: &StateMachine, now: u64, worker: &str, run_ids: &[&str]) -> Vec<Job> {
+    let run_ids = run_ids.iter().map(|r| r.to_string()).collect();
+    let command = Command::ClaimAndStartJobs { worker: worker.into(), lease_ms: 500, run_ids, run_ttl_ms: RUN_TTL_MS };
+    match at(sm, now, command) {
+        Outcome::JobsClaimed { jobs } => jobs,
+        other => panic!("claim and start: {other:?}"),
+    }
+}
+
+#[test]
+fn claim_and_start_runs_each_claimed_job_in_one_command() {
+    let (_dir, sm) = open();
+    at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Once { run_at_ms: 1_000 }, 0))));
+    assert!(claim_and_start(&sm, 999, "w1", &["r0"]).is_empty(), "not due yet");
+    assert!(sm.job_runs("j", None, 10).expect("runs").is_empty(), "nothing started");
+    let claimed = claim_and_start(&sm, 1_000, "w1", &["r1", "r2"]);
+    assert_eq!(claimed.len(), 1);
+    let j = &claimed[0];
+    assert_eq!((j.status, j.fence, j.attempts, j.runs), (JobStatus::Running, 1, 1, 1));
+    assert_eq!(
+        (j.lease_owner.as_deref(), j.lease_expires_ms, j.scheduled_for_ms),
+        (Some("w1"), Some(1_500), Some(1_000))
+    );
+    assert_eq!(sm.job("j").expect("read").as_ref(), Some(j), "the outcome is the stored job");
+    let runs = sm.job_runs("j", None, 10).expect("runs");
+    assert_eq!(runs.len(), 1);
+    let run = &runs[0];
+    assert_eq!((run.run_id.as_str(), run.worker_id.as_str(), run.fence, run.attempt), ("r1", "w1", 1, 1));
+    assert_eq!(
+        (run.status, run.started_ms, run.scheduled_for_ms, run.ttl_ms),
+        (RunStatus::Running, 1_000, 1_000, RUN_TTL_MS)
+    );
+    // Exactly one claimer wins; the attempt already runs, so a start under its fence changes
+    // nothing (a second run record would be a second fire).
+    assert!(claim_and_start(&sm, 1_001, "w2", &["x"]).is_empty());
+    assert!(claim(&sm, 1_001, "w2").is_empty());
+    assert!(matches!(start(&sm, 1_002, "j", 1, "w1"), Outcome::Rejected(Rejection::Conflict(_))));
+    assert_eq!(sm.job_runs("j", None, 10).expect("runs").len(), 1);
+    assert_eq!(at(&sm, 1_003, report("j", 1, RunStatus::Succeeded, 0)), Outcome::Done);
+    let done = sm.job("j").expect("read").expect("job");
+    assert_eq!((done.status, done.lease_owner, done.lease_expires_ms), (JobStatus::Succeeded, None, None));
+    let runs = sm.job_runs("j", None, 10).expect("runs");
+    assert_eq!((runs[0].status, runs[0].finished_ms), (RunStatus::Succeeded, Some(1_003)));
+}
+
+#[test]
+fn claim_and_start_takes_at_most_one_job_per_run_id_in_due_order() {
+    let (_dir, sm) = open();
+    for (id, run_at_ms) in [("c", 30), ("a", 10), ("b", 20)] {
+        at(&sm, 0, Command::CreateJob(Box::new(job(id, Schedule::Once { run_at_ms }, 0))));
+    }
+    assert!(claim_and_start(&sm, 100, "w", &[]).is_empty(), "no run ids: nothing claimed");
+    assert_eq!(sm.job("a").expect("read").expect("job").status, JobStatus::Scheduled);
+    let first = claim_and_start(&sm, 100, "w", &["r1", "r2"]);
+    let taken: Vec<(&str, JobStatus)> = first.iter().map(|j| (j.id.as_str(), j.status)).collect();
+    assert_eq!(taken, [("a", JobStatus::Running), ("b", JobStatus::Running)], "the earliest due first");
+    assert_eq!(sm.job_runs("a", None, 1).expect("runs")[0].run_id, "r1");
+    assert_eq!(sm.job_runs("b", None, 1).expect("runs")[0].run_id, "r2");
+    let rest = claim_and_start(&sm, 100, "w", &["r3", "r4", "r5"]);
+    assert_eq!((rest.len(), rest[0].id.as_str()), (1, "c"));
+    assert_eq!(sm.job_runs("c", None, 1).expect("runs")[0].run_id, "r3");
+    // Several claims in one entry: each sees the ones before it, so no job goes to two, and
+    // each gets jobs of its own while some are due.
+    let (_dir, sm) = open();
+    for id in ["a", "b", "c"] {
+        at(&sm, 0, Command::CreateJob(Box::new(job(id, Schedule::Once { run_at_ms: 10 }, 0))));
+    }
+    let claim_one = |w: &str| Command::ClaimAndStartJobs {
+        worker: w.into(),
+        lease_ms: 500,
+        run_ids: vec![format!("{w}-r")],
+        run_ttl_ms: RUN_TTL_MS,
+    };
+    let commands = vec![claim_one("w1"), claim_one("w2"), claim_one("w3"), claim_one("w4")];
+    let outcomes = sm.apply(b"m", Some(&Batch { now_ms: 100, commands })).expect("apply");
+    let taken: Vec<Vec<String>> = outcomes
+        .iter()
+        .map(|o| match o {
+            Outcome::JobsClaimed { jobs } => jobs.iter().map(|j| j.id.clone()).collect(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(taken, [vec!["a"], vec!["b"], vec!["c"], vec![]]);
+    for (id, worker) in [("a", "w1"), ("b", "w2"), ("c", "w3")] {
+        let run = &sm.job_runs(id, None, 10).expect("runs")[0];
+        assert_eq!((run.worker_id.as_str(), run.run_id.clone()), (worker, format!("{worker}-r")));
+    }
+}
+
+#[test]
+fn an_expired_started_claim_times_out_and_its_stale_fence_changes_nothing() {
+    let (_dir, sm) = open();
+    at(&sm, 0, Command::CreateJob(Box::new(job_with("j", 1))));
+    let first = claim_and_start(&sm, 10, "w1", &["r1"]);
+    assert_eq!(first[0].fence, 1);
+    // w1 stalls past its lease (500 ms); w2 takes the second and last attempt with fence 2.
+    assert!(claim_and_start(&sm, 509, "w2", &["r2"]).is_empty(), "lease still held");
+    let second = claim_and_start(&sm, 510, "w2", &["r2"]);
+    assert_eq!((second[0].fence, second[0].attempts, second[0].runs, second[0].status), (2, 2, 2, JobStatus::Running));
+    let runs = sm.job_runs("j", None, 10).expect("runs");
+    let seen: Vec<(&str, RunStatus, u64)> = runs.iter().map(|r| (r.run_id.as_str(), r.status, r.fence)).collect();
+    assert_eq!(seen, [("r2", RunStatus::Running, 2), ("r1", RunStatus::TimedOut, 1)]);
+    let stale = Outcome::Rejected(Rejection::StaleFence { current: 2 });
+    assert_eq!(at(&sm, 520, report("j", 1, RunStatus::Succeeded, 0)), stale);
+    assert_eq!(at(&sm, 520, Command::RenewLease { job_id: "j".into(), fence: 1, lease_ms: 500 }), stale);
+    let held = sm.job("j").expect("read").expect("job");
+    assert_eq!((held.status, held.fence, held.lease_owner.as_deref()), (JobStatus::Running, 2, Some("w2")));
+    // The last attempt's lease expires too: the job ends FAILED and is not started again (it
+    // takes no run id; a due job in the same claim does).
+    at(&sm, 0, Command::CreateJob(Box::new(job("k", Schedule::Once { run_at_ms: 1_000 }, 0))));
+    let third = claim_and_start(&sm, 1_010, "w3", &["r3", "r4"]);
+    assert_eq!((third.len(), third[0].id.as_str()), (1, "k"));
+    assert_eq!(sm.job_runs("k", None, 1).expect("runs")[0].run_id, "r3");
+    let ended = sm.job("j").expect("read").expect("job");
+    assert_eq!((ended.status, ended.runs, ended.lease_owner), (JobStatus::Failed, 2, None));
+    assert_eq!(sm.job_runs("j", None, 1).expect("runs")[0].status, RunStatus::TimedOut);
 }

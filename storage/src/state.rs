@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use rocksdb::{IteratorMode, WriteBatch};
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -76,6 +76,11 @@ impl Txn<'_> {
     pub(crate) fn delete(&mut self, key: Vec<u8>) {
         self.batch.delete_cf(self.db.cf(cf::STATE), &key);
         self.overlay.insert(key, None);
+    }
+
+    /// Whether an earlier command of this entry deleted `key` (and none wrote it since).
+    pub(crate) fn deleted(&self, key: &[u8]) -> bool {
+        matches!(self.overlay.get(key), Some(None))
     }
 
     /// Keys of `[start, end)` as of the previous entry (this entry's writes not included),
@@ -147,8 +152,16 @@ fn range<T>(
     mut each: impl FnMut(Box<[u8]>, Box<[u8]>) -> Result<T, StorageError>,
 ) -> Result<Vec<T>, StorageError> {
     let mut out = Vec::new();
+    if max == 0 {
+        return Ok(out);
+    }
     let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
-    for item in db.rocks().iterator_cf(db.cf(cf::STATE), mode) {
+    // The bound stops RocksDB itself at `end`: without it, an iterator whose range ends in
+    // deleted keys (a queue-like index: due jobs, leases) steps over every tombstone after
+    // `end` until it finds a live key.
+    let mut options = ReadOptions::default();
+    options.set_iterate_upper_bound(end.to_vec());
+    for item in db.rocks().iterator_cf_opt(db.cf(cf::STATE), options, mode) {
         let (key, value) = item?;
         if *key >= *end || out.len() >= max {
             break;
@@ -348,7 +361,9 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::CreateJob(job) => jobs::create(txn, job),
         Command::PatchJob { job_id, patch } => jobs::patch(txn, job_id, patch),
         Command::CancelJob { job_id } => jobs::cancel(txn, job_id),
-        Command::ClaimJobs { worker, lease_ms, max_jobs } => jobs::claim(txn, worker, *lease_ms, *max_jobs as usize),
+        Command::ClaimJobs { worker, lease_ms, max_jobs } => {
+            jobs::claim(txn, worker, *lease_ms, *max_jobs as usize, None)
+        }
         Command::StartRun { job_id, fence, run_id, worker, run_ttl_ms } => {
             jobs::start(txn, job_id, *fence, run_id, worker, *run_ttl_ms)
         }
@@ -369,6 +384,10 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
             sharing::set_group_member(txn, group_id, user_id, *member)
         }
         Command::Migrate { schema } => sharing::migrate(txn, *schema),
+        Command::ClaimAndStartJobs { worker, lease_ms, run_ids, run_ttl_ms } => {
+            let starts = jobs::RunStarts { run_ids, run_ttl_ms: *run_ttl_ms };
+            jobs::claim(txn, worker, *lease_ms, run_ids.len(), Some(starts))
+        }
     }
 }
 

@@ -221,6 +221,14 @@ fn other_command() -> impl Strategy<Value = Command> {
         (id(), 0..4u64, id(), hostile(), extreme()).prop_map(|(job_id, fence, run_id, worker, run_ttl_ms)| {
             Command::StartRun { job_id, fence, run_id, worker, run_ttl_ms }
         }),
+        (hostile(), extreme(), prop::collection::vec(id(), 0..4), extreme()).prop_map(
+            |(worker, lease_ms, run_ids, run_ttl_ms)| Command::ClaimAndStartJobs {
+                worker,
+                lease_ms,
+                run_ids,
+                run_ttl_ms
+            }
+        ),
         (id(), 0..4u64, extreme()).prop_map(|(job_id, fence, lease_ms)| Command::RenewLease {
             job_id,
             fence,
