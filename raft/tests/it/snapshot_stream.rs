@@ -16,9 +16,14 @@ use raftbox_storage::jobs::{Job, JobSpec, Schedule};
 use raftbox_storage::{keys, Batch, Command, Db, StateMachine};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
-/// State written: `JOBS` jobs with a payload of `PAYLOAD_BYTES` each (256 MiB).
-const JOBS: u64 = 256;
+/// State written: jobs with a payload of `PAYLOAD_BYTES` each, 256 of them (256 MiB) unless
+/// `RAFTBOX_SNAPSHOT_TEST_MIB` asks for more.
+const JOBS_DEFAULT: u64 = 256;
 const PAYLOAD_BYTES: usize = 1 << 20;
+
+fn jobs() -> u64 {
+    std::env::var("RAFTBOX_SNAPSHOT_TEST_MIB").ok().and_then(|v| v.parse().ok()).unwrap_or(JOBS_DEFAULT)
+}
 /// The chunk size openraft sends a snapshot in (its default `snapshot_max_chunk_size`).
 const CHUNK_BYTES: usize = 3 << 20;
 
@@ -44,8 +49,8 @@ fn job(id: u64) -> Command {
     Command::CreateJob(Box::new(Job::scheduled(spec, Some(u64::MAX / 2))))
 }
 
-async fn fill(store: &mut StateMachineStore) {
-    for index in 1..=JOBS {
+async fn fill(store: &mut StateMachineStore, jobs: u64) {
+    for index in 1..=jobs {
         let batch = Batch { now_ms: 1_000 + index, commands: vec![job(index)] };
         let entry = Entry { log_id: log_id(1, 1, index), payload: EntryPayload::Normal(batch) };
         store.apply([entry]).await.expect("apply");
@@ -123,8 +128,9 @@ fn snapshot_build_and_install_stream_without_growing_memory() {
     runtime.block_on(async {
         let (dir_a, dir_b) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
         let mut a = store(dir_a.path());
-        fill(&mut a).await;
-        let state_bytes = JOBS * PAYLOAD_BYTES as u64;
+        let jobs = jobs();
+        fill(&mut a, jobs).await;
+        let state_bytes = jobs * PAYLOAD_BYTES as u64;
         let mut b = store(dir_b.path());
 
         let mut meta = None;
@@ -150,8 +156,8 @@ fn snapshot_build_and_install_stream_without_growing_memory() {
 
         let meta = meta.expect("installed");
         assert_eq!(b.applied_state().await.expect("applied"), a.applied_state().await.expect("applied"));
-        assert_eq!(meta.last_log_id, Some(log_id(1, 1, JOBS)));
-        for id in [1, JOBS / 2, JOBS] {
+        assert_eq!(meta.last_log_id, Some(log_id(1, 1, jobs)));
+        for id in [1, jobs / 2, jobs] {
             let job = b.state().job(&format!("job-{id}")).expect("read").expect("restored job");
             assert_eq!(job.payload.as_str().map(str::len), Some(PAYLOAD_BYTES));
         }
@@ -164,9 +170,9 @@ fn snapshot_build_and_install_stream_without_growing_memory() {
         // The installed state and snapshot survive a restart.
         drop((a, b));
         let mut b = store(dir_b.path());
-        assert_eq!(b.applied_state().await.expect("applied").0, Some(log_id(1, 1, JOBS)));
+        assert_eq!(b.applied_state().await.expect("applied").0, Some(log_id(1, 1, jobs)));
         assert_eq!(b.get_current_snapshot().await.expect("current").expect("snapshot").meta, meta);
-        assert!(b.state().job(&format!("job-{JOBS}")).expect("read").is_some());
+        assert!(b.state().job(&format!("job-{jobs}")).expect("read").is_some());
     });
 }
 
