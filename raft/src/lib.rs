@@ -2,6 +2,7 @@
 //!
 //! - [`types`]: the openraft type configuration.
 //! - [`log_store`], [`state_machine`]: openraft's storage traits over `raftbox-storage`.
+//! - [`snapshot`]: snapshot files (openraft's snapshot data is an open file, streamed).
 //! - [`network`], [`service`]: the tonic/prost node-to-node protocol (client and server).
 //! - [`proposer`]: client-write batching and leader forwarding.
 //! - [`blocks`]: block transfer between nodes (majority-durable puts, fetch from peers).
@@ -24,6 +25,7 @@ pub mod node;
 pub mod proposer;
 pub mod secret;
 pub mod service;
+pub mod snapshot;
 pub mod state_machine;
 pub mod tls;
 pub mod types;

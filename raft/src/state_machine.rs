@@ -2,17 +2,27 @@
 //!
 //! The applied marker (last applied log id and membership) is written by the storage crate in
 //! the same write batch as each entry's data; this adapter only encodes it.
+//!
+//! Snapshots are files (`crate::snapshot`), streamed both ways: a build writes the image to a
+//! file while iterating a RocksDB snapshot view; an install restores from the received file
+//! in bounded write batches (`raftbox_storage::snapshot`), the state and the snapshot's record
+//! switching in one synced write. Neither holds the state in memory.
 
-use std::io::Cursor;
+use std::io::{Seek, SeekFrom};
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
-use raftbox_storage::{keys, Outcome, StateMachine};
+use raftbox_storage::{keys, Outcome, StateMachine, StorageError};
 use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use crate::types::{Entry, LogId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::snapshot::{self, SnapshotDir, SnapshotFile, SnapshotRecord, Stored};
+use crate::types::{Entry, LogId, NodeId, RaftStorageError, Snapshot, SnapshotMeta, StoredMembership, TypeConfig};
+
+/// Name of the snapshot directory inside the database's directory.
+pub const SNAPSHOT_DIR: &str = "snapshots";
 
 /// What the storage crate keeps, opaquely, as the applied marker.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -21,47 +31,166 @@ struct AppliedMarker {
     membership: StoredMembership,
 }
 
-/// The current snapshot as kept in Raft metadata: `[u32 meta length][meta JSON][image]`.
-fn encode_snapshot(meta: &SnapshotMeta, image: &[u8]) -> Result<Vec<u8>, RaftStorageError> {
-    let meta = serde_json::to_vec(meta).map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-    let len = u32::try_from(meta.len()).map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-    let mut out = Vec::with_capacity(4 + meta.len() + image.len());
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&meta);
-    out.extend_from_slice(image);
-    Ok(out)
-}
-
-fn decode_snapshot(bytes: &[u8]) -> Result<(SnapshotMeta, Vec<u8>), RaftStorageError> {
-    let bad = || StorageIOError::read_snapshot(None, &std::io::Error::other("truncated stored snapshot"));
-    let (len, rest) = bytes.split_first_chunk::<4>().ok_or_else(bad)?;
-    let len = u32::from_be_bytes(*len) as usize;
-    if rest.len() < len {
-        return Err(bad().into());
-    }
-    let (meta, image) = rest.split_at(len);
-    let meta = serde_json::from_slice(meta).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-    Ok((meta, image.to_vec()))
-}
-
 /// The state-machine store handed to openraft; clones share the cached marker.
 #[derive(Debug, Clone)]
 pub struct StateMachineStore {
     sm: StateMachine,
     marker: Arc<Mutex<AppliedMarker>>,
+    snapshots: SnapshotDir,
+    /// Held while the current snapshot's record changes and old files are removed, so a
+    /// build finishing during an install cannot replace a newer snapshot.
+    record: Arc<std::sync::Mutex<()>>,
 }
 
 impl StateMachineStore {
+    /// Opens the store; snapshot files live in `<database dir>/snapshots`. Removes snapshot
+    /// files no record names (left by a crash) and moves a snapshot stored inline by an older
+    /// version into a file.
     pub fn new(sm: StateMachine) -> Result<StateMachineStore, RaftStorageError> {
         let marker = load_marker(&sm)?;
-        Ok(StateMachineStore { sm, marker: Arc::new(Mutex::new(marker)) })
+        let snapshots = SnapshotDir::open(sm.db().path().join(SNAPSHOT_DIR))
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        let current = match snapshot::stored(sm.db()).map_err(|e| StorageIOError::read_snapshot(None, &e))? {
+            None => None,
+            Some(Stored::Record(record)) => Some(record.file),
+            Some(Stored::Inline { meta, image }) => {
+                let file = snapshots.write(&meta, &image).map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+                let record = SnapshotRecord { meta, file: file.clone() };
+                sm.db()
+                    .meta_put(keys::meta::SNAPSHOT, &record.encode(), true)
+                    .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+                Some(file)
+            }
+        };
+        snapshots.remove_all_but(current.as_deref());
+        Ok(StateMachineStore {
+            sm,
+            marker: Arc::new(Mutex::new(marker)),
+            snapshots,
+            record: Arc::new(std::sync::Mutex::new(())),
+        })
     }
 
     /// The storage-level state machine, for reads.
     pub fn state(&self) -> &StateMachine {
         &self.sm
     }
+
+    fn current_record(&self) -> Result<Option<SnapshotRecord>, StorageError> {
+        match snapshot::stored(self.sm.db())? {
+            Some(Stored::Record(record)) => Ok(Some(record)),
+            // `new` moved any inline snapshot into a file.
+            Some(Stored::Inline { .. }) => Err(StorageError::Corrupt("inline snapshot record after start".into())),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes a snapshot file from the current state and makes it current (unless a newer
+    /// one became current meanwhile). Blocking.
+    fn build_blocking(&self) -> Result<(SnapshotMeta, SnapshotFile), RaftStorageError> {
+        let write_error =
+            |e: &dyn std::error::Error| StorageIOError::<NodeId>::write_snapshot(None, &Message(e.to_string()));
+        let path = self.snapshots.building();
+        let built = (|| {
+            let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+            let written = self.sm.write_snapshot(&file)?;
+            Ok::<_, StorageError>((file, written))
+        })();
+        let (file, written) = match built {
+            Ok(built) => built,
+            Err(error) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(write_error(&error).into());
+            }
+        };
+        let marker: AppliedMarker = match &written.marker {
+            Some(bytes) => serde_json::from_slice(bytes).map_err(|e| StorageIOError::read_state_machine(&e))?,
+            None => AppliedMarker::default(),
+        };
+        let snapshot_id = match marker.last_applied {
+            Some(id) => format!("{}-{}-{}", id.leader_id.term, id.leader_id.node_id, id.index),
+            None => "empty".to_string(),
+        };
+        let meta = SnapshotMeta { last_log_id: marker.last_applied, last_membership: marker.membership, snapshot_id };
+        let name = self.snapshots.complete(&path, &file, &meta).map_err(|e| write_error(&e))?;
+        drop(file);
+        let opened = SnapshotFile::open(self.snapshots.file(&name)).map_err(|e| write_error(&e))?;
+
+        let _record = self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let current = self.current_record().map_err(|e| write_error(&e))?;
+        if current.as_ref().is_some_and(|c| c.meta.last_log_id > meta.last_log_id) {
+            // An install made a newer snapshot current while this one was built: keep that one
+            // (this file stays readable through `opened` until it is dropped).
+            self.snapshots.remove_old(current.as_ref().map(|c| c.file.as_str()));
+        } else {
+            let record = SnapshotRecord { meta: meta.clone(), file: name.clone() };
+            self.sm.db().meta_put(keys::meta::SNAPSHOT, &record.encode(), true).map_err(|e| write_error(&e))?;
+            self.snapshots.remove_old(Some(&name));
+        }
+        tracing::info!(snapshot_id = %meta.snapshot_id, bytes = written.bytes, "built snapshot");
+        Ok((meta, opened))
+    }
+
+    /// Installs a received snapshot file: moves it into place (or copies it, when it is not a
+    /// reception of this store), restores the state from it and makes it current, in one
+    /// synced switch. Blocking.
+    fn install_blocking(
+        &self,
+        meta: &SnapshotMeta,
+        mut file: std::fs::File,
+        path: std::path::PathBuf,
+    ) -> Result<(), RaftStorageError> {
+        let signature = meta.signature();
+        let write_error = |e: &dyn std::error::Error| {
+            StorageIOError::<NodeId>::write_snapshot(Some(signature.clone()), &Message(e.to_string()))
+        };
+        let (file, path) = if self.snapshots.is_receiving(&path) {
+            (file, path)
+        } else {
+            let copy_path = self.snapshots.receiving();
+            let mut copy = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&copy_path)
+                .map_err(|e| write_error(&e))?;
+            file.seek(SeekFrom::Start(0)).map_err(|e| write_error(&e))?;
+            std::io::copy(&mut file, &mut copy).map_err(|e| write_error(&e))?;
+            (copy, copy_path)
+        };
+        let name = self.snapshots.complete(&path, &file, meta).map_err(|e| write_error(&e))?;
+        drop(file);
+        let record = SnapshotRecord { meta: meta.clone(), file: name.clone() }.encode();
+
+        let _record = self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let restored = std::fs::File::open(self.snapshots.file(&name))
+            .map_err(StorageError::from)
+            .and_then(|image| self.sm.restore_snapshot(image, &[(keys::meta::SNAPSHOT, record.as_slice())]));
+        match restored {
+            Ok(_) => {
+                self.snapshots.remove_old(Some(&name));
+                Ok(())
+            }
+            Err(error) => {
+                // Nothing changed: the old state and snapshot are still current.
+                let _ = std::fs::remove_file(self.snapshots.file(&name));
+                Err(write_error(&error).into())
+            }
+        }
+    }
 }
+
+/// An error message as an error (openraft's storage errors take `&dyn Error`).
+#[derive(Debug)]
+struct Message(String);
+
+impl std::fmt::Display for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Message {}
 
 fn load_marker(sm: &StateMachine) -> Result<AppliedMarker, RaftStorageError> {
     let raw = sm.applied_marker().map_err(|e| StorageIOError::read_state_machine(&e))?;
@@ -73,29 +202,11 @@ fn load_marker(sm: &StateMachine) -> Result<AppliedMarker, RaftStorageError> {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachineStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot, RaftStorageError> {
-        let sm = self.sm.clone();
-        let built = tokio::task::spawn_blocking(move || -> Result<_, RaftStorageError> {
-            let image = sm.build_snapshot().map_err(|e| StorageIOError::read_state_machine(&e))?;
-            let marker: AppliedMarker = match &image.marker {
-                Some(bytes) => serde_json::from_slice(bytes).map_err(|e| StorageIOError::read_state_machine(&e))?,
-                None => AppliedMarker::default(),
-            };
-            let snapshot_id = match marker.last_applied {
-                Some(id) => format!("{}-{}-{}", id.leader_id.term, id.leader_id.node_id, id.index),
-                None => "empty".to_string(),
-            };
-            let meta =
-                SnapshotMeta { last_log_id: marker.last_applied, last_membership: marker.membership, snapshot_id };
-            let stored = encode_snapshot(&meta, &image.bytes)?;
-            sm.db()
-                .meta_put(keys::meta::SNAPSHOT, &stored, true)
-                .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
-            Ok((meta, image.bytes))
-        })
-        .await
-        .map_err(|e| StorageIOError::read_state_machine(&e))??;
-        tracing::info!(snapshot_id = %built.0.snapshot_id, bytes = built.1.len(), "built snapshot");
-        Ok(Snapshot { meta: built.0, snapshot: Box::new(Cursor::new(built.1)) })
+        let store = self.clone();
+        let (meta, file) = tokio::task::spawn_blocking(move || store.build_blocking())
+            .await
+            .map_err(|e| StorageIOError::read_state_machine(&e))??;
+        Ok(Snapshot { meta, snapshot: Box::new(file) })
     }
 }
 
@@ -137,38 +248,52 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, RaftStorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, RaftStorageError> {
+        let snapshots = self.snapshots.clone();
+        let file = tokio::task::spawn_blocking(move || {
+            // openraft receives one snapshot at a time: an earlier reception was abandoned.
+            snapshots.remove_receptions();
+            SnapshotFile::create(snapshots.receiving())
+        })
+        .await
+        .map_err(|e| StorageIOError::write_snapshot(None, &e))?
+        .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        Ok(Box::new(file))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        snapshot: Box<SnapshotFile>,
     ) -> Result<(), RaftStorageError> {
         let mut marker = self.marker.lock().await;
-        let image = snapshot.into_inner();
-        let sm = self.sm.clone();
-        let stored = encode_snapshot(meta, &image)?;
-        let signature = meta.signature();
-        tokio::task::spawn_blocking(move || -> Result<(), RaftStorageError> {
-            sm.restore_snapshot(&image).map_err(|e| StorageIOError::write_snapshot(Some(signature.clone()), &e))?;
-            sm.db()
-                .meta_put(keys::meta::SNAPSHOT, &stored, true)
-                .map_err(|e| StorageIOError::write_snapshot(Some(signature), &e))?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| StorageIOError::write_snapshot(None, &e))??;
+        let mut snapshot = *snapshot;
+        snapshot.flush().await.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let (file, path) = snapshot.into_std().await;
+        let store = self.clone();
+        let owned_meta = meta.clone();
+        tokio::task::spawn_blocking(move || store.install_blocking(&owned_meta, file, path))
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))??;
         *marker = AppliedMarker { last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
         tracing::info!(snapshot_id = %meta.snapshot_id, "installed snapshot");
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, RaftStorageError> {
-        let raw = self.sm.db().meta_get(keys::meta::SNAPSHOT).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        let Some(raw) = raw else { return Ok(None) };
-        let (meta, image) = decode_snapshot(&raw)?;
-        Ok(Some(Snapshot { meta, snapshot: Box::new(Cursor::new(image)) }))
+        let store = self.clone();
+        let current = tokio::task::spawn_blocking(move || -> Result<Option<Snapshot>, RaftStorageError> {
+            // Under the lock, so the recorded file is not removed before it is open.
+            let _record = store.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let Some(record) = store.current_record().map_err(|e| StorageIOError::read_snapshot(None, &e))? else {
+                return Ok(None);
+            };
+            let file = SnapshotFile::open(store.snapshots.file(&record.file))
+                .map_err(|e| StorageIOError::read_snapshot(Some(record.meta.signature()), &e))?;
+            Ok(Some(Snapshot { meta: record.meta, snapshot: Box::new(file) }))
+        })
+        .await
+        .map_err(|e| StorageIOError::read_snapshot(None, &e))??;
+        Ok(current)
     }
 }

@@ -1,7 +1,6 @@
 //! openraft type configuration and the small types shared by the raft crate.
 
 use std::fmt;
-use std::io::Cursor;
 
 use raftbox_storage::{Batch, Outcome};
 use serde::{Deserialize, Serialize};
@@ -32,7 +31,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = NodeInfo,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = crate::snapshot::SnapshotFile,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -5,9 +5,13 @@
 //! makes every earlier unsynced write (state-machine applies) durable.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, WriteBatch,
+    WriteOptions, DB,
+};
 
 use crate::{cf, keys, StorageError};
 
@@ -15,6 +19,8 @@ use crate::{cf, keys, StorageError};
 #[derive(Clone)]
 pub struct Db {
     inner: Arc<DB>,
+    /// Index into [`cf::STATES`] of the live state column family.
+    live_state: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for Db {
@@ -22,6 +28,13 @@ impl std::fmt::Debug for Db {
         f.debug_struct("Db").field("path", &self.inner.path()).finish()
     }
 }
+
+/// Memtables of every column family together: beyond this RocksDB's write buffer manager
+/// flushes the largest, so a node's memory does not grow with its column families or load.
+pub const MEMTABLES_BYTES_MAX: usize = 128 << 20;
+/// The one block cache every column family shares (RocksDB's default is one per column
+/// family).
+pub const BLOCK_CACHE_BYTES: usize = 32 << 20;
 
 pub(crate) fn write_options(sync: bool) -> WriteOptions {
     let mut options = WriteOptions::default();
@@ -37,13 +50,61 @@ impl Db {
         options.create_if_missing(true);
         options.create_missing_column_families(true);
         options.set_keep_log_file_num(4);
-        let descriptors = cf::ALL.iter().map(|name| ColumnFamilyDescriptor::new(*name, Options::default()));
+        options.set_db_write_buffer_size(MEMTABLES_BYTES_MAX);
+        let mut table = BlockBasedOptions::default();
+        table.set_block_cache(&Cache::new_lru_cache(BLOCK_CACHE_BYTES));
+        options.set_block_based_table_factory(&table);
+        let descriptors = cf::ALL.iter().map(|name| {
+            let mut cf_options = Options::default();
+            cf_options.set_block_based_table_factory(&table);
+            ColumnFamilyDescriptor::new(*name, cf_options)
+        });
         let inner = DB::open_cf_descriptors(&options, path, descriptors)?;
-        Ok(Db { inner: Arc::new(inner) })
+        let db = Db { inner: Arc::new(inner), live_state: Arc::new(AtomicUsize::new(0)) };
+        let live = match db.meta_get(keys::meta::STATE_CF)? {
+            None => 0,
+            Some(name) => cf::STATES
+                .iter()
+                .position(|state| state.as_bytes() == name.as_slice())
+                .ok_or_else(|| StorageError::Corrupt("unknown live state column family".into()))?,
+        };
+        db.live_state.store(live, Ordering::SeqCst);
+        Ok(db)
     }
 
     pub(crate) fn rocks(&self) -> &DB {
         &self.inner
+    }
+
+    /// The database's directory.
+    pub fn path(&self) -> &Path {
+        self.inner.path()
+    }
+
+    /// The live state column family: what `apply` writes and every query reads.
+    pub(crate) fn state(&self) -> &ColumnFamily {
+        self.cf(cf::STATES[self.live_state.load(Ordering::SeqCst)])
+    }
+
+    /// The other state column family: empty, or filled by a snapshot install before
+    /// [`Db::make_spare_state_live`] switches to it.
+    pub(crate) fn spare_state(&self) -> &ColumnFamily {
+        self.cf(cf::STATES[1 - self.live_state.load(Ordering::SeqCst)])
+    }
+
+    /// Makes the spare state column family the live one, durably, in one synced write that
+    /// also carries `meta` (Raft metadata written with the switch, or not at all).
+    pub(crate) fn make_spare_state_live(&self, meta: &[(&[u8], &[u8])]) -> Result<(), StorageError> {
+        let spare = 1 - self.live_state.load(Ordering::SeqCst);
+        let mut batch = WriteBatch::default();
+        let raft_meta = self.cf(cf::RAFT_META);
+        batch.put_cf(raft_meta, keys::meta::STATE_CF, cf::STATES[spare].as_bytes());
+        for (key, value) in meta {
+            batch.put_cf(raft_meta, key, value);
+        }
+        self.inner.write_opt(batch, &write_options(true))?;
+        self.live_state.store(spare, Ordering::SeqCst);
+        Ok(())
     }
 
     pub(crate) fn cf(&self, name: &'static str) -> &ColumnFamily {

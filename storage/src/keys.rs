@@ -16,7 +16,10 @@ pub mod meta {
     pub const VOTE: &[u8] = b"vote";
     pub const COMMITTED: &[u8] = b"committed";
     pub const PURGED: &[u8] = b"purged";
+    /// The current snapshot's record (its meta and file name; raft crate).
     pub const SNAPSHOT: &[u8] = b"snapshot";
+    /// Which state column family is live (`crate::cf::STATES`); absent: `state`.
+    pub const STATE_CF: &[u8] = b"state_cf";
     /// Set while a node that lost its data awaits being added again (raft::membership).
     pub const REJOIN_FLOOR: &[u8] = b"rejoin_floor";
 }

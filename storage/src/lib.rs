@@ -7,7 +7,8 @@
 //! - [`records`]: the stored records of the state machine.
 //! - [`blocks`]: the on-disk, content-addressed block store.
 //! - [`state`]: the deterministic `apply` (a dispatcher: each command goes to the module that
-//!   owns it), the shared read helpers and snapshot build/restore.
+//!   owns it) and the shared read helpers.
+//! - [`snapshot`]: snapshot build and restore, streamed (an image file in, an image file out).
 //! - [`accounts`], [`chunks`], [`files`], [`jobs`], [`sharing`], `guards`: the apply logic and
 //!   queries of users and tokens, the chunk index, files and versions, the scheduler, shared
 //!   folders, ACLs, groups and the permission rule, and the request guards (idempotency,
@@ -36,6 +37,7 @@ pub mod ratelimit;
 pub mod records;
 pub mod schedule;
 pub mod sharing;
+pub mod snapshot;
 pub mod state;
 
 pub use command::{Batch, Command, Outcome, Rejection};

@@ -262,14 +262,14 @@ fn the_migration_rebuilds_namespace_references_once() {
     apply(&sm, set("ann", user("bob"), Some(Role::Viewer)));
     assert!(sm.chunk_readable("bob", &h("a")).expect("readable"));
     let key = keys::chunk_namespace(&h("a").0, "team");
-    sm.db().rocks().delete_cf(sm.db().cf(crate::cf::STATE), &key).expect("delete");
+    sm.db().rocks().delete_cf(sm.db().state(), &key).expect("delete");
     assert!(!sm.chunk_readable("bob", &h("a")).expect("readable"));
     assert_eq!(sm.schema().expect("schema"), 1);
     assert_eq!(apply(&sm, Command::Migrate { schema: 2 }), Outcome::Done);
     assert_eq!(sm.schema().expect("schema"), 2);
     assert!(sm.chunk_readable("bob", &h("a")).expect("readable"));
     // Once done it changes nothing: the index is not rebuilt again.
-    sm.db().rocks().delete_cf(sm.db().cf(crate::cf::STATE), &key).expect("delete");
+    sm.db().rocks().delete_cf(sm.db().state(), &key).expect("delete");
     assert_eq!(apply(&sm, Command::Migrate { schema: 2 }), Outcome::Done);
     assert!(!sm.chunk_readable("bob", &h("a")).expect("readable"));
     assert!(matches!(apply(&sm, Command::Migrate { schema: 9 }), Outcome::Rejected(Rejection::Invalid(_))));

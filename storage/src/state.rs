@@ -1,4 +1,4 @@
-//! The replicated state machine: deterministic apply, read queries, snapshot build/restore.
+//! The replicated state machine: deterministic apply and read queries (snapshots: `snapshot.rs`).
 //!
 //! `apply` reads no clock, randomness, environment or node-local file: time (`Batch::now_ms`)
 //! and ids travel inside the commands. Each applied log entry is one RocksDB write batch
@@ -13,21 +13,7 @@ use serde::Serialize;
 
 use crate::command::{Batch, Command, Outcome};
 use crate::db::write_options;
-use crate::{accounts, cf, chunks, files, guards, jobs, keys, sharing, Db, StorageError};
-
-/// Magic prefix of a snapshot image; the version is the last byte.
-const SNAPSHOT_MAGIC: &[u8; 8] = b"RBXSNAP1";
-/// Length of the blake3 checksum that ends a snapshot image.
-const SNAPSHOT_CHECKSUM_BYTES: usize = 32;
-
-/// A consistent image of the state column family.
-#[derive(Debug, Clone)]
-pub struct SnapshotImage {
-    /// The applied marker as of the image.
-    pub marker: Option<Vec<u8>>,
-    /// Encoded image: magic, length-prefixed key/value pairs, blake3 checksum.
-    pub bytes: Vec<u8>,
-}
+use crate::{accounts, chunks, files, guards, jobs, keys, sharing, Db, StorageError};
 
 /// The state machine over the node's database.
 #[derive(Debug, Clone)]
@@ -57,7 +43,7 @@ impl Txn<'_> {
         if let Some(value) = self.overlay.get(key) {
             return Ok(value.clone());
         }
-        Ok(self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?)
+        Ok(self.db.rocks().get_cf(self.db.state(), key)?)
     }
 
     pub(crate) fn get<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
@@ -65,7 +51,7 @@ impl Txn<'_> {
     }
 
     pub(crate) fn put_raw(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.batch.put_cf(self.db.cf(cf::STATE), &key, &value);
+        self.batch.put_cf(self.db.state(), &key, &value);
         self.overlay.insert(key, Some(value));
     }
 
@@ -74,7 +60,7 @@ impl Txn<'_> {
     }
 
     pub(crate) fn delete(&mut self, key: Vec<u8>) {
-        self.batch.delete_cf(self.db.cf(cf::STATE), &key);
+        self.batch.delete_cf(self.db.state(), &key);
         self.overlay.insert(key, None);
     }
 
@@ -134,7 +120,7 @@ impl Reads for Txn<'_> {
 
 impl Reads for StateMachine {
     fn get_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?)
+        Ok(self.db.rocks().get_cf(self.db.state(), key)?)
     }
 
     fn keys_between(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError> {
@@ -161,7 +147,7 @@ fn range<T>(
     // `end` until it finds a live key.
     let mut options = ReadOptions::default();
     options.set_iterate_upper_bound(end.to_vec());
-    for item in db.rocks().iterator_cf_opt(db.cf(cf::STATE), options, mode) {
+    for item in db.rocks().iterator_cf_opt(db.state(), options, mode) {
         let (key, value) = item?;
         if *key >= *end || out.len() >= max {
             break;
@@ -182,12 +168,12 @@ impl StateMachine {
 
     /// The applied marker of the last applied entry, if any entry was applied.
     pub fn applied_marker(&self) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.db.rocks().get_cf(self.db.cf(cf::STATE), keys::applied_marker())?)
+        Ok(self.db.rocks().get_cf(self.db.state(), keys::applied_marker())?)
     }
 
     /// The state machine's clock: the largest leader time applied so far (0 before any).
     pub fn clock_ms(&self) -> Result<u64, StorageError> {
-        let raw = self.db.rocks().get_cf(self.db.cf(cf::STATE), keys::clock())?;
+        let raw = self.db.rocks().get_cf(self.db.state(), keys::clock())?;
         raw.map(|bytes| decode("clock", &bytes)).transpose().map(|c| c.unwrap_or(0))
     }
 
@@ -217,7 +203,7 @@ impl StateMachine {
 
     /// The record at `key` of the state, decoded (`what` names it in errors).
     pub(crate) fn read<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError> {
-        let raw = self.db.rocks().get_cf(self.db.cf(cf::STATE), key)?;
+        let raw = self.db.rocks().get_cf(self.db.state(), key)?;
         raw.map(|bytes| decode(what, &bytes)).transpose()
     }
 
@@ -246,80 +232,6 @@ impl StateMachine {
     ) -> Result<Vec<(Vec<u8>, T)>, StorageError> {
         range(&self.db, start, end, limit, |key, value| Ok((key.into_vec(), decode(what, &value)?)))
     }
-
-    /// Builds a consistent image of the whole state from one RocksDB snapshot view.
-    pub fn build_snapshot(&self) -> Result<SnapshotImage, StorageError> {
-        self.db.sync_wal()?;
-        let view = self.db.rocks().snapshot();
-        let marker = view.get_cf(self.db.cf(cf::STATE), keys::applied_marker())?;
-        let mut bytes = SNAPSHOT_MAGIC.to_vec();
-        for item in view.iterator_cf(self.db.cf(cf::STATE), IteratorMode::Start) {
-            let (key, value) = item?;
-            push_framed(&mut bytes, &key);
-            push_framed(&mut bytes, &value);
-        }
-        let checksum = blake3::hash(&bytes);
-        bytes.extend_from_slice(checksum.as_bytes());
-        Ok(SnapshotImage { marker, bytes })
-    }
-
-    /// Replaces the whole state with a snapshot image, synced. Returns the image's marker.
-    pub fn restore_snapshot(&self, image: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        let pairs = parse_image(image)?;
-        let state = self.db.cf(cf::STATE);
-        let mut batch = WriteBatch::default();
-        batch.delete_range_cf(state, [0x00u8].as_slice(), [0xffu8; 8].as_slice());
-        let mut marker = None;
-        let marker_key = keys::applied_marker();
-        for (key, value) in pairs {
-            if key == marker_key.as_slice() {
-                marker = Some(value.to_vec());
-            }
-            batch.put_cf(state, key, value);
-        }
-        self.db.rocks().write_opt(batch, &write_options(true))?;
-        Ok(marker)
-    }
-}
-
-fn push_framed(out: &mut Vec<u8>, bytes: &[u8]) {
-    let len = u32::try_from(bytes.len()).expect("state keys and values are under 4 GiB");
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(bytes);
-}
-
-/// Checks magic and checksum and splits an image into key/value pairs.
-fn parse_image(image: &[u8]) -> Result<Vec<(&[u8], &[u8])>, StorageError> {
-    if image.len() < SNAPSHOT_MAGIC.len() + SNAPSHOT_CHECKSUM_BYTES || !image.starts_with(SNAPSHOT_MAGIC) {
-        return Err(corrupt_image("bad header"));
-    }
-    let (body, checksum) = image.split_at(image.len() - SNAPSHOT_CHECKSUM_BYTES);
-    if blake3::hash(body).as_bytes() != checksum {
-        return Err(corrupt_image("checksum mismatch"));
-    }
-    let mut rest = &body[SNAPSHOT_MAGIC.len()..];
-    let mut pairs = Vec::new();
-    while !rest.is_empty() {
-        let key = take_framed(&mut rest)?;
-        let value = take_framed(&mut rest)?;
-        pairs.push((key, value));
-    }
-    Ok(pairs)
-}
-
-fn corrupt_image(what: &str) -> StorageError {
-    StorageError::Corrupt(format!("snapshot image: {what}"))
-}
-
-fn take_framed<'a>(rest: &mut &'a [u8]) -> Result<&'a [u8], StorageError> {
-    let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(|| corrupt_image("truncated length"))?;
-    let len = u32::from_be_bytes(*len) as usize;
-    if tail.len() < len {
-        return Err(corrupt_image("truncated value"));
-    }
-    let (value, tail) = tail.split_at(len);
-    *rest = tail;
-    Ok(value)
 }
 
 /// Applies one command: a dispatcher only, one line per command to the module that owns it.

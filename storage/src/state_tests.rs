@@ -110,35 +110,106 @@ fn ensure_admin_is_idempotent() {
     assert!(admin.admin);
 }
 
+fn image_of(sm: &StateMachine) -> (Option<Vec<u8>>, Vec<u8>) {
+    let mut image = Vec::new();
+    let written = sm.write_snapshot(&mut image).expect("build");
+    assert_eq!(written.bytes, image.len() as u64);
+    (written.marker, image)
+}
+
+fn restore(sm: &StateMachine, image: &[u8], meta: &[(&[u8], &[u8])]) -> Result<Option<Vec<u8>>, StorageError> {
+    sm.restore_snapshot(std::io::Cursor::new(image), meta)
+}
+
 #[test]
 fn snapshot_round_trip_replaces_state() {
     let (_dir, source) = open();
     source.apply(b"m1", Some(&batch(1, vec![create_user("u1", "alice"), create_user("u2", "bob")]))).expect("apply");
-    let image = source.build_snapshot().expect("build");
-    assert_eq!(image.marker, Some(b"m1".to_vec()));
+    let (marker, image) = image_of(&source);
+    assert_eq!(marker, Some(b"m1".to_vec()));
     // Writes after the view are not in the image.
     source.apply(b"m2", Some(&batch(2, vec![create_user("u3", "carol")]))).expect("apply");
 
-    let (_dir2, target) = open();
+    let (dir2, target) = open();
     target.apply(b"old", Some(&batch(9, vec![create_user("x", "stale")]))).expect("apply");
-    let marker = target.restore_snapshot(&image.bytes).expect("restore");
+    let marker = restore(&target, &image, &[(b"snap", b"record")]).expect("restore");
     assert_eq!(marker, Some(b"m1".to_vec()));
     assert_eq!(target.user_count().expect("count"), 2);
     assert!(target.user("x").expect("read").is_none());
     assert!(target.user("u3").expect("read").is_none());
     assert_eq!(target.applied_marker().expect("marker"), Some(b"m1".to_vec()));
+    assert_eq!(target.db().meta_get(b"snap").expect("meta"), Some(b"record".to_vec()));
+
+    // Applies go to the restored state, and a second restore switches back.
+    target.apply(b"m3", Some(&batch(3, vec![create_user("u4", "dave")]))).expect("apply");
+    assert_eq!(target.user_count().expect("count"), 3);
+    let (_, image2) = image_of(&source);
+    restore(&target, &image2, &[]).expect("restore again");
+    assert_eq!(target.user_count().expect("count"), 3);
+    assert!(target.user("u4").expect("read").is_none());
+    assert!(target.user("u3").expect("read").is_some());
+
+    // The live column family survives a reopen.
+    drop(target);
+    let reopened = StateMachine::new(Db::open(dir2.path()).expect("reopen"));
+    assert_eq!(reopened.applied_marker().expect("marker"), Some(b"m2".to_vec()));
+    assert!(reopened.user("u3").expect("read").is_some());
+    assert!(reopened.user("x").expect("read").is_none());
+}
+
+#[test]
+fn large_snapshot_restores_in_many_batches() {
+    let (_dir, source) = open();
+    // About 3 × RESTORE_BATCH_BYTES of state, in 12 entries of 1,000 users each.
+    for entry in 0..12u64 {
+        let commands = (0..1_000)
+            .map(|i| create_user(&format!("u{entry}-{i}-{}", "p".repeat(900)), &format!("n{entry}-{i}")))
+            .collect();
+        source.apply(b"m", Some(&batch(entry + 1, commands))).expect("apply");
+    }
+    let (_, image) = image_of(&source);
+    assert!(image.len() > 3 * crate::snapshot::RESTORE_BATCH_BYTES, "image of {} bytes", image.len());
+    let (_dir2, target) = open();
+    restore(&target, &image, &[]).expect("restore");
+    assert_eq!(target.user_count().expect("count"), source.user_count().expect("count"));
+    assert_eq!(image_of(&target).1, image);
+}
+
+#[test]
+fn leftovers_of_an_interrupted_restore_stay_invisible_and_are_cleared() {
+    let (dir, sm) = open();
+    sm.apply(b"m1", Some(&batch(1, vec![create_user("u1", "alice")]))).expect("apply");
+    let (_, image) = image_of(&sm);
+    // A restore that died before its switch: part of an image in the spare column family.
+    let stale = keys::user("ghost");
+    sm.db().rocks().put_cf(sm.db().spare_state(), &stale, b"{}").expect("put");
+    sm.db().rocks().put_cf(sm.db().spare_state(), keys::applied_marker(), b"half").expect("put");
+    assert!(sm.user("ghost").expect("read").is_none());
+    drop(sm);
+    let sm = StateMachine::new(Db::open(dir.path()).expect("reopen"));
+    assert_eq!(sm.applied_marker().expect("marker"), Some(b"m1".to_vec()));
+    assert!(sm.user("ghost").expect("read").is_none());
+    restore(&sm, &image, &[]).expect("restore");
+    assert!(sm.db().rocks().get_cf(sm.db().state(), &stale).expect("get").is_none(), "the spare was cleared");
+    assert_eq!(sm.applied_marker().expect("marker"), Some(b"m1".to_vec()));
+    assert_eq!(sm.user_count().expect("count"), 1);
 }
 
 #[test]
 fn corrupt_snapshot_is_refused_and_changes_nothing() {
     let (_dir, sm) = open();
     sm.apply(b"m1", Some(&batch(1, vec![create_user("u1", "alice")]))).expect("apply");
-    let mut image = sm.build_snapshot().expect("build").bytes;
+    let (_, mut image) = image_of(&sm);
     let middle = image.len() / 2;
     image[middle] ^= 0xff;
-    assert!(matches!(sm.restore_snapshot(&image), Err(StorageError::Corrupt(_))));
-    assert!(matches!(sm.restore_snapshot(b"short"), Err(StorageError::Corrupt(_))));
+    assert!(matches!(restore(&sm, &image, &[(b"snap", b"x")]), Err(StorageError::Corrupt(_))));
+    assert!(matches!(restore(&sm, b"short", &[]), Err(StorageError::Corrupt(_))));
+    image[middle] ^= 0xff;
+    image.truncate(image.len() - 1);
+    assert!(matches!(restore(&sm, &image, &[]), Err(StorageError::Corrupt(_))));
     assert_eq!(sm.user_count().expect("count"), 1);
+    assert_eq!(sm.applied_marker().expect("marker"), Some(b"m1".to_vec()));
+    assert_eq!(sm.db().meta_get(b"snap").expect("meta"), None);
 }
 
 #[test]

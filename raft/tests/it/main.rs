@@ -1,5 +1,9 @@
 //! Integration tests of the raft crate: openraft's storage conformance suite against the
-//! real RocksDB-backed log store and state machine.
+//! real RocksDB-backed log store and state machine, and streamed snapshots.
+
+mod snapshot_stream;
+
+use std::sync::{Mutex, MutexGuard};
 
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::StorageError;
@@ -19,7 +23,14 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
     }
 }
 
+/// One test at a time: `snapshot_stream` measures the whole process's memory.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn openraft_storage_suite() -> Result<(), StorageError<u64>> {
+    let _serial = serial();
     Suite::test_all(RocksBuilder)
 }
