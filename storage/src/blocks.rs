@@ -23,7 +23,8 @@ pub struct BlockHash(pub [u8; 32]);
 
 impl serde::Serialize for BlockHash {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.to_hex())
+        let mut hex = [0u8; 64];
+        serializer.serialize_str(self.hex_into(&mut hex))
     }
 }
 
@@ -40,13 +41,18 @@ impl BlockHash {
     }
 
     pub fn to_hex(&self) -> String {
+        let mut hex = [0u8; 64];
+        self.hex_into(&mut hex).to_string()
+    }
+
+    /// The hex form written into `out`, without allocating (sync pages print thousands).
+    pub fn hex_into<'a>(&self, out: &'a mut [u8; 64]) -> &'a str {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut out = String::with_capacity(64);
-        for byte in self.0 {
-            out.push(DIGITS[usize::from(byte >> 4)] as char);
-            out.push(DIGITS[usize::from(byte & 0x0f)] as char);
+        for (pair, byte) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0x0f)];
         }
-        out
+        std::str::from_utf8(out).expect("hex digits are ASCII")
     }
 }
 
