@@ -20,7 +20,8 @@ enum Workload {
     Me,
     /// `POST /v1/files/commit` of a new file each time (one shared, pre-uploaded chunk).
     Commit,
-    /// `PUT /v1/blocks/{hash}` of a new random 1 MiB block each time (reports MB/s).
+    /// `PUT /v1/blocks/{hash}` of a new random block of `--block-bytes` each time (reports
+    /// MB/s).
     Upload,
     /// Seeds `--files` files, then times a full `GET /v1/sync` from cursor 0.
     Sync,
@@ -59,10 +60,14 @@ pub struct BenchArgs {
     /// For `jobs`: jobs due at the same second.
     #[arg(long, default_value_t = 10_000)]
     jobs: usize,
+    /// For `upload`: bytes of each block (1 to 8 MiB; default 1 MiB, the client's average
+    /// chunk).
+    #[arg(long, default_value_t = UPLOAD_BLOCK_BYTES_DEFAULT)]
+    block_bytes: usize,
 }
 
-/// Bytes of one `upload` block.
-const UPLOAD_BLOCK_BYTES: usize = 1 << 20;
+/// Bytes of one `upload` block unless `--block-bytes` says otherwise.
+const UPLOAD_BLOCK_BYTES_DEFAULT: usize = 1 << 20;
 
 /// Per-client (then per-level) tally.
 #[derive(Default)]
@@ -92,6 +97,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.endpoints.is_empty() || args.concurrency.contains(&0) {
         bail!("need at least one endpoint and positive concurrency levels");
     }
+    if !(1..=raftbox_storage::blocks::BLOCK_BYTES_MAX).contains(&args.block_bytes) {
+        bail!("--block-bytes is 1 to {}", raftbox_storage::blocks::BLOCK_BYTES_MAX);
+    }
     let token = std::fs::read_to_string(&args.token_file)
         .with_context(|| format!("read admin token {}", args.token_file.display()))?;
     let token = Arc::new(token.trim().to_string());
@@ -108,6 +116,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let shared_chunk = Arc::new(upload_one(&client, &args.endpoints[0], &token, run_id.as_bytes()).await?);
     println!("workload {:?}, {}s per level, endpoints {}", args.workload, args.seconds, args.endpoints.join(" "));
+    if let Workload::Upload = args.workload {
+        println!("blocks of {} bytes", args.block_bytes);
+    }
     println!(
         "{:>11} {:>10} {:>9} {:>9} {:>10} {:>8}",
         "concurrency", "req/s", "p50 ms", "p99 ms", "429 share", "errors"
@@ -127,6 +138,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                     token.clone(),
                     prefix,
                     shared,
+                    args.block_bytes,
                     deadline,
                 ))
             })
@@ -148,7 +160,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             all.errors
         );
         if let Workload::Upload = args.workload {
-            println!("{:>11} {:>10.1} MB/s", "", decided * UPLOAD_BLOCK_BYTES as f64 / elapsed / 1e6);
+            println!("{:>11} {:>10.1} MB/s", "", decided * args.block_bytes as f64 / elapsed / 1e6);
         }
     }
     Ok(())
@@ -161,6 +173,7 @@ async fn client_loop(
     token: Arc<String>,
     prefix: String,
     shared_chunk: Arc<String>,
+    block_bytes: usize,
     deadline: Instant,
 ) -> Tally {
     let mut tally = Tally::default();
@@ -176,7 +189,7 @@ async fn client_loop(
                 client.post(format!("{endpoint}/v1/files/commit")).json(&commit_body(&prefix, seq, &shared_chunk))
             }
             Workload::Upload => {
-                let block = random_block(&prefix, seq);
+                let block = random_block(&prefix, seq, block_bytes);
                 let hash = blake3::hash(&block).to_hex().to_string();
                 client.put(format!("{endpoint}/v1/blocks/{hash}")).body(block)
             }
@@ -201,13 +214,13 @@ fn commit_body(prefix: &str, seq: u64, chunk: &str) -> serde_json::Value {
 }
 
 /// A block no other client sends: pseudo-random bytes seeded by the client and sequence.
-fn random_block(prefix: &str, seq: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(UPLOAD_BLOCK_BYTES);
+fn random_block(prefix: &str, seq: u64, bytes: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes);
     let mut hasher = blake3::Hasher::new();
     hasher.update(prefix.as_bytes());
     hasher.update(&seq.to_be_bytes());
     let mut reader = hasher.finalize_xof();
-    out.resize(UPLOAD_BLOCK_BYTES, 0);
+    out.resize(bytes, 0);
     reader.fill(&mut out);
     out
 }
@@ -298,14 +311,38 @@ async fn sync_all(
         if response.status().as_u16() != 200 {
             bail!("sync: {}", response.status());
         }
-        let body: serde_json::Value = response.json().await?;
-        changes += body["changes"].as_array().map_or(0, Vec::len);
+        // Decoded into the fields a device keeps, as a client would (not a generic tree).
+        let page: SyncPage = serde_json::from_slice(&response.bytes().await?)?;
+        changes += page.changes.len();
         pages += 1;
-        cursor = body["cursor"].as_str().unwrap_or("0").to_string();
-        if body["hasMore"].as_bool() != Some(true) {
+        cursor = page.cursor;
+        if !page.has_more {
             return Ok((changes, pages));
         }
     }
+}
+
+/// One `GET /v1/sync` answer, as a syncing device reads it.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SyncPage {
+    changes: Vec<SyncChange>,
+    cursor: String,
+    has_more: bool,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code, reason = "decoded as a device would; the benchmark only counts them")]
+struct SyncChange {
+    namespace_id: String,
+    path: Option<String>,
+    file_id: Option<String>,
+    version: Option<u64>,
+    #[serde(default)]
+    chunks: Vec<String>,
+    #[serde(default)]
+    deleted: bool,
 }
 
 fn now_ms() -> u64 {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prost::bytes::Bytes;
-use raftbox_storage::blocks::{BlockHash, BlockStore};
+use raftbox_storage::blocks::{BlockHash, BlockStore, VerifiedBlock};
 use tokio::sync::mpsc;
 
 use crate::network::Peers;
@@ -86,27 +86,22 @@ impl Blocks {
     }
 
     /// Stores locally, on a blocking thread.
-    pub async fn put_local(&self, hash: BlockHash, data: Bytes) -> Result<(), BlockError> {
+    pub async fn put_local(&self, block: VerifiedBlock) -> Result<(), BlockError> {
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.put(&hash, &data))
-            .await
-            .map_err(|e| BlockError::Task(e.to_string()))??;
+        tokio::task::spawn_blocking(move || store.put(&block)).await.map_err(|e| BlockError::Task(e.to_string()))??;
         Ok(())
     }
 
-    /// Makes a block durable on a majority of the members (this node included) and returns
-    /// then; the other members keep receiving it in the background.
-    pub async fn put_replicated(&self, hash: BlockHash, data: Bytes) -> Result<(), BlockError> {
-        self.put_local(hash, data.clone()).await?;
+    /// Makes a block durable on a majority of the members and returns then; the others keep
+    /// receiving it in the background. This node's write and fsync run at the same time as
+    /// the transfers to the peers, and each copy counts when it is durable, wherever it is.
+    pub async fn put_replicated(&self, block: VerifiedBlock) -> Result<(), BlockError> {
+        let hash = block.hash();
         let peers = self.peer_addrs();
         let needed = (peers.len() + 1) / 2 + 1;
-        let mut stored = 1;
-        if stored >= needed {
-            return Ok(());
-        }
-        let (tx, mut rx) = mpsc::channel(peers.len().max(1));
+        let (tx, mut rx) = mpsc::channel(peers.len() + 1);
         for (peer, addr) in peers {
-            let (tx, this, data) = (tx.clone(), self.clone(), data.clone());
+            let (tx, this, data) = (tx.clone(), self.clone(), block.data().clone());
             tokio::spawn(async move {
                 let result = this.send(&addr, hash, data).await;
                 if let Err(e) = &result {
@@ -115,7 +110,15 @@ impl Blocks {
                 let _ = tx.send(result.is_ok()).await;
             });
         }
-        drop(tx);
+        let this = self.clone();
+        tokio::spawn(async move {
+            let result = this.put_local(block).await;
+            if let Err(e) = &result {
+                tracing::warn!(%hash, error = %e, "block not stored on this node");
+            }
+            let _ = tx.send(result.is_ok()).await;
+        });
+        let mut stored = 0;
         while let Some(ok) = rx.recv().await {
             stored += usize::from(ok);
             if stored >= needed {
@@ -199,8 +202,9 @@ impl Blocks {
         let mut failed = false;
         for (peer, addr) in self.peer_addrs() {
             match self.fetch(&addr, hash).await {
-                Ok(Some(data)) => {
-                    self.put_local(hash, data.clone()).await?;
+                Ok(Some(block)) => {
+                    let data = block.data().clone();
+                    self.put_local(block).await?;
                     tracing::debug!(peer, %hash, "fetched block from peer");
                     return Ok(Fetched::Got(data));
                 }
@@ -215,7 +219,7 @@ impl Blocks {
     }
 
     /// One peer's copy, verified; `None` if it does not hold the block.
-    async fn fetch(&self, addr: &str, hash: BlockHash) -> Result<Option<Bytes>, tonic::Status> {
+    async fn fetch(&self, addr: &str, hash: BlockHash) -> Result<Option<VerifiedBlock>, tonic::Status> {
         let mut client = self
             .peers
             .client_on(crate::network::Lane::Bulk, addr)
@@ -223,13 +227,10 @@ impl Blocks {
         let mut request = tonic::Request::new(BlockRequest { hash: hash.0.to_vec() });
         request.set_timeout(Duration::from_millis(BLOCK_TRANSFER_TIMEOUT_MS));
         match client.get_block(request).await {
-            Ok(reply) => {
-                let data = reply.into_inner().data;
-                if BlockHash::of(&data) != hash {
-                    return Err(tonic::Status::data_loss("peer sent bytes that do not match the hash"));
-                }
-                Ok(Some(data))
-            }
+            Ok(reply) => match VerifiedBlock::verify(hash, reply.into_inner().data) {
+                Ok(block) => Ok(Some(block)),
+                Err(_) => Err(tonic::Status::data_loss("peer sent bytes that do not match the hash")),
+            },
             Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
             Err(status) => Err(status),
         }

@@ -50,6 +50,16 @@ pub const APPEND_BYTES_MAX: usize = 2 * ENTRY_BYTES_MAX;
 pub const MESSAGE_BYTES_MAX: usize = APPEND_BYTES_MAX + (1 << 20);
 
 const _: () = assert!(MESSAGE_BYTES_MAX > raftbox_storage::blocks::BLOCK_BYTES_MAX + (64 << 10));
+/// HTTP/2 flow-control window of one stream, either way, in bytes: a whole block travels
+/// without waiting for a window update (the defaults, 64 KiB to 1 MiB, made a 4 MiB
+/// `PutBlock` wait on the receiver several times).
+pub const STREAM_WINDOW_BYTES: u32 = raftbox_storage::blocks::BLOCK_BYTES_MAX as u32;
+/// HTTP/2 flow-control window of one connection, in bytes: several blocks in flight at once.
+/// It bounds what a node buffers unread per connection.
+pub const CONNECTION_WINDOW_BYTES: u32 = 4 * STREAM_WINDOW_BYTES;
+/// Largest HTTP/2 frame a node accepts, in bytes (default 16 KiB): fewer frames per block,
+/// while a heartbeat still waits behind at most this much on its connection.
+pub const FRAME_BYTES_MAX: u32 = 256 << 10;
 
 /// A client of a peer's `RaftService` whose every call carries the cluster secret.
 pub type PeerClient = RaftServiceClient<InterceptedService<Channel, ClusterSecret>>;
@@ -110,6 +120,8 @@ impl Peers {
                         .http2_keep_alive_interval(Duration::from_millis(KEEPALIVE_INTERVAL_MS))
                         .keep_alive_timeout(Duration::from_millis(KEEPALIVE_TIMEOUT_MS))
                         .keep_alive_while_idle(true)
+                        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+                        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
                         .connect_lazy();
                     channels.insert(key, channel.clone());
                     channel

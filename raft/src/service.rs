@@ -1,7 +1,7 @@
 //! The server side of the node-to-node gRPC protocol, and [`serve`], which runs it behind
 //! the cluster-secret check with bounded message sizes.
 
-use raftbox_storage::blocks::BlockHash;
+use raftbox_storage::blocks::{BlockHash, VerifiedBlock};
 use raftbox_storage::Command;
 use serde::Serialize;
 use tonic::service::interceptor::InterceptedService;
@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status};
 use crate::error::WriteError;
 use crate::limiter::Forwarded;
 use crate::membership::MembershipChange;
-use crate::network::MESSAGE_BYTES_MAX;
+use crate::network::{CONNECTION_WINDOW_BYTES, FRAME_BYTES_MAX, MESSAGE_BYTES_MAX, STREAM_WINDOW_BYTES};
 use crate::node::RaftNode;
 use crate::pb::forward_reply::Result as ForwardResult;
 use crate::pb::raft_reply::Result as ReplyResult;
@@ -141,11 +141,9 @@ impl RaftService for RaftGrpc {
 
     async fn put_block(&self, request: Request<BlockData>) -> Result<Response<PutBlockReply>, Status> {
         let BlockData { hash, data } = request.into_inner();
-        let hash = block_hash(&hash)?;
-        if BlockHash::of(&data) != hash {
-            return Err(Status::invalid_argument("block bytes do not match the hash"));
-        }
-        self.node.blocks().put_local(hash, data).await.map_err(|e| Status::internal(e.to_string()))?;
+        let block = VerifiedBlock::verify(block_hash(&hash)?, data)
+            .map_err(|_| Status::invalid_argument("block bytes do not match the hash"))?;
+        self.node.blocks().put_local(block).await.map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(PutBlockReply {}))
     }
 
@@ -211,7 +209,11 @@ pub async fn serve(
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
     let checked = InterceptedService::new(service, node.secret().check());
-    let server = tonic::transport::Server::builder().add_service(checked);
+    let server = tonic::transport::Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .max_frame_size(FRAME_BYTES_MAX)
+        .add_service(checked);
     match node.tls() {
         Some(tls) => server.serve_with_incoming_shutdown(tls.grpc_incoming(listener), shutdown).await,
         None => {

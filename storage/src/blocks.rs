@@ -3,7 +3,9 @@
 //!
 //! A block is written to a temporary file, fsynced, renamed into place and its directory
 //! fsynced, so a block that `put` acknowledged survives `kill -9`. Its hash is checked before
-//! writing and again on every read (pair assertions: a bit flipped on disk is never served).
+//! writing and again on every read (pair assertions: a bit flipped on disk is never served):
+//! the store writes only a [`VerifiedBlock`], which exists only once bytes were hashed and
+//! matched — once per node on the way in ([`BlockReceiver`] hashes while the bytes arrive).
 
 use std::fmt;
 use std::fs::{self, File};
@@ -12,10 +14,14 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use bytes::{Bytes, BytesMut};
+
 use crate::StorageError;
 
 /// Largest block accepted, in bytes (8 MiB).
 pub const BLOCK_BYTES_MAX: usize = 8 << 20;
+/// Shard directories of the store (`00` to `ff`: the hash's first byte).
+const SHARDS: usize = 256;
 
 /// A BLAKE3-256 block hash; displayed, parsed and serialized as 64 lowercase hex characters.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -23,7 +29,8 @@ pub struct BlockHash(pub [u8; 32]);
 
 impl serde::Serialize for BlockHash {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.to_hex())
+        let mut hex = [0u8; 64];
+        serializer.serialize_str(self.hex_into(&mut hex))
     }
 }
 
@@ -40,13 +47,18 @@ impl BlockHash {
     }
 
     pub fn to_hex(&self) -> String {
+        let mut hex = [0u8; 64];
+        self.hex_into(&mut hex).to_string()
+    }
+
+    /// The hex form written into `out`, without allocating (sync pages print thousands).
+    pub fn hex_into<'a>(&self, out: &'a mut [u8; 64]) -> &'a str {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut out = String::with_capacity(64);
-        for byte in self.0 {
-            out.push(DIGITS[usize::from(byte >> 4)] as char);
-            out.push(DIGITS[usize::from(byte & 0x0f)] as char);
+        for (pair, byte) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0x0f)];
         }
-        out
+        std::str::from_utf8(out).expect("hex digits are ASCII")
     }
 }
 
@@ -88,6 +100,88 @@ impl FromStr for BlockHash {
     }
 }
 
+/// A block's bytes, checked against its hash: constructed only by hashing them, so whoever
+/// holds one never hashes them again (the store writes these and nothing else).
+#[derive(Clone, Debug)]
+pub struct VerifiedBlock {
+    hash: BlockHash,
+    data: Bytes,
+}
+
+/// Bytes that do not hash to the hash they came with; `actual` is what they hash to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the bytes hash to {actual}, not {expected}")]
+pub struct HashMismatch {
+    pub expected: BlockHash,
+    pub actual: BlockHash,
+}
+
+impl VerifiedBlock {
+    /// `data` as block `hash`, if it hashes to it.
+    pub fn verify(hash: BlockHash, data: Bytes) -> Result<VerifiedBlock, HashMismatch> {
+        let actual = BlockHash::of(&data);
+        if actual != hash {
+            return Err(HashMismatch { expected: hash, actual });
+        }
+        Ok(VerifiedBlock { hash, data })
+    }
+
+    pub fn hash(&self) -> BlockHash {
+        self.hash
+    }
+
+    /// The bytes (a cheap, shared handle).
+    pub fn data(&self) -> &Bytes {
+        &self.data
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}
+
+/// A block arriving in pieces: each piece is hashed as it comes and appended to one buffer,
+/// so the bytes are hashed once, with no second pass, and never exceed [`BLOCK_BYTES_MAX`].
+pub struct BlockReceiver {
+    hasher: blake3::Hasher,
+    data: BytesMut,
+}
+
+/// A block that grew past [`BLOCK_BYTES_MAX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a block is at most {BLOCK_BYTES_MAX} bytes")]
+pub struct BlockTooLarge;
+
+impl BlockReceiver {
+    /// Room for `expected` bytes up front (a `Content-Length`), at most [`BLOCK_BYTES_MAX`].
+    pub fn with_capacity(expected: usize) -> BlockReceiver {
+        BlockReceiver { hasher: blake3::Hasher::new(), data: BytesMut::with_capacity(expected.min(BLOCK_BYTES_MAX)) }
+    }
+
+    /// Hashes and keeps the next piece.
+    pub fn push(&mut self, piece: &[u8]) -> Result<(), BlockTooLarge> {
+        if self.data.len().saturating_add(piece.len()) > BLOCK_BYTES_MAX {
+            return Err(BlockTooLarge);
+        }
+        self.hasher.update(piece);
+        self.data.extend_from_slice(piece);
+        Ok(())
+    }
+
+    /// The whole block, if it hashes to `expected`.
+    pub fn finish(self, expected: BlockHash) -> Result<VerifiedBlock, HashMismatch> {
+        let actual = BlockHash(*self.hasher.finalize().as_bytes());
+        if actual != expected {
+            return Err(HashMismatch { expected, actual });
+        }
+        Ok(VerifiedBlock { hash: expected, data: self.data.freeze() })
+    }
+}
+
 /// The block directory of a node.
 #[derive(Debug)]
 pub struct BlockStore {
@@ -96,12 +190,22 @@ pub struct BlockStore {
 }
 
 impl BlockStore {
-    /// Opens (creating) the store under `root`, removing temporary files a crash left.
+    /// Opens (creating) the store under `root` with its shard directories, removing temporary
+    /// files a crash left.
     pub fn open(root: &Path) -> Result<BlockStore, StorageError> {
         fs::create_dir_all(root.join("tmp"))?;
         for entry in fs::read_dir(root.join("tmp"))? {
             let _ = fs::remove_file(entry?.path());
         }
+        // Made once here rather than on the first put into each: a new directory costs an
+        // inode allocation and a directory sync on the upload path.
+        for shard in 0..SHARDS {
+            let dir = root.join(format!("{shard:02x}"));
+            if !dir.is_dir() {
+                fs::create_dir(&dir)?;
+            }
+        }
+        File::open(root)?.sync_all()?;
         Ok(BlockStore { root: root.to_path_buf(), tmp_seq: AtomicU64::new(0) })
     }
 
@@ -114,12 +218,10 @@ impl BlockStore {
         self.path(hash).is_file()
     }
 
-    /// Stores `bytes` under `hash` durably. The caller has checked the hash; it is checked
-    /// again here. Storing a block that is present is a no-op.
-    pub fn put(&self, hash: &BlockHash, bytes: &[u8]) -> Result<(), StorageError> {
-        if BlockHash::of(bytes) != *hash {
-            return Err(StorageError::Corrupt(format!("block {hash}: bytes do not hash to it")));
-        }
+    /// Stores a block durably (its hash was checked when it was made). Storing a block that
+    /// is present is a no-op.
+    pub fn put(&self, block: &VerifiedBlock) -> Result<(), StorageError> {
+        let (hash, bytes) = (&block.hash, &block.data[..]);
         let path = self.path(hash);
         if path.is_file() {
             // Restart the reclaimer's grace period: this block is wanted again.
@@ -217,13 +319,47 @@ mod tests {
         let hash = BlockHash::of(b"block");
         assert!(!store.has(&hash));
         assert_eq!(store.get(&hash).expect("get"), None);
-        store.put(&hash, b"block").expect("put");
-        store.put(&hash, b"block").expect("second put is a no-op");
+        let block = VerifiedBlock::verify(hash, Bytes::from_static(b"block")).expect("verified");
+        store.put(&block).expect("put");
+        store.put(&block).expect("second put is a no-op");
         assert_eq!(store.get(&hash).expect("get"), Some(b"block".to_vec()));
-        assert!(matches!(store.put(&hash, b"other"), Err(StorageError::Corrupt(_))));
+        let other = VerifiedBlock::verify(hash, Bytes::from_static(b"other"));
+        assert_eq!(other.map(|_| ()), Err(HashMismatch { expected: hash, actual: BlockHash::of(b"other") }));
         store.remove(&hash).expect("remove");
         store.remove(&hash).expect("remove absent");
         assert!(!store.has(&hash));
+    }
+
+    #[test]
+    fn a_received_block_is_hashed_piece_by_piece_and_bounded() {
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let hash = BlockHash::of(&data);
+        let mut receiver = BlockReceiver::with_capacity(data.len());
+        for piece in data.chunks(4_099) {
+            receiver.push(piece).expect("under the limit");
+        }
+        let block = receiver.finish(hash).expect("the pieces hash to the whole");
+        assert_eq!((block.hash(), &block.data()[..]), (hash, &data[..]));
+
+        let mut receiver = BlockReceiver::with_capacity(0);
+        receiver.push(&data[1..]).expect("under the limit");
+        let wrong = receiver.finish(hash).map(|_| ());
+        assert_eq!(wrong, Err(HashMismatch { expected: hash, actual: BlockHash::of(&data[1..]) }));
+
+        let mut receiver = BlockReceiver::with_capacity(usize::MAX);
+        receiver.push(&vec![0; BLOCK_BYTES_MAX]).expect("exactly the limit");
+        assert_eq!(receiver.push(&[0]), Err(BlockTooLarge), "one byte past the limit");
+    }
+
+    #[test]
+    fn opening_makes_every_shard_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        BlockStore::open(dir.path()).expect("open");
+        BlockStore::open(dir.path()).expect("open again");
+        for hash in [BlockHash([0; 32]), BlockHash([0xff; 32]), BlockHash::of(b"x")] {
+            let hex = hash.to_hex();
+            assert!(dir.path().join(&hex[..2]).is_dir(), "shard of {hex}");
+        }
     }
 
     #[test]
@@ -231,7 +367,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = BlockStore::open(dir.path()).expect("open");
         let hash = BlockHash::of(b"precious");
-        store.put(&hash, b"precious").expect("put");
+        store.put(&VerifiedBlock::verify(hash, Bytes::from_static(b"precious")).expect("verified")).expect("put");
         fs::write(store.path(&hash), b"pr3cious").expect("corrupt");
         assert!(matches!(store.get(&hash), Err(StorageError::Corrupt(_))));
         assert!(!store.has(&hash), "the corrupt copy is removed so it can be fetched again");

@@ -5,7 +5,7 @@ use crate::chunks::{self, Delta};
 use crate::command::{ConflictedCopy, FileCommit, FileMove, Outcome, Rejection};
 use crate::keys::Expiring;
 use crate::paths::{device_label, FilePath};
-use crate::records::{ConflictRecord, FileRecord, Namespace, NamespaceKind, User, VersionRecord};
+use crate::records::{ChangeRecord, ConflictRecord, FileRecord, Namespace, NamespaceKind, User, VersionRecord};
 use crate::state::{StateMachine, Txn};
 use crate::{keys, sharing, StorageError};
 
@@ -14,6 +14,8 @@ use crate::{keys, sharing, StorageError};
 const CONFLICT_COPIES_NUMBERED: u64 = 1_000;
 /// Suffixed variants (`<id>.1`, `<id>.2`, …) of a proposed file id tried when it is taken.
 const FILE_ID_VARIANTS: u64 = 1_000;
+/// Changes a feed read reserves room for up front, at most (a page may ask for more).
+const CHANGES_RESERVE_MAX: usize = 10_000;
 /// How long a conflicting commit's answer is kept for its retries, in ms (24 h).
 pub const CONFLICT_RECORD_TTL_MS: u64 = 24 * 3600 * 1000;
 
@@ -261,7 +263,6 @@ fn write_version(
         txn.get_raw(&keys::version(file_id, version))?.is_none(),
         "version {version} of {file_id} is written once (version = previous + 1)"
     );
-    txn.put(keys::change(&c.namespace_id, seq), &file_id.to_string());
     let record = VersionRecord {
         version,
         path: path.clone(),
@@ -274,6 +275,7 @@ fn write_version(
         seq,
     };
     txn.put(keys::version(file_id, version), &record);
+    txn.put(keys::change(&c.namespace_id, seq), &ChangeRecord { file_id: file_id.to_string(), version: record });
     let file = FileRecord {
         id: file_id.to_string(),
         namespace_id: c.namespace_id.clone(),
@@ -356,17 +358,37 @@ impl StateMachine {
     }
 
     /// At most `limit` changes after `after`, in feed order; each file once, at its latest.
+    /// One range scan: an entry carries its version ([`ChangeRecord`]); only an entry from
+    /// before that (a bare file id) costs point reads.
     pub fn changes(&self, namespace_id: &str, after: u64, limit: usize) -> Result<Vec<Change>, StorageError> {
         let start = keys::change(namespace_id, after.saturating_add(1));
         let end = keys::change(namespace_id, u64::MAX);
-        let mut out = Vec::new();
-        for (key, file_id) in self.scan::<String>("change", &start, &end, limit)? {
+        let mut out = Vec::with_capacity(limit.min(CHANGES_RESERVE_MAX));
+        for (key, value) in self.scan_raw(&start, &end, limit)? {
             let seq = keys::change_seq(&key).ok_or_else(|| StorageError::Corrupt("change key".into()))?;
-            let (file, version) =
-                self.file(&file_id)?.ok_or_else(|| StorageError::Corrupt(format!("change names file {file_id}")))?;
-            out.push(Change { seq, file, version });
+            out.push(self.change(namespace_id, seq, &value)?);
         }
         Ok(out)
+    }
+
+    /// One decoded feed entry.
+    fn change(&self, namespace_id: &str, seq: u64, value: &[u8]) -> Result<Change, StorageError> {
+        if value.first() == Some(&b'"') {
+            let file_id: String = crate::state::decode("change", value)?;
+            let (file, version) =
+                self.file(&file_id)?.ok_or_else(|| StorageError::Corrupt(format!("change names file {file_id}")))?;
+            return Ok(Change { seq, file, version });
+        }
+        let ChangeRecord { file_id, version } = crate::state::decode("change", value)?;
+        let file = FileRecord {
+            id: file_id,
+            namespace_id: namespace_id.to_string(),
+            path: version.path.clone(),
+            current_version: version.version,
+            deleted: version.deleted,
+            seq,
+        };
+        Ok(Change { seq, file, version })
     }
 
     /// Files whose path starts with `prefix` (a folder with its trailing slash), at most `limit`,

@@ -133,6 +133,32 @@ fn the_feed_lists_each_file_once_at_its_latest_change() {
     assert_eq!(sm.files_under("ns", "/", None, 10).expect("list").len(), 2);
 }
 
+/// A feed entry carries its version, so it reads the same as the file and version records
+/// (what an entry from before `ChangeRecord`, a bare file id, is looked up from).
+#[test]
+fn feed_entries_match_the_records_and_old_entries_still_read() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    apply(&sm, commit("/x", &["a"], 0, "d", "x"));
+    apply(&sm, commit("/y", &["a", "b"], 0, "d", "y"));
+    apply(&sm, commit("/x", &["b"], 1, "d", "x2"));
+    let check = |changes: Vec<crate::files::Change>| {
+        for change in &changes {
+            let (file, version) = sm.file(&change.file.id).expect("read").expect("file");
+            assert_eq!((&change.file, &change.version), (&file, &version));
+        }
+        changes.iter().map(|c| (c.file.id.clone(), c.version.version, c.seq)).collect::<Vec<_>>()
+    };
+    let new = check(sm.changes("ns", 0, 100).expect("changes"));
+    assert_eq!(new, vec![("file-y".to_string(), 1, 2), ("file-x".to_string(), 2, 3)]);
+    let state = sm.db().cf(crate::cf::STATE);
+    for (file_id, seq) in [("file-y", 2), ("file-x", 3)] {
+        let legacy = serde_json::to_vec(file_id).expect("encode");
+        sm.db().rocks().put_cf(state, crate::keys::change("ns", seq), legacy).expect("write an old entry");
+    }
+    assert_eq!(check(sm.changes("ns", 0, 100).expect("old entries")), new);
+}
+
 #[test]
 fn old_versions_expire_refcounts_drop_and_orphans_are_collected() {
     let (_dir, sm) = open();

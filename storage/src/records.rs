@@ -193,6 +193,16 @@ pub struct FileRecord {
     pub seq: u64,
 }
 
+/// An entry of a namespace's change feed: the file and its version at that sequence. That
+/// version is the file's latest (writing a newer one deletes the older entry), so a sync page
+/// is one range scan with no point reads. Entries written before this record existed hold
+/// the file id alone (a JSON string); readers look those up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeRecord {
+    pub file_id: String,
+    pub version: VersionRecord,
+}
+
 /// One committed version of a file (append-only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionRecord {

@@ -26,7 +26,7 @@ fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).expect("records serialize")
 }
 
-fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
+pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StorageError> {
     serde_json::from_slice(bytes).map_err(StorageError::decode(what))
 }
 

@@ -9,12 +9,13 @@
 //! index entry is committed through Raft, so `status` (a linearizable read of the index)
 //! never reports a block as present that a commit could not use.
 
-use axum::body::{to_bytes, Body, Bytes};
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use raftbox_storage::blocks::{BlockHash, BLOCK_BYTES_MAX};
+use futures_util::StreamExt;
+use raftbox_storage::blocks::{BlockHash, BlockReceiver, BLOCK_BYTES_MAX};
 use raftbox_storage::Command;
 use serde::{Deserialize, Serialize};
 
@@ -65,7 +66,8 @@ pub async fn status(
 
 /// Stores a block: hash verified, durable on a majority, then indexed with the caller as an
 /// uploader. A repeat by the same user is a no-op; another user's upload of known content
-/// records them as an uploader too (they proved they hold it).
+/// records them as an uploader too (they proved they hold it). The body is hashed as it
+/// arrives, into one buffer sized from its `Content-Length`.
 pub async fn put(
     State(state): State<AppState>,
     caller: Principal,
@@ -73,15 +75,12 @@ pub async fn put(
     request: Request,
 ) -> Result<StatusCode, ApiError> {
     let hash = parse_hash(&hash)?;
-    let data = to_bytes(request.into_body(), BLOCK_BYTES_MAX)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge(format!("a block is at most {BLOCK_BYTES_MAX} bytes")))?;
-    let actual = BlockHash::of(&data);
-    if actual != hash {
-        return Err(ApiError::HashMismatch(format!("the body hashes to {actual}, not {hash}")));
-    }
+    let block = receive(request)
+        .await?
+        .finish(hash)
+        .map_err(|e| ApiError::HashMismatch(format!("the body hashes to {}, not {}", e.actual, e.expected)))?;
     let blocks = state.node.blocks();
-    let size = data.len() as u64;
+    let size = block.len() as u64;
     let uploader = caller.user.id.clone();
     if state.node.state().chunk(&hash)?.is_some() && blocks.store().has(&hash) {
         if !state.node.state().uploaded_by(&uploader, &hash)? {
@@ -89,9 +88,26 @@ pub async fn put(
         }
         return Ok(StatusCode::CREATED);
     }
-    blocks.put_replicated(hash, data).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    blocks.put_replicated(block).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     state.node.write(Command::RegisterChunk { hash, size, uploader }).await?;
     Ok(StatusCode::CREATED)
+}
+
+/// Reads a PUT body into a [`BlockReceiver`] (413 past `BLOCK_BYTES_MAX`, declared or sent).
+async fn receive(request: Request) -> Result<BlockReceiver, ApiError> {
+    let too_large = || ApiError::PayloadTooLarge(format!("a block is at most {BLOCK_BYTES_MAX} bytes"));
+    let declared =
+        request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > BLOCK_BYTES_MAX as u64) {
+        return Err(too_large());
+    }
+    let mut receiver = BlockReceiver::with_capacity(declared.unwrap_or(0) as usize);
+    let mut body = request.into_body().into_data_stream();
+    while let Some(piece) = body.next().await {
+        let piece = piece.map_err(|e| ApiError::BadRequest(format!("read the body: {e}")))?;
+        receiver.push(&piece).map_err(|_| too_large())?;
+    }
+    Ok(receiver)
 }
 
 /// A block's bytes, from this node or fetched from a peer, if the caller may read it (else

@@ -13,13 +13,14 @@ use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
-use axum::response::Response;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::schedule::format_utc;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::access;
@@ -29,6 +30,9 @@ use crate::{ApiError, AppState};
 /// Changes per sync page: default and largest.
 pub const SYNC_PAGE_DEFAULT: usize = 1_000;
 pub const SYNC_PAGE_MAX: usize = 10_000;
+/// Bytes a one-chunk change takes in a sync answer, about: the answer's buffer starts at this
+/// times the page's changes.
+const CHANGE_JSON_BYTES_ESTIMATE: usize = 320;
 /// Long-poll timeout: default, least and most, in seconds.
 pub const NOTIFY_TIMEOUT_S_DEFAULT: u64 = 30;
 pub const NOTIFY_TIMEOUT_S_MIN: u64 = 1;
@@ -84,19 +88,56 @@ pub struct SyncQuery {
     limit: Option<usize>,
 }
 
+/// One entry of a sync page: a namespace the caller lost, or a file's latest state.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum SyncEntry<'a> {
+    #[serde(rename_all = "camelCase")]
+    Removed {
+        namespace_id: &'a str,
+        namespace_removed: bool,
+    },
+    Change(ChangeView<'a>),
+}
+
+/// A file's latest state as `/v1/sync` shows it; serialized straight into the answer.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ChangeView<'a> {
+    namespace_id: &'a str,
+    path: String,
+    file_id: String,
+    version: u64,
+    chunks: Vec<BlockHash>,
+    size: u64,
+    mtime: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deleted: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncPage<'a> {
+    changes: Vec<SyncEntry<'a>>,
+    cursor: String,
+    has_more: bool,
+}
+
 pub async fn sync(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<SyncQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let limit = super::page_limit(query.limit, SYNC_PAGE_DEFAULT, SYNC_PAGE_MAX)?;
     state.node.read_barrier().await?;
     let Position { mut cursor, removed } = decode_cursor(&state, &principal, &query.cursor)?;
-    let mut changes: Vec<serde_json::Value> =
-        removed.iter().map(|ns| json!({ "namespaceId": ns, "namespaceRemoved": true })).collect();
+    let mut changes: Vec<SyncEntry<'_>> =
+        removed.iter().map(|ns| SyncEntry::Removed { namespace_id: ns, namespace_removed: true }).collect();
     let limit = limit.saturating_add(changes.len());
     let mut has_more = false;
-    for (ns, seq) in cursor.iter_mut() {
+    let namespaces: Vec<String> = cursor.keys().cloned().collect();
+    for ns in &namespaces {
+        let Some(seq) = cursor.get_mut(ns) else { continue };
         let room = limit - changes.len();
         if room == 0 {
             has_more |= state.node.state().namespace_cursor(ns)? > *seq;
@@ -104,21 +145,31 @@ pub async fn sync(
         }
         let page = state.node.state().changes(ns, *seq, room + 1)?;
         has_more |= page.len() > room;
+        changes.reserve(page.len().min(room));
         for change in page.into_iter().take(room) {
             *seq = change.seq;
-            let mut view = json!({
-                "namespaceId": ns, "path": change.file.path.as_str(), "fileId": change.file.id,
-                "version": change.version.version,
-                "chunks": change.version.chunks.iter().map(BlockHash::to_hex).collect::<Vec<_>>(),
-                "size": change.version.size, "mtime": format_utc(change.version.mtime_ms),
-            });
-            if change.version.deleted {
-                view["deleted"] = json!(true);
-            }
-            changes.push(view);
+            changes.push(SyncEntry::Change(ChangeView {
+                namespace_id: ns,
+                path: change.version.path.into(),
+                file_id: change.file.id,
+                version: change.version.version,
+                chunks: change.version.chunks,
+                size: change.version.size,
+                mtime: format_utc(change.version.mtime_ms),
+                deleted: change.version.deleted,
+            }));
         }
     }
-    Ok(Json(json!({ "changes": changes, "cursor": encode_cursor(&cursor), "hasMore": has_more })))
+    let estimate = changes.len().saturating_mul(CHANGE_JSON_BYTES_ESTIMATE).saturating_add(1024);
+    json_response(&SyncPage { changes, cursor: encode_cursor(&cursor), has_more }, estimate)
+}
+
+/// `value` as a JSON answer, encoded into one buffer of `estimate` bytes to start with (no
+/// regrowing copies for a typical page).
+fn json_response<T: Serialize>(value: &T, estimate: usize) -> Result<Response, ApiError> {
+    let mut body = Vec::with_capacity(estimate);
+    serde_json::to_writer(&mut body, value).map_err(|e| ApiError::Internal(format!("encode the answer: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 
 /// Whether anything is newer than the cursor: a change in one of its namespaces, a

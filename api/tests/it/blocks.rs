@@ -21,6 +21,22 @@ impl TestNode {
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
     }
 
+    /// PUTs `data` in pieces of `piece` bytes, without a length (chunked transfer encoding).
+    async fn put_streamed(&self, hash: &str, data: &[u8], piece: usize) -> (StatusCode, serde_json::Value) {
+        let pieces: Vec<Result<Vec<u8>, std::io::Error>> = data.chunks(piece).map(|p| Ok(p.to_vec())).collect();
+        let response = self
+            .client
+            .put(format!("{}/v1/blocks/{hash}", self.url))
+            .bearer_auth(ADMIN_TOKEN)
+            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(pieces)))
+            .send()
+            .await
+            .expect("send");
+        let status = response.status();
+        let text = response.text().await.expect("body");
+        (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+    }
+
     async fn missing(&self, hashes: &[String]) -> Vec<String> {
         let body = json!({ "hashes": hashes }).to_string();
         let (status, _, answer) = self.call("POST", "/v1/blocks/status", Some(ADMIN_TOKEN), Some(&body)).await;
@@ -77,4 +93,25 @@ async fn malformed_hashes_oversized_blocks_and_anonymous_calls_are_refused() {
     assert_eq!(node.put_block(&BlockHash::of(&exact).to_hex(), exact).await.0, StatusCode::CREATED);
     let (status, _, problem) = node.call("GET", &format!("/v1/blocks/{}", "0".repeat(64)), None, None).await;
     assert_problem(status, &problem, StatusCode::UNAUTHORIZED, "unauthenticated");
+}
+
+/// A body sent in pieces with no length is hashed as it arrives: stored when the pieces hash
+/// to the block's name, refused with nothing stored when they do not, 413 past 8 MiB.
+#[tokio::test]
+async fn a_streamed_body_is_hashed_as_it_arrives_and_bounded() {
+    let node = TestNode::start().await;
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let hash = BlockHash::of(&data).to_hex();
+    let (status, problem) = node.put_streamed(&BlockHash::of(b"other").to_hex(), &data, 65_537).await;
+    assert_problem(status, &problem, StatusCode::UNPROCESSABLE_ENTITY, "hash-mismatch");
+    assert_eq!(node.missing(&[hash.clone()]).await, vec![hash.clone()], "a mismatch stores nothing");
+    assert_eq!(node.put_streamed(&hash, &data, 65_537).await.0, StatusCode::CREATED);
+    assert_eq!(node.missing(&[hash.clone()]).await, Vec::<String>::new());
+    let response =
+        node.client.get(format!("{}/v1/blocks/{hash}", node.url)).bearer_auth(ADMIN_TOKEN).send().await.expect("send");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.bytes().await.expect("body")[..] == data[..], "the stored bytes are the ones sent");
+    let big = vec![7u8; (8 << 20) + 1];
+    let (status, problem) = node.put_streamed(&BlockHash::of(&big).to_hex(), &big, 1 << 20).await;
+    assert_problem(status, &problem, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large");
 }
