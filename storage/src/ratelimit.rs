@@ -178,18 +178,7 @@ impl Algorithm {
             Algorithm::SlidingWindow { window_ms, .. } => {
                 let window_ms = window_ms.max(1);
                 let start = now_ms - now_ms % window_ms;
-                let (current, previous) = match state {
-                    Some(LimitState::Counter { window_start_ms, current, previous }) => {
-                        if *window_start_ms == start {
-                            (*current, *previous)
-                        } else if window_start_ms.checked_add(window_ms) == Some(start) {
-                            (0, *current)
-                        } else {
-                            (0, 0)
-                        }
-                    }
-                    _ => (0, 0),
-                };
+                let (current, previous) = counts_at(state, window_ms, start);
                 LimitState::Counter { window_start_ms: start, current: current.saturating_add(n), previous }
             }
             Algorithm::LeakyBucket { drain_per_s, .. } => {
@@ -297,9 +286,9 @@ fn sliding_log(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: u
     (decision, LimitState::Log { times_ms: times })
 }
 
-fn sliding_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
-    let start = now_ms - now_ms % window_ms;
-    let (current, previous) = match state {
+/// A sliding-window counter's current and previous counts in the window starting at `start`.
+fn counts_at(state: Option<&LimitState>, window_ms: u64, start: u64) -> (u64, u64) {
+    match state {
         Some(LimitState::Counter { window_start_ms, current, previous }) => {
             if *window_start_ms == start {
                 (*current, *previous)
@@ -310,7 +299,12 @@ fn sliding_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms
             }
         }
         _ => (0, 0),
-    };
+    }
+}
+
+fn sliding_window(limit: u64, window_ms: u64, state: Option<&LimitState>, now_ms: u64) -> (Decision, LimitState) {
+    let start = now_ms - now_ms % window_ms;
+    let (current, previous) = counts_at(state, window_ms, start);
     // count ≈ current + previous × (part of the previous window still in view), in
     // milli-requests: previous × (window − elapsed) / window.
     let elapsed = now_ms - start;
