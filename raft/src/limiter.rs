@@ -34,7 +34,7 @@ use crate::error::WriteError;
 use crate::network::Peers;
 use crate::pb::rate_check_reply::Result as RateCheckResult;
 use crate::pb::RateCheckRequest;
-use crate::proposer::{never_sent, wait_for_leader, Proposer};
+use crate::proposer::{call_leader, wait_for_leader, Proposer};
 use crate::types::{NodeId, Raft};
 
 /// Leadership confirmations waiting for the next heartbeat round, or checks waiting to be
@@ -590,7 +590,7 @@ async fn forward(peers: &Peers, addr: &str, batch: Vec<Outgoing>) {
         let _ = o.reply.send(Err(WriteError::Unavailable("no decision before the deadline".into())));
     }
     let Some(deadline) = batch.iter().map(|o| o.deadline).max() else { return };
-    let answers = call_leader(peers, addr, batch.iter().map(|o| &o.checks).collect(), deadline).await;
+    let answers = rate_check_at(peers, addr, batch.iter().map(|o| &o.checks).collect(), deadline).await;
     match answers {
         Ok(Some(answers)) if answers.len() == batch.len() => {
             for (o, answer) in batch.into_iter().zip(answers) {
@@ -612,7 +612,7 @@ async fn forward(peers: &Peers, addr: &str, batch: Vec<Outgoing>) {
 
 /// One `RateCheck` call. `Ok(None)`: nothing was decided — the peer is not the leader, or
 /// the request never left this node.
-async fn call_leader(
+async fn rate_check_at(
     peers: &Peers,
     addr: &str,
     requests: Vec<&Vec<RateCheck>>,
@@ -622,11 +622,8 @@ async fn call_leader(
     let encoded = serde_json::to_vec(&requests).map_err(|e| WriteError::Invalid(format!("encode: {e}")))?;
     let mut request = tonic::Request::new(RateCheckRequest { checks: encoded });
     request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-    let reply = match tokio::time::timeout_at(deadline, client.rate_check(request)).await {
-        Ok(Ok(reply)) => reply.into_inner(),
-        Ok(Err(status)) if never_sent(&status) => return Ok(None),
-        Ok(Err(status)) => return Err(WriteError::Unknown(format!("rate check at the leader: {}", status.message()))),
-        Err(_) => return Err(WriteError::Unknown("the leader did not decide before the deadline".into())),
+    let Some(reply) = call_leader(deadline, "rate check at the leader", client.rate_check(request)).await? else {
+        return Ok(None);
     };
     match reply.result {
         Some(RateCheckResult::Answers(bytes)) => {

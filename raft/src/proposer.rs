@@ -229,11 +229,8 @@ async fn forward(
     let Ok(mut client) = peers.client(addr) else { return Ok(None) };
     let mut request = tonic::Request::new(ForwardRequest { commands });
     request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-    let reply = match tokio::time::timeout_at(deadline, client.forward(request)).await {
-        Ok(Ok(reply)) => reply.into_inner(),
-        Ok(Err(status)) if never_sent(&status) => return Ok(None),
-        Ok(Err(status)) => return Err(WriteError::Unknown(format!("forward to the leader: {}", status.message()))),
-        Err(_) => return Err(WriteError::Unknown("the leader did not answer before the deadline".into())),
+    let Some(reply) = call_leader(deadline, "forward to the leader", client.forward(request)).await? else {
+        return Ok(None);
     };
     match reply.result {
         Some(ForwardResult::Outcomes(bytes)) => {
@@ -243,6 +240,21 @@ async fn forward(
         Some(ForwardResult::Unavailable(message)) => Err(WriteError::Unavailable(message)),
         Some(ForwardResult::Unknown(message)) => Err(WriteError::Unknown(message)),
         None => Err(WriteError::Unknown("empty forward reply".into())),
+    }
+}
+
+/// One call to the leader by `deadline`. `Ok(None)`: it provably never reached the peer
+/// (see [`never_sent`]); any other failure may have had its effect, so it is `Unknown`.
+pub(crate) async fn call_leader<T>(
+    deadline: Instant,
+    what: &str,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<Option<T>, WriteError> {
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(Ok(reply)) => Ok(Some(reply.into_inner())),
+        Ok(Err(status)) if never_sent(&status) => Ok(None),
+        Ok(Err(status)) => Err(WriteError::Unknown(format!("{what}: {}", status.message()))),
+        Err(_) => Err(WriteError::Unknown("the leader did not answer before the deadline".into())),
     }
 }
 
