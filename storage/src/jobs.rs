@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::{Outcome, Rejection};
 use crate::schedule::CronSchedule;
 use crate::state::{StateMachine, Txn};
-use crate::{keys, StorageError};
+use crate::{floor, keys, StorageError};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -208,7 +208,7 @@ fn load(txn: &Txn<'_>, job_id: &str) -> Result<Option<Job>, StorageError> {
 }
 
 /// Writes `job`, moving its due and lease index entries from `before` to the new values.
-fn store(txn: &mut Txn<'_>, before: Option<&Job>, job: &Job) {
+fn store(txn: &mut Txn<'_>, before: Option<&Job>, job: &Job) -> Result<(), StorageError> {
     if let Some(old) = before {
         if let (JobStatus::Scheduled, Some(at)) = (old.status, old.next_run_at_ms) {
             txn.delete(keys::job_due(at, &old.id));
@@ -218,12 +218,17 @@ fn store(txn: &mut Txn<'_>, before: Option<&Job>, job: &Job) {
         }
     }
     if let (JobStatus::Scheduled, Some(at)) = (job.status, job.next_run_at_ms) {
-        txn.put_raw(keys::job_due(at, &job.id), Vec::new());
+        let key = keys::job_due(at, &job.id);
+        floor::note_insert(txn, &key)?;
+        txn.put_raw(key, Vec::new());
     }
     if let (JobStatus::Claimed | JobStatus::Running, Some(expires)) = (job.status, job.lease_expires_ms) {
-        txn.put_raw(keys::job_lease(expires, &job.id), Vec::new());
+        let key = keys::job_lease(expires, &job.id);
+        floor::note_insert(txn, &key)?;
+        txn.put_raw(key, Vec::new());
     }
     txn.put(keys::job(&job.id), job);
+    Ok(())
 }
 
 pub(crate) fn create(txn: &mut Txn<'_>, job: &Job) -> Result<Outcome, StorageError> {
@@ -234,7 +239,7 @@ pub(crate) fn create(txn: &mut Txn<'_>, job: &Job) -> Result<Outcome, StorageErr
     job.created_ms = txn.now_ms;
     job.updated_ms = txn.now_ms;
     txn.put(keys::job_owner(&job.owner_user_id, job.created_ms, &job.id), &job.id);
-    store(txn, None, &job);
+    store(txn, None, &job)?;
     Ok(Outcome::Done)
 }
 
@@ -263,7 +268,7 @@ pub(crate) fn patch(txn: &mut Txn<'_>, job_id: &str, patch: &JobPatch) -> Result
         }
     }
     job.updated_ms = txn.now_ms;
-    store(txn, Some(&before), &job);
+    store(txn, Some(&before), &job)?;
     Ok(Outcome::Done)
 }
 
@@ -279,7 +284,7 @@ pub(crate) fn cancel(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, Storage
     job.lease_owner = None;
     job.lease_expires_ms = None;
     job.updated_ms = txn.now_ms;
-    store(txn, Some(&before), &job);
+    store(txn, Some(&before), &job)?;
     Ok(Outcome::Done)
 }
 
@@ -312,11 +317,17 @@ pub(crate) fn claim(
     if max == 0 {
         return Ok(Outcome::JobsClaimed { jobs: Vec::new() });
     }
+    // Each scan starts at its index's floor; the floor is raised past what the scan consumed
+    // (every key it returns is claimed or ended below, or names no job) once this claim is done.
+    let mut raises = Vec::new();
     let (start, end) = keys::job_due_until(now);
-    let mut index_keys = untaken_keys(txn, &start, &end, max)?;
+    let (mut index_keys, reached) = untaken_keys(txn, &floor::start(txn, &start)?, &end, max)?;
+    raises.push((start, reached));
     if index_keys.len() < max {
         let (start, end) = keys::job_lease_until(now);
-        index_keys.extend(untaken_keys(txn, &start, &end, max - index_keys.len())?);
+        let (more, reached) = untaken_keys(txn, &floor::start(txn, &start)?, &end, max - index_keys.len())?;
+        index_keys.extend(more);
+        raises.push((start, reached));
     }
     let ids =
         index_keys.iter().filter_map(|k| keys::parse_timed(k).map(|(_, id)| String::from_utf8_lossy(id).into_owned()));
@@ -338,7 +349,7 @@ pub(crate) fn claim(
                 job.updated_ms = now;
                 job.last_error = Some("lease expired after the last attempt".into());
                 end_fire(&mut job, now, false);
-                store(txn, Some(&before), &job);
+                store(txn, Some(&before), &job)?;
                 continue;
             }
         }
@@ -354,8 +365,11 @@ pub(crate) fn claim(
         if let Some(starts) = starts {
             begin_run(txn, &mut job, &starts.run_ids[claimed.len()], worker, starts.run_ttl_ms);
         }
-        store(txn, Some(&before), &job);
+        store(txn, Some(&before), &job)?;
         claimed.push(job);
+    }
+    for (start, reached) in raises {
+        floor::raise(txn, &start, reached)?;
     }
     Ok(Outcome::JobsClaimed { jobs: claimed })
 }
@@ -363,7 +377,10 @@ pub(crate) fn claim(
 /// Up to `max` index keys of `[start, end)` as of the previous entry, leaving out those an
 /// earlier command of this entry deleted (jobs another claim in the same entry took), so that
 /// several claims in one entry each get their own jobs.
-fn untaken_keys(txn: &Txn<'_>, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+/// Up to `max` committed keys of `[start, end)` that no earlier command of this entry
+/// deleted, and how far the scan got: `end` if it saw every key of the range, else just past
+/// the last key it saw.
+fn untaken_keys(txn: &Txn<'_>, start: &[u8], end: &[u8], max: usize) -> Result<(Vec<Vec<u8>>, Vec<u8>), StorageError> {
     let mut out = Vec::new();
     let mut from = start.to_vec();
     while out.len() < max {
@@ -376,10 +393,10 @@ fn untaken_keys(txn: &Txn<'_>, start: &[u8], end: &[u8], max: usize) -> Result<V
         }
         out.extend(chunk.into_iter().filter(|key| !txn.deleted(key)));
         if exhausted {
-            break;
+            return Ok((out, end.to_vec()));
         }
     }
-    Ok(out)
+    Ok((out, from))
 }
 
 /// Ends the job's current run, if one is still RUNNING under the job's fence, with `status`
@@ -441,7 +458,7 @@ pub(crate) fn start(
     }
     let mut job = before.clone();
     begin_run(txn, &mut job, run_id, worker, run_ttl_ms);
-    store(txn, Some(&before), &job);
+    store(txn, Some(&before), &job)?;
     Ok(Outcome::Done)
 }
 
@@ -476,7 +493,7 @@ pub(crate) fn renew(txn: &mut Txn<'_>, job_id: &str, fence: u64, lease_ms: u64) 
     }
     let mut job = before.clone();
     job.lease_expires_ms = Some(txn.now_ms.saturating_add(lease_ms));
-    store(txn, Some(&before), &job);
+    store(txn, Some(&before), &job)?;
     Ok(Outcome::Done)
 }
 
@@ -507,7 +524,7 @@ pub(crate) fn finish(txn: &mut Txn<'_>, report: &RunReport) -> Result<Outcome, S
     } else {
         end_fire(&mut job, now, succeeded);
     }
-    store(txn, Some(&before), &job);
+    store(txn, Some(&before), &job)?;
     Ok(Outcome::Done)
 }
 
@@ -582,7 +599,7 @@ impl StateMachine {
     /// or finished since (deleted, but in RocksDB until compacted) beyond it.
     pub fn claimable_at(&self, now_ms: u64) -> Result<bool, StorageError> {
         for (start, end) in [keys::job_due_until(now_ms), keys::job_lease_until(now_ms)] {
-            if !self.scan_keys(&start, &end, 1)?.is_empty() {
+            if !self.scan_keys(&floor::start(self, &start)?, &end, 1)?.is_empty() {
                 return Ok(true);
             }
         }

@@ -5,6 +5,7 @@
 use crate::command::{Batch, Command, Outcome, Rejection};
 use crate::jobs::{Job, JobPatch, JobSpec, JobStatus, RunReport, RunStatus, Schedule};
 use crate::schedule::CronSchedule;
+use crate::state::Reads;
 use crate::{Db, StateMachine};
 
 fn open() -> (tempfile::TempDir, StateMachine) {
@@ -388,4 +389,55 @@ fn an_expired_started_claim_times_out_and_its_stale_fence_changes_nothing() {
     let ended = sm.job("j").expect("read").expect("job");
     assert_eq!((ended.status, ended.runs, ended.lease_owner), (JobStatus::Failed, 2, None));
     assert_eq!(sm.job_runs("j", None, 1).expect("runs")[0].status, RunStatus::TimedOut);
+}
+
+#[test]
+fn claims_start_at_the_floor_and_no_due_job_is_ever_left_below_it() {
+    let (_dir, sm) = open();
+    for i in 0..25 {
+        at(&sm, 0, Command::CreateJob(Box::new(job(&format!("j{i:02}"), Schedule::Once { run_at_ms: 1_000 }, 0))));
+    }
+    // Three claims of at most 10 walk the index front to back, each from where the last stopped.
+    let mut taken: Vec<String> = (0..3).flat_map(|_| claim(&sm, 1_000, "w")).map(|j| j.id).collect();
+    taken.sort();
+    let all: Vec<String> = (0..25).map(|i| format!("j{i:02}")).collect();
+    assert_eq!(taken, all, "each due job claimed exactly once");
+    let floor = sm.get_bytes(&crate::keys::queue_floor(&crate::keys::job_due(0, ""))).expect("read");
+    assert!(floor.is_some_and(|f| f > crate::keys::job_due(1_000, "j24")), "the floor passed every claimed job");
+
+    // A job due before the floor brings it down.
+    at(&sm, 1_001, Command::CreateJob(Box::new(job("early", Schedule::Once { run_at_ms: 10 }, 0))));
+    assert!(sm.claimable_at(1_001).expect("peek"));
+    assert_eq!(claim(&sm, 1_001, "w").iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["early"]);
+
+    // A job written in the same entry as a claim is not in that claim's scan, and the claim's
+    // raise of the floor stops below it, so the next claim finds it.
+    let both = sm
+        .apply(
+            b"m",
+            Some(&Batch {
+                now_ms: 2_000,
+                commands: vec![
+                    Command::CreateJob(Box::new(job("same", Schedule::Once { run_at_ms: 1_500 }, 0))),
+                    Command::ClaimJobs { worker: "w".into(), lease_ms: 500, max_jobs: 10 },
+                ],
+            }),
+        )
+        .expect("apply");
+    assert_eq!(both[1], Outcome::JobsClaimed { jobs: Vec::new() });
+    assert!(sm.claimable_at(2_000).expect("peek"));
+    assert_eq!(claim(&sm, 2_001, "w").iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["same"]);
+}
+
+#[test]
+fn an_expired_lease_is_found_past_the_lease_index_floor() {
+    let (_dir, sm) = open();
+    at(&sm, 0, Command::CreateJob(Box::new(job("a", Schedule::Once { run_at_ms: 100 }, 1))));
+    at(&sm, 0, Command::CreateJob(Box::new(job("b", Schedule::Once { run_at_ms: 2_000 }, 1))));
+    assert_eq!(claim(&sm, 100, "w").len(), 1);
+    assert!(claim(&sm, 599, "w").is_empty(), "a's lease runs until 600; the lease floor moves to 600");
+    let again = claim(&sm, 600, "w2");
+    assert_eq!(again.iter().map(|j| (j.id.as_str(), j.attempts)).collect::<Vec<_>>(), [("a", 2)]);
+    assert_eq!(claim(&sm, 2_000, "w").iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["b"]);
+    assert_eq!(claim(&sm, 2_500, "w").iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["b"], "b's lease expired");
 }

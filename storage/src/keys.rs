@@ -393,6 +393,14 @@ fn next_prefix(mut prefix: Vec<u8>) -> Vec<u8> {
     vec![0xff; 9]
 }
 
+/// The floor of the queue-like index whose keys (or range) start with `index_key`'s tag
+/// (`floor.rs`): no live key of the index is below it.
+pub fn queue_floor(index_key: &[u8]) -> Vec<u8> {
+    let mut rest = b"floor/".to_vec();
+    rest.push(index_key.first().copied().unwrap_or(0));
+    tagged(tag::SYSTEM, &rest)
+}
+
 /// The stored data-format version (see `sharing::migrate`).
 pub fn schema() -> Vec<u8> {
     tagged(tag::SYSTEM, b"schema")

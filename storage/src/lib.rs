@@ -29,6 +29,7 @@ pub mod command;
 pub mod db;
 mod error;
 pub mod files;
+mod floor;
 mod guards;
 pub mod jobs;
 pub mod keys;

@@ -35,6 +35,9 @@ pub(crate) struct Txn<'a> {
     db: &'a Db,
     batch: WriteBatch,
     overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The lowest key written to each queue-like index (by its tag) in this entry
+    /// (`floor::note_insert`).
+    index_inserts: HashMap<u8, Vec<u8>>,
     pub(crate) now_ms: u64,
 }
 
@@ -67,6 +70,18 @@ impl Txn<'_> {
     /// Whether an earlier command of this entry deleted `key` (and none wrote it since).
     pub(crate) fn deleted(&self, key: &[u8]) -> bool {
         matches!(self.overlay.get(key), Some(None))
+    }
+
+    pub(crate) fn note_index_insert(&mut self, key: &[u8]) {
+        let Some(&tag) = key.first() else { return };
+        let lowest = self.index_inserts.entry(tag).or_insert_with(|| key.to_vec());
+        if key < lowest.as_slice() {
+            *lowest = key.to_vec();
+        }
+    }
+
+    pub(crate) fn lowest_index_insert(&self, tag: u8) -> Option<&[u8]> {
+        self.index_inserts.get(&tag).map(Vec::as_slice)
     }
 
     /// Keys of `[start, end)` as of the previous entry (this entry's writes not included),
@@ -184,7 +199,13 @@ impl StateMachine {
             Some(batch) => self.clock_ms()?.max(batch.now_ms),
             None => self.clock_ms()?,
         };
-        let mut txn = Txn { db: &self.db, batch: WriteBatch::default(), overlay: HashMap::new(), now_ms };
+        let mut txn = Txn {
+            db: &self.db,
+            batch: WriteBatch::default(),
+            overlay: HashMap::new(),
+            index_inserts: HashMap::new(),
+            now_ms,
+        };
         let mut outcomes = Vec::new();
         if let Some(batch) = batch {
             outcomes.reserve(batch.commands.len());
