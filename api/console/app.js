@@ -84,6 +84,13 @@ function token() {
   return sessionStorage.getItem(TOKEN_KEY);
 }
 
+// A fresh Idempotency-Key: 128 random bits in hex (crypto.randomUUID exists only in secure
+// contexts, and a console may be served over plain HTTP on a private address).
+function idempotencyKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 // A request to this node's API; JSON in, JSON (or an ArrayBuffer) out. An error answer
 // (problem+json) becomes an ApiError naming status, title and detail.
 async function api(path, { method = "GET", body, raw = false, auth = true } = {}) {
@@ -91,7 +98,7 @@ async function api(path, { method = "GET", body, raw = false, auth = true } = {}
   if (auth) headers.Authorization = `Bearer ${token()}`;
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
-    headers["Idempotency-Key"] = crypto.randomUUID();
+    headers["Idempotency-Key"] = idempotencyKey();
   }
   let response;
   try {

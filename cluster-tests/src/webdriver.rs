@@ -5,7 +5,7 @@
 //! (navigate, find, click, type, read text, run a script, screenshot), so no WebDriver
 //! client crate comes in. [`Browser::start`] launches `chromedriver` on a free port and
 //! opens a session on Debian's `chromium` (`--headless=new --no-sandbox`, so it also runs
-//! as root in CI) with a profile in a temporary directory; [`Browser::close`] ends the
+//! as root in CI) with a profile and downloads directory in a temporary directory; [`Browser::close`] ends the
 //! session, and dropping the browser kills `chromedriver` and whatever it started (its
 //! process group).
 
@@ -36,6 +36,7 @@ pub struct Browser {
     http: reqwest::Client,
     /// `http://127.0.0.1:<port>/session/<id>`.
     session: String,
+    /// The profile and downloads directory, removed on drop.
     _profile: tempfile::TempDir,
 }
 
@@ -75,7 +76,18 @@ impl Browser {
         let answer = browser.call("POST", "/session", Some(capabilities)).await.context("open a browser session")?;
         let id = answer["sessionId"].as_str().context("session id")?.to_owned();
         browser.session = format!("{}/session/{id}", browser.session);
+        // Downloads go to the profile's directory (dropped with it), not ~/Downloads.
+        let downloads = browser.download_dir();
+        std::fs::create_dir_all(&downloads)?;
+        let behavior = json!({ "cmd": "Browser.setDownloadBehavior",
+            "params": { "behavior": "allow", "downloadPath": downloads } });
+        browser.call("POST", "/goog/cdp/execute", Some(behavior)).await.context("set the download directory")?;
         Ok(browser)
+    }
+
+    /// Where the browser saves downloads (inside its temporary profile).
+    pub fn download_dir(&self) -> PathBuf {
+        self._profile.path().join("downloads")
     }
 
     async fn wait_driver(&mut self) -> Result<()> {

@@ -1,7 +1,8 @@
 //! The web console in a real browser (headless Chromium through chromedriver): a user logs
 //! in with a token, sees the cluster's members, browses to a file with two versions, opens
-//! its history, downloads and restores the old version, and finds a job's run. A file whose
-//! name looks like HTML shows as text. Screenshots go to `<target>/console-screenshots/`.
+//! its history, downloads the old version (the saved bytes compared) and restores it, and
+//! finds a job's run. A file whose name looks like HTML shows as text. Screenshots go to
+//! `<target>/console-screenshots/`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -192,6 +193,18 @@ async fn browse(
         .await?;
     let downloaded = format!("version 1: {} bytes", FIRST.len());
     browser.wait_for("#notice", &downloaded, PAGE_WAIT).await?;
+    let saved = browser.download_dir().join("report.txt");
+    let deadline = Deadline::after(PAGE_WAIT, format!("{} saved", saved.display()));
+    loop {
+        // Chromium writes a `.crdownload` file and renames it when the download is complete.
+        match std::fs::read(&saved) {
+            Ok(bytes) => {
+                ensure!(bytes == FIRST, "the downloaded version 1 holds {:?}", String::from_utf8_lossy(&bytes));
+                break;
+            }
+            Err(e) => deadline.tick(&e.to_string()).await?,
+        }
+    }
     browser.screenshot(&shots.join("3-history.png")).await?;
     browser
         .click(&browser.wait_for("#history tr[data-version='1'] button.restore", "Restore", PAGE_WAIT).await?)
