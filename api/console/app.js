@@ -149,10 +149,16 @@ function go(hash) {
 }
 
 let renderSeq = 0;
+let refreshTimer = null;
+// The cluster page refreshes itself this often (ms).
+const CLUSTER_REFRESH_MS = 5000;
 
-async function render() {
+// Draws the page the fragment names. `quiet` (the cluster page's own refresh) keeps the
+// current content until the new one is ready.
+async function render(quiet = false) {
   const seq = ++renderSeq;
-  showError("");
+  clearTimeout(refreshTimer);
+  if (!quiet) showError("");
   const loggedIn = Boolean(token());
   byId("login").hidden = loggedIn;
   byId("nav").hidden = !loggedIn;
@@ -173,14 +179,19 @@ async function render() {
     history: () => historyPage(params),
     jobs: () => (parts[1] ? runsPage(decodeURIComponent(parts[1])) : jobsPage()),
   }[parts[0]];
-  view.replaceChildren(el("p", { className: "muted", text: "Loading…" }));
+  if (!quiet) view.replaceChildren(el("p", { className: "muted", text: "Loading…" }));
   try {
     const content = page ? await page() : el("p", { text: "No such page." });
-    if (seq === renderSeq) view.replaceChildren(content);
+    if (seq !== renderSeq) return;
+    view.replaceChildren(content);
+    if (quiet) showError("");
   } catch (e) {
     if (seq !== renderSeq) return;
-    view.replaceChildren();
+    if (!quiet) view.replaceChildren();
     showError(e.message);
+  }
+  if (parts[0] === "cluster") {
+    refreshTimer = setTimeout(() => render(true), CLUSTER_REFRESH_MS);
   }
 }
 
@@ -229,7 +240,12 @@ async function clusterPage() {
   });
   const parts = [
     el("h2", { text: "Cluster" }),
-    el("div", { className: "toolbar" }, el("button", { type: "button", id: "cluster-refresh", onclick: () => render() }, "Refresh")),
+    el(
+      "div",
+      { className: "toolbar" },
+      el("button", { type: "button", id: "cluster-refresh", onclick: () => render() }, "Refresh"),
+      el("span", { className: "muted", text: `Refreshes every ${CLUSTER_REFRESH_MS / 1000} s` }),
+    ),
     facts,
     el("h3", { text: "Members" }),
     table(["Node", "Kind", "", "HTTP", "gRPC", "Matched index", "Lag (entries)"], rows, "members"),
@@ -361,6 +377,9 @@ async function historyPage(params) {
   const path = params.get("path");
   if (!path) throw new Error("no file path given");
   const folder = path.slice(0, path.lastIndexOf("/") + 1);
+  // A viewer cannot restore (the API would refuse with 403): no button for it.
+  const role = (await namespaces()).find((n) => n.namespaceId === ns || (!ns && n.kind === "user"));
+  const canWrite = !role || role.role !== "viewer";
   const tbody = el("tbody", {});
   const more = el("button", { type: "button", id: "history-more", hidden: true }, "More");
   let pageToken = null;
@@ -374,7 +393,7 @@ async function historyPage(params) {
         actions.append(
           el("button", { type: "button", className: "download", onclick: () => download(path, v) }, "Download"),
         );
-        if (v.version !== current) {
+        if (v.version !== current && canWrite) {
           actions.append(" ", el("button", { type: "button", className: "restore", onclick: () => restore(ns, path, v.version) }, "Restore"));
         }
       }

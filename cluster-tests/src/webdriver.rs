@@ -151,6 +151,14 @@ impl Browser {
         }
     }
 
+    /// The text of the first element matching `css`, read in one script (so a page that
+    /// redraws itself cannot swap the element between finding and reading); `None` if none.
+    pub async fn text_of(&self, css: &str) -> Result<Option<String>> {
+        let script = "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;";
+        let text = self.call("POST", "/execute/sync", Some(json!({ "script": script, "args": [css] }))).await?;
+        Ok(text.as_str().map(str::to_owned))
+    }
+
     pub async fn text(&self, element: &Element) -> Result<String> {
         let text = self.call("GET", &format!("/element/{}/text", element.0), None).await?;
         Ok(text.as_str().unwrap_or_default().to_owned())

@@ -1,15 +1,18 @@
 //! The web console in a real browser (headless Chromium through chromedriver): a user logs
 //! in with a token, sees the cluster's members, browses to a file with two versions, opens
 //! its history, downloads the old version (the saved bytes compared) and restores it, and
-//! finds a job's run. A file whose name looks like HTML shows as text. Screenshots go to
-//! `<target>/console-screenshots/`.
+//! finds a job's run; a folder shared with it as a viewer shows its files' history with no
+//! restore; an API refusal is shown; a file whose name looks like HTML shows as text.
+//! Screenshots go to `<target>/console-screenshots/`.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::webdriver::Browser;
-use raftbox_cluster_tests::{new_user, put_block, within, Cluster, ClusterOptions, Deadline, Seed};
+use raftbox_cluster_tests::{
+    create_folder, grant, new_user, put_block, within, Cluster, ClusterOptions, Deadline, Seed,
+};
 use serde_json::{json, Value};
 
 const TEST_DEADLINE: Duration = Duration::from_secs(90);
@@ -39,8 +42,24 @@ fn screenshot_dir() -> Result<PathBuf> {
 }
 
 async fn commit(http: &reqwest::Client, url: &str, token: &str, path: &str, data: &[u8], base: u64) -> Result<u64> {
+    commit_in(http, url, token, None, path, data, base).await
+}
+
+/// A commit of `data` at `path` in `namespace` (default: the caller's personal one).
+async fn commit_in(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    namespace: Option<&str>,
+    path: &str,
+    data: &[u8],
+    base: u64,
+) -> Result<u64> {
     let chunk = put_block(http, url, token, data).await?;
-    let body = json!({ "path": path, "chunks": [chunk], "baseVersion": base, "size": data.len(), "mtime": 0 });
+    let mut body = json!({ "path": path, "chunks": [chunk], "baseVersion": base, "size": data.len(), "mtime": 0 });
+    if let Some(namespace) = namespace {
+        body["namespaceId"] = json!(namespace);
+    }
     let response = http.post(format!("{url}/v1/files/commit")).bearer_auth(token).json(&body).send().await?;
     ensure!(response.status().as_u16() == 201, "commit {path}: {}", response.status());
     let body: Value = response.json().await?;
@@ -86,6 +105,7 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
     let http = cluster.client();
     let n1 = cluster.http_url(1);
     let name = format!("console-{}", seed.value());
+    let team = format!("team-{}", seed.value());
     let (_user_id, token) = new_user(cluster, 1, &name, "browser").await?;
     check_static_files(&http, &cluster.http_url(2)).await?;
 
@@ -93,6 +113,14 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
     ensure!(commit(&http, &n1, &token, "/docs/report.txt", FIRST, 0).await? == 1, "first version");
     ensure!(commit(&http, &n1, &token, "/docs/report.txt", SECOND, 1).await? == 2, "second version");
     commit(&http, &n1, &token, &format!("/docs/{MARKUP_NAME}"), b"x", 0).await?;
+    // A folder another user shares with this one as a viewer: listed, but not restorable.
+    let (_, owner_token) = new_user(cluster, 1, &format!("{name}-owner"), "owner").await?;
+    let folder = create_folder(&http, &n1, &owner_token, &team).await?;
+    let team_id = folder.body().and_then(|b| b["namespaceId"].as_str()).context("namespaceId")?.to_owned();
+    commit_in(&http, &n1, &owner_token, Some(&team_id), "/plan.txt", FIRST, 0).await?;
+    commit_in(&http, &n1, &owner_token, Some(&team_id), "/plan.txt", SECOND, 1).await?;
+    let granted = grant(&http, &n1, &owner_token, &team_id, json!({ "userName": name }), "viewer").await?;
+    ensure!(granted.is_ok(), "grant viewer: {granted:?}");
     let job =
         json!({ "type": "noop", "payload": {}, "schedule": { "runAt": "2020-01-01T00:00:00Z" }, "maxRetries": 0 });
     let response = http.post(format!("{n1}/v1/jobs")).bearer_auth(&token).json(&job).send().await?;
@@ -129,7 +157,7 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
 
     let shots = screenshot_dir()?;
     let browser = Browser::start(1280, 900).await?;
-    let mut result = browse(&browser, &cluster.http_url(follower), &name, &token, &job_id, &shots).await;
+    let mut result = browse(&browser, &cluster.http_url(follower), &name, &team, &token, &job_id, &shots).await;
     if result.is_ok() {
         result = leader_view(&browser, &cluster.http_url(leader), &token, &shots).await;
     }
@@ -149,6 +177,7 @@ async fn browse(
     browser: &Browser,
     url: &str,
     name: &str,
+    team: &str,
     token: &str,
     job_id: &str,
     shots: &std::path::Path,
@@ -167,11 +196,11 @@ async fn browse(
 
     // Cluster status: three members, one leader, a term and an applied index.
     browser.wait_for("#members tbody tr", "leader", PAGE_WAIT).await?;
-    let members = browser.find_all("#members tbody tr").await?;
-    ensure!(members.len() == 3, "{} member rows", members.len());
-    let term = browser.text(&browser.wait_for("#cluster-term", "", PAGE_WAIT).await?).await?;
+    let members: Value = browser.script("return document.querySelectorAll('#members tbody tr').length;").await?;
+    ensure!(members == 3, "{members} member rows");
+    let term = browser.text_of("#cluster-term").await?.unwrap_or_default();
     ensure!(term.parse::<u64>().is_ok_and(|t| t >= 1), "term shown: {term:?}");
-    let applied = browser.text(&browser.wait_for("#cluster-applied", "", PAGE_WAIT).await?).await?;
+    let applied = browser.text_of("#cluster-applied").await?.unwrap_or_default();
     ensure!(applied.parse::<u64>().is_ok_and(|a| a >= 1), "applied index shown: {applied:?}");
     browser.screenshot(&shots.join("1-cluster.png")).await?;
 
@@ -211,6 +240,19 @@ async fn browse(
         .await?;
     browser.wait_for("#notice", "as version 3", PAGE_WAIT).await?;
     browser.wait_for("#history tr[data-version='3']", "3", PAGE_WAIT).await?;
+
+    // The shared folder, picked from the namespaces: its file's history, downloadable but
+    // with no restore for a viewer.
+    browser.click(&browser.wait_for("#history-back", "Back", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("#namespace option", team, PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("tr[data-file='plan.txt'] button.history", "History", PAGE_WAIT).await?).await?;
+    browser.wait_for("#history tr[data-version='1'] button.download", "Download", PAGE_WAIT).await?;
+    let restores = browser.find_all("#history button.restore").await?;
+    ensure!(restores.is_empty(), "a viewer is offered {} restores", restores.len());
+    browser.screenshot(&shots.join("3b-shared-as-viewer.png")).await?;
+    // An API refusal shows as the problem's status and detail.
+    browser.goto(&format!("{url}/#/history?path=/docs/nope.txt")).await?;
+    browser.wait_for("#error", "404 Not found: no file at /docs/nope.txt", PAGE_WAIT).await?;
 
     // Jobs: the job, then its run.
     browser.click(&browser.wait_for("#nav-jobs", "Jobs", PAGE_WAIT).await?).await?;
