@@ -5,9 +5,9 @@
 //! (navigate, find, click, type, read text, run a script, screenshot), so no WebDriver
 //! client crate comes in. [`Browser::start`] launches `chromedriver` on a free port and
 //! opens a session on Debian's `chromium` (`--headless=new --no-sandbox`, so it also runs
-//! as root in CI) with a profile and downloads directory in a temporary directory; [`Browser::close`] ends the
-//! session, and dropping the browser kills `chromedriver` and whatever it started (its
-//! process group).
+//! as root in CI) with its profile and downloads in a temporary directory;
+//! [`Browser::close`] ends the session, and dropping the browser kills `chromedriver` and
+//! whatever it started (its process group).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -37,7 +37,7 @@ pub struct Browser {
     /// `http://127.0.0.1:<port>/session/<id>`.
     session: String,
     /// The profile and downloads directory, removed on drop.
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
 }
 
 /// An element found on the page (its WebDriver reference).
@@ -59,7 +59,7 @@ impl Browser {
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let driver = command.spawn().with_context(|| format!("start {}", driver_bin.display()))?;
         let http = reqwest::Client::builder().timeout(COMMAND_TIMEOUT).build()?;
-        let mut browser = Browser { driver, http, session: format!("http://127.0.0.1:{port}"), _profile: profile };
+        let mut browser = Browser { driver, http, session: format!("http://127.0.0.1:{port}"), profile };
         browser.wait_driver().await?;
         let capabilities = json!({ "capabilities": { "alwaysMatch": {
             "browserName": "chrome",
@@ -69,7 +69,7 @@ impl Browser {
                     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                     "--no-first-run", "--no-default-browser-check", "--disable-extensions",
                     format!("--window-size={width},{height}"),
-                    format!("--user-data-dir={}", browser._profile.path().display()),
+                    format!("--user-data-dir={}", browser.profile.path().display()),
                 ],
             },
         }}});
@@ -87,7 +87,7 @@ impl Browser {
 
     /// Where the browser saves downloads (inside its temporary profile).
     pub fn download_dir(&self) -> PathBuf {
-        self._profile.path().join("downloads")
+        self.profile.path().join("downloads")
     }
 
     async fn wait_driver(&mut self) -> Result<()> {
