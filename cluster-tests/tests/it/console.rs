@@ -31,12 +31,16 @@ async fn console_logs_in_browses_history_and_finds_job_runs() {
     cluster.conclude(result);
 }
 
-/// `<target>/console-screenshots`: beside `debug/` in the directory of this test executable
-/// (`<target>/debug/deps/cluster-…`).
+/// `<target>/console-screenshots`, emptied: beside `debug/` in the directory of this test
+/// executable (`<target>/debug/deps/cluster-…`).
 fn screenshot_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let target = exe.ancestors().nth(3).context("target directory above the test executable")?;
     let dir = target.join("console-screenshots");
+    // Only this run's pictures (a `failure.png` of an earlier run would mislead).
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clear {}", dir.display()))?;
+    }
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
