@@ -9,12 +9,14 @@
 //! - [`ratelimit`]: configured rate limits, applied as middleware to matching routes.
 //! - [`metrics`]: per-route request counts and latency histograms (middleware).
 //! - [`routes`]: the handlers, one module per area (probes, accounts).
+//! - [`console`]: the web console's static files (embedded), served at `/`.
 //!
 //! Every handler talks to the cluster through [`raftbox_raft::RaftNode`]: writes are
 //! commands proposed through the leader, reads are local after a read barrier.
 
 pub mod access;
 pub mod auth;
+pub mod console;
 pub mod error;
 pub mod idempotency;
 pub mod json;

@@ -28,6 +28,7 @@ pub mod net;
 pub mod receiver;
 pub mod register;
 mod support;
+pub mod webdriver;
 mod workload;
 
 pub use client::*;

@@ -35,6 +35,8 @@ pub(crate) fn new_id() -> String {
 /// Every route of the API but the notification channels ([`notify_router`]).
 pub fn router() -> Router<AppState> {
     Router::new()
+        .route("/", get(crate::console::index))
+        .route("/console/{file}", get(crate::console::asset))
         .route("/healthz", get(probes::healthz))
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))

@@ -45,6 +45,20 @@ pub struct ClusterInfo {
     last_applied: u64,
     last_log_index: u64,
     snapshot_index: Option<u64>,
+    /// On the leader: how far each member's log matches the leader's; `null` elsewhere
+    /// (only the leader knows).
+    replication: Option<Vec<ReplicationView>>,
+}
+
+/// One member's replication as the leader sees it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationView {
+    node_id: u64,
+    /// The last log index known to match the leader's, `null` before the first reply.
+    matched_index: Option<u64>,
+    /// Entries the leader has that the member is not known to have.
+    lag: u64,
 }
 
 /// This node's view of the cluster.
@@ -61,6 +75,20 @@ pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
         last_applied: m.last_applied.map(|id| id.index).unwrap_or(0),
         last_log_index: m.last_log_index.unwrap_or(0),
         snapshot_index: m.snapshot.map(|id| id.index),
+        replication: m.replication.as_ref().map(|replication| {
+            let last = m.last_log_index.unwrap_or(0);
+            replication
+                .iter()
+                .map(|(id, matched)| {
+                    let matched_index = matched.map(|log_id| log_id.index);
+                    ReplicationView {
+                        node_id: *id,
+                        matched_index,
+                        lag: last.saturating_sub(matched_index.unwrap_or(0)),
+                    }
+                })
+                .collect()
+        }),
     })
 }
 

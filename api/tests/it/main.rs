@@ -253,6 +253,33 @@ async fn conflicts_and_unknown_resources() {
 }
 
 #[tokio::test]
+async fn console_is_served_without_a_token_under_a_strict_policy() {
+    let node = TestNode::start().await;
+    for (path, content_type, marker) in [
+        ("/", "text/html; charset=utf-8", "<title>raftbox console</title>"),
+        ("/console/app.js", "text/javascript; charset=utf-8", "sessionStorage"),
+        ("/console/style.css", "text/css; charset=utf-8", "font-family"),
+    ] {
+        let (status, headers, body) = node.call("GET", path, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(headers["content-type"], content_type, "{path}");
+        assert_eq!(headers["content-security-policy"], raftbox_api::console::CONTENT_SECURITY_POLICY, "{path}");
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        assert!(body.as_str().expect("text").contains(marker), "{path}");
+    }
+    let policy = raftbox_api::console::CONTENT_SECURITY_POLICY;
+    assert!(policy.contains("default-src 'none'") && policy.contains("script-src 'self'"));
+    assert!(!policy.contains("unsafe-inline") && !policy.contains("unsafe-eval"));
+    for path in ["/console/nope.js", "/console/", "/console/../Cargo.toml"] {
+        let (status, _, body) = node.call("GET", path, None, None).await;
+        assert_problem(status, &body, StatusCode::NOT_FOUND, "not-found");
+    }
+    // The page is public; what it calls is not.
+    let (status, _, body) = node.call("GET", "/v1/me", None, None).await;
+    assert_problem(status, &body, StatusCode::UNAUTHORIZED, "unauthenticated");
+}
+
+#[tokio::test]
 async fn probes_and_cluster_view() {
     let node = TestNode::start().await;
     let (status, _, body) = node.call("GET", "/healthz", None, None).await;
@@ -266,6 +293,13 @@ async fn probes_and_cluster_view() {
     assert_eq!(cluster["role"], "Leader");
     assert_eq!(cluster["members"].as_array().map(Vec::len), Some(1));
     assert!(cluster["lastApplied"].as_u64().expect("lastApplied") >= 2);
+    // The leader reports each member's replication, itself included (the console's lag).
+    let replication = cluster["replication"].as_array().expect("the leader reports replication");
+    assert_eq!(replication.len(), 1, "{replication:?}");
+    let (last, matched) = (cluster["lastLogIndex"].as_u64(), replication[0]["matchedIndex"].as_u64());
+    assert_eq!(replication[0]["nodeId"], 1);
+    assert!(matched.is_some_and(|m| m >= 2), "{replication:?}");
+    assert_eq!(replication[0]["lag"].as_u64(), last.zip(matched).map(|(l, m)| l - m));
     let (status, _, metrics) = node.call("GET", "/metrics", None, None).await;
     assert_eq!(status, StatusCode::OK);
     let before = metrics.as_str().expect("text").to_owned();

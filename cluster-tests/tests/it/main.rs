@@ -37,6 +37,8 @@
 //! - `tls`: a mutual-TLS cluster without a secret works, and refuses plaintext and strangers;
 //!   with server TLS only, the secret is still demanded.
 //! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
+//! - `console`: the web console in headless Chromium: log in, cluster status, a file's
+//!   history, download and restore, a job's runs; screenshots in `<target>/console-screenshots/`.
 
 mod big_file;
 mod block_replication;
@@ -44,6 +46,7 @@ mod blocks_durable;
 mod chaos;
 mod checker;
 mod clock_skew;
+mod console;
 mod failover;
 mod files_sync;
 mod grpc_secret;

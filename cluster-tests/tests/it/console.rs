@@ -1,0 +1,301 @@
+//! The web console in a real browser (headless Chromium through chromedriver): a user logs
+//! in with a token, sees the cluster's members, browses to a file with two versions, opens
+//! its history, downloads the old version (the saved bytes compared) and restores it, and
+//! finds a job's run; a folder shared with it as a viewer shows its files' history with no
+//! restore; an API refusal is shown; a file whose name looks like HTML shows as text.
+//! Screenshots go to `<target>/console-screenshots/`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _, Result};
+use raftbox_cluster_tests::webdriver::Browser;
+use raftbox_cluster_tests::{
+    create_folder, grant, new_user, put_block, within, Cluster, ClusterOptions, Deadline, Seed,
+};
+use serde_json::{json, Value};
+
+const TEST_DEADLINE: Duration = Duration::from_secs(90);
+/// How long the page may take to show what a step awaits.
+const PAGE_WAIT: Duration = Duration::from_secs(15);
+const FIRST: &[u8] = b"first version of the report\n";
+const SECOND: &[u8] = b"second version of the report, somewhat longer\n";
+/// A name the console must show as text, never as markup.
+const MARKUP_NAME: &str = "<img src=x onerror=alert(1)>.txt";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_logs_in_browses_history_and_finds_job_runs() {
+    let seed = Seed::new("console::console_logs_in_browses_history_and_finds_job_runs");
+    let cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, scenario(&cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+/// `<target>/console-screenshots`, emptied: beside `debug/` in the directory of this test
+/// executable (`<target>/debug/deps/cluster-…`).
+fn screenshot_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let target = exe.ancestors().nth(3).context("target directory above the test executable")?;
+    let dir = target.join("console-screenshots");
+    // Only this run's pictures (a `failure.png` of an earlier run would mislead).
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clear {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+async fn commit(http: &reqwest::Client, url: &str, token: &str, path: &str, data: &[u8], base: u64) -> Result<u64> {
+    commit_in(http, url, token, None, path, data, base).await
+}
+
+/// A commit of `data` at `path` in `namespace` (default: the caller's personal one).
+async fn commit_in(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    namespace: Option<&str>,
+    path: &str,
+    data: &[u8],
+    base: u64,
+) -> Result<u64> {
+    let chunk = put_block(http, url, token, data).await?;
+    let mut body = json!({ "path": path, "chunks": [chunk], "baseVersion": base, "size": data.len(), "mtime": 0 });
+    if let Some(namespace) = namespace {
+        body["namespaceId"] = json!(namespace);
+    }
+    let response = http.post(format!("{url}/v1/files/commit")).bearer_auth(token).json(&body).send().await?;
+    ensure!(response.status().as_u16() == 201, "commit {path}: {}", response.status());
+    let body: Value = response.json().await?;
+    body["version"].as_u64().context("version")
+}
+
+async fn get(http: &reqwest::Client, url: &str, token: &str) -> Result<Value> {
+    let response = http.get(url).bearer_auth(token).send().await?;
+    ensure!(response.status().is_success(), "GET {url}: {}", response.status());
+    Ok(response.json().await?)
+}
+
+/// The static files: no token needed, right content types, a strict policy; the API still
+/// demands a token.
+async fn check_static_files(http: &reqwest::Client, url: &str) -> Result<()> {
+    for (path, content_type) in
+        [("/", "text/html"), ("/console/app.js", "text/javascript"), ("/console/style.css", "text/css")]
+    {
+        let response = http.get(format!("{url}{path}")).send().await?;
+        ensure!(response.status().as_u16() == 200, "GET {path}: {}", response.status());
+        let headers = response.headers();
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        ensure!(
+            header("content-type").starts_with(content_type),
+            "GET {path}: content type {}",
+            header("content-type")
+        );
+        let policy = header("content-security-policy");
+        ensure!(
+            policy.contains("default-src 'none'") && policy.contains("script-src 'self'") && !policy.contains("unsafe"),
+            "GET {path}: policy {policy:?}"
+        );
+        ensure!(header("x-content-type-options") == "nosniff", "GET {path}: no nosniff");
+    }
+    let missing = http.get(format!("{url}/console/nope.js")).send().await?;
+    ensure!(missing.status().as_u16() == 404, "unknown console file: {}", missing.status());
+    let anonymous = http.get(format!("{url}/v1/me")).send().await?;
+    ensure!(anonymous.status().as_u16() == 401, "GET /v1/me without a token: {}", anonymous.status());
+    Ok(())
+}
+
+async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
+    let http = cluster.client();
+    let n1 = cluster.http_url(1);
+    let name = format!("console-{}", seed.value());
+    let team = format!("team-{}", seed.value());
+    let (_user_id, token) = new_user(cluster, 1, &name, "browser").await?;
+    check_static_files(&http, &cluster.http_url(2)).await?;
+
+    // A file with two versions, a file named like markup, and a job that has run.
+    ensure!(commit(&http, &n1, &token, "/docs/report.txt", FIRST, 0).await? == 1, "first version");
+    ensure!(commit(&http, &n1, &token, "/docs/report.txt", SECOND, 1).await? == 2, "second version");
+    commit(&http, &n1, &token, &format!("/docs/{MARKUP_NAME}"), b"x", 0).await?;
+    // A folder another user shares with this one as a viewer: listed, but not restorable.
+    let (_, owner_token) = new_user(cluster, 1, &format!("{name}-owner"), "owner").await?;
+    let folder = create_folder(&http, &n1, &owner_token, &team).await?;
+    let team_id = folder.body().and_then(|b| b["namespaceId"].as_str()).context("namespaceId")?.to_owned();
+    commit_in(&http, &n1, &owner_token, Some(&team_id), "/plan.txt", FIRST, 0).await?;
+    commit_in(&http, &n1, &owner_token, Some(&team_id), "/plan.txt", SECOND, 1).await?;
+    let granted = grant(&http, &n1, &owner_token, &team_id, json!({ "userName": name }), "viewer").await?;
+    ensure!(granted.is_ok(), "grant viewer: {granted:?}");
+    let job =
+        json!({ "type": "noop", "payload": {}, "schedule": { "runAt": "2020-01-01T00:00:00Z" }, "maxRetries": 0 });
+    let response = http.post(format!("{n1}/v1/jobs")).bearer_auth(&token).json(&job).send().await?;
+    ensure!(response.status().as_u16() == 201, "create job: {}", response.status());
+    let job_id = response.json::<Value>().await?["jobId"].as_str().context("jobId")?.to_owned();
+    let ran = Deadline::after(Duration::from_secs(20), format!("a finished run of job {job_id}"));
+    loop {
+        let runs = get(&http, &format!("{n1}/v1/jobs/{job_id}/runs"), &token).await?;
+        if runs["runs"][0]["finishedAt"].is_string() {
+            break;
+        }
+        ran.tick(&runs.to_string()).await?;
+    }
+
+    // Only the leader knows each member's replication; followers say null.
+    let leader = cluster.leader_id().await.context("a leader")?;
+    let follower = if leader == 1 { 2 } else { 1 };
+    let deadline = Deadline::after(Duration::from_secs(10), "the leader's view of every follower");
+    loop {
+        let view = cluster.cluster_info(leader).await?;
+        let matched: Vec<u64> = view["replication"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["nodeId"] != leader && r["matchedIndex"].is_u64())
+            .filter_map(|r| r["nodeId"].as_u64())
+            .collect();
+        if matched.len() == 2 {
+            break;
+        }
+        deadline.tick(&view.to_string()).await?;
+    }
+    ensure!(cluster.cluster_info(follower).await?["replication"].is_null(), "a follower reports replication");
+
+    let shots = screenshot_dir()?;
+    let browser = Browser::start(1280, 900).await?;
+    let mut result = browse(&browser, &cluster.http_url(follower), &name, &team, &token, &job_id, &shots).await;
+    if result.is_ok() {
+        result = leader_view(&browser, &cluster.http_url(leader), &token, &shots).await;
+    }
+    if result.is_err() {
+        let _ = browser.screenshot(&shots.join("failure.png")).await;
+    }
+    browser.close().await?;
+    result?;
+
+    // The restore the browser asked for is the cluster's current version, with v1's content.
+    let current = get(&http, &format!("{n1}/v1/files?path=/docs/report.txt"), &token).await?;
+    ensure!(current["version"] == 3 && current["size"] == FIRST.len(), "after the restore: {current}");
+    Ok(())
+}
+
+async fn browse(
+    browser: &Browser,
+    url: &str,
+    name: &str,
+    team: &str,
+    token: &str,
+    job_id: &str,
+    shots: &std::path::Path,
+) -> Result<()> {
+    browser.goto(&format!("{url}/")).await?;
+    let input = browser.wait_for("#token", "", PAGE_WAIT).await?;
+    // A wrong token is refused with a visible error, and the page stays on the login form.
+    browser.type_into(&input, "rbx_not-a-token").await?;
+    browser.click(&browser.wait_for("#login-submit", "Log in", PAGE_WAIT).await?).await?;
+    browser.wait_for("#error", "401", PAGE_WAIT).await?;
+    let input = browser.wait_for("#token", "", PAGE_WAIT).await?;
+    browser.script("document.getElementById('token').value = ''; return null;").await?;
+    browser.type_into(&input, token).await?;
+    browser.click(&browser.wait_for("#login-submit", "Log in", PAGE_WAIT).await?).await?;
+    browser.wait_for("#who-name", name, PAGE_WAIT).await?;
+
+    // Cluster status: three members, one leader, a term and an applied index.
+    browser.wait_for("#members tbody tr", "leader", PAGE_WAIT).await?;
+    let members: Value = browser.script("return document.querySelectorAll('#members tbody tr').length;").await?;
+    ensure!(members == 3, "{members} member rows");
+    let term = browser.text_of("#cluster-term").await?.unwrap_or_default();
+    ensure!(term.parse::<u64>().is_ok_and(|t| t >= 1), "term shown: {term:?}");
+    let applied = browser.text_of("#cluster-applied").await?.unwrap_or_default();
+    ensure!(applied.parse::<u64>().is_ok_and(|a| a >= 1), "applied index shown: {applied:?}");
+    browser.screenshot(&shots.join("1-cluster.png")).await?;
+
+    // Files: into /docs/, where the markup name shows as text.
+    browser.click(&browser.wait_for("#nav-files", "Files", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("tr[data-folder='docs'] button", "docs/", PAGE_WAIT).await?).await?;
+    browser.wait_for("tr[data-file='report.txt']", "report.txt", PAGE_WAIT).await?;
+    browser.wait_for("#files tbody tr", MARKUP_NAME, PAGE_WAIT).await?;
+    let images = browser.script("return document.querySelectorAll('img').length;").await?;
+    ensure!(images == 0, "a file name became markup: {images} img elements");
+    browser.screenshot(&shots.join("2-files.png")).await?;
+
+    // History: both versions; download v1, then restore it (version 3).
+    browser.click(&browser.wait_for("tr[data-file='report.txt'] button.history", "History", PAGE_WAIT).await?).await?;
+    browser.wait_for("#history tr[data-version='2']", "2", PAGE_WAIT).await?;
+    browser.wait_for("#history tr[data-version='1']", "1", PAGE_WAIT).await?;
+    browser
+        .click(&browser.wait_for("#history tr[data-version='1'] button.download", "Download", PAGE_WAIT).await?)
+        .await?;
+    let downloaded = format!("version 1: {} bytes", FIRST.len());
+    browser.wait_for("#notice", &downloaded, PAGE_WAIT).await?;
+    let saved = browser.download_dir().join("report.txt");
+    let deadline = Deadline::after(PAGE_WAIT, format!("{} saved", saved.display()));
+    loop {
+        // Chromium writes a `.crdownload` file and renames it when the download is complete.
+        match std::fs::read(&saved) {
+            Ok(bytes) => {
+                ensure!(bytes == FIRST, "the downloaded version 1 holds {:?}", String::from_utf8_lossy(&bytes));
+                break;
+            }
+            Err(e) => deadline.tick(&e.to_string()).await?,
+        }
+    }
+    browser.screenshot(&shots.join("3-history.png")).await?;
+    browser
+        .click(&browser.wait_for("#history tr[data-version='1'] button.restore", "Restore", PAGE_WAIT).await?)
+        .await?;
+    browser.wait_for("#notice", "as version 3", PAGE_WAIT).await?;
+    browser.wait_for("#history tr[data-version='3']", "3", PAGE_WAIT).await?;
+
+    // The shared folder, picked from the namespaces: its file's history, downloadable but
+    // with no restore for a viewer.
+    browser.click(&browser.wait_for("#history-back", "Back", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("#namespace option", team, PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("tr[data-file='plan.txt'] button.history", "History", PAGE_WAIT).await?).await?;
+    browser.wait_for("#history tr[data-version='1'] button.download", "Download", PAGE_WAIT).await?;
+    let restores = browser.find_all("#history button.restore").await?;
+    ensure!(restores.is_empty(), "a viewer is offered {} restores", restores.len());
+    browser.screenshot(&shots.join("3b-shared-as-viewer.png")).await?;
+    // An API refusal shows as the problem's status and detail.
+    browser.goto(&format!("{url}/#/history?path=/docs/nope.txt")).await?;
+    browser.wait_for("#error", "404 Not found: no file at /docs/nope.txt", PAGE_WAIT).await?;
+
+    // Jobs: the job, then its run.
+    browser.click(&browser.wait_for("#nav-jobs", "Jobs", PAGE_WAIT).await?).await?;
+    let row = format!("#jobs tr[data-job='{job_id}']");
+    browser.wait_for(&row, "noop", PAGE_WAIT).await?;
+    browser.screenshot(&shots.join("4-jobs.png")).await?;
+    browser.click(&browser.wait_for(&format!("{row} a.job-link"), job_id, PAGE_WAIT).await?).await?;
+    browser.wait_for("#runs-job", job_id, PAGE_WAIT).await?;
+    browser.wait_for("#runs tbody tr[data-run]", "SUCCEEDED", PAGE_WAIT).await?;
+    browser.screenshot(&shots.join("5-runs.png")).await?;
+
+    // Reloading keeps the session (the token is in sessionStorage) and the page (the fragment).
+    browser.script("location.reload(); return null;").await?;
+    browser.wait_for("#runs tbody tr[data-run]", "SUCCEEDED", PAGE_WAIT).await?;
+    Ok(())
+}
+
+/// The leader's console (another origin: log in again) shows each member's matched index
+/// and lag.
+async fn leader_view(browser: &Browser, url: &str, token: &str, shots: &std::path::Path) -> Result<()> {
+    browser.goto(&format!("{url}/#/cluster")).await?;
+    let input = browser.wait_for("#token", "", PAGE_WAIT).await?;
+    browser.type_into(&input, token).await?;
+    browser.click(&browser.wait_for("#login-submit", "Log in", PAGE_WAIT).await?).await?;
+    browser.wait_for("#cluster-role", "Leader", PAGE_WAIT).await?;
+    let deadline = Deadline::after(PAGE_WAIT, "a matched index and a lag for every member");
+    loop {
+        let cells: Value = browser
+            .script(
+                "return [...document.querySelectorAll('#members tbody tr')]\
+                 .map(r => [...r.cells].slice(5).map(c => c.textContent));",
+            )
+            .await?;
+        let rows = cells.as_array().map(Vec::as_slice).unwrap_or_default();
+        let numeric = |v: &Value| v.as_str().is_some_and(|t| t.parse::<u64>().is_ok());
+        if rows.len() == 3 && rows.iter().all(|r| r.as_array().is_some_and(|c| c.len() == 2 && c.iter().all(numeric))) {
+            break;
+        }
+        deadline.tick(&cells.to_string()).await?;
+    }
+    browser.screenshot(&shots.join("0-cluster-leader.png")).await
+}
