@@ -1,8 +1,9 @@
 //! Invariant: two `raftbox sync` clients of one user, on two folders, through two different
 //! nodes, keep the folders identical (byte for byte) through creates, edits, a rename and
 //! deletes on both sides; an edit of one file made on both sides at once ends with both
-//! versions on both sides (one as a conflicted copy); when the node one client uses is killed
-//! the client carries on through its next endpoint.
+//! versions on both sides (one as a conflicted copy); a client killed with SIGKILL resumes
+//! without sending again what it had synced; when the node one client uses is killed the
+//! client carries on through its next endpoint.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,20 +30,40 @@ struct SyncClient {
     child: Child,
     dir: PathBuf,
     log: PathBuf,
+    args: Vec<String>,
 }
 
 impl SyncClient {
     fn start(dir: &Path, log: PathBuf, endpoints: &[String], token: &str, device: &str) -> Result<SyncClient> {
         std::fs::create_dir_all(dir)?;
-        let child = Command::new(raftbox_bin()?)
+        let args: Vec<String> =
+            ["--endpoint", &endpoints.join(","), "--token", token, "--device", device, "--interval", "2"]
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+        let child = SyncClient::spawn(dir, &log, &args)?;
+        Ok(SyncClient { child, dir: dir.to_path_buf(), log, args })
+    }
+
+    fn spawn(dir: &Path, log: &Path, args: &[String]) -> Result<Child> {
+        Command::new(raftbox_bin()?)
             .arg("sync")
             .arg(dir)
-            .args(["--endpoint", &endpoints.join(","), "--token", token, "--device", device, "--interval", "2"])
+            .args(args)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::create(log)?)
             .spawn()
-            .context("spawn raftbox sync")?;
-        Ok(SyncClient { child, dir: dir.to_path_buf(), log })
+            .context("spawn raftbox sync")
+    }
+
+    /// SIGKILL, then the same client again on the same folder, logging to `log`.
+    fn kill9_and_restart(&mut self, log: PathBuf, meanwhile: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        meanwhile()?;
+        self.child = SyncClient::spawn(&self.dir, &log, &self.args)?;
+        self.log = log;
+        Ok(())
     }
 
     fn signal(&self, signal: &str) -> Result<()> {
@@ -204,6 +225,27 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     })
     .await?;
     expected = after_conflict;
+
+    // B is killed (kill -9) just after a new file appears, and while it is down a file
+    // changes on each side; restarted, it resumes: what it had synced is not sent again,
+    // nothing is lost.
+    let fresh = bytes("fresh", 6_000_000);
+    write(&b.dir, "big/fresh.bin", &fresh)?;
+    let current_notes = expected["notes.txt"].clone();
+    let b_dir = b.dir.clone();
+    b.kill9_and_restart(work.path().join("b-restarted.log"), || {
+        write(&a.dir, "notes.txt", b"a's edit while b was down")?;
+        write(&b_dir, "offline.txt", b"written while b was down")
+    })?;
+    ensure!(current_notes != b"a's edit while b was down".to_vec());
+    expected.insert("notes.txt".into(), b"a's edit while b was down".to_vec());
+    expected.insert("big/fresh.bin".into(), fresh);
+    expected.insert("offline.txt".into(), b"written while b was down".to_vec());
+    converge(&mut a, &mut b, "B killed and restarted", exactly(expected.clone())).await?;
+    let restarted = std::fs::read_to_string(&b.log)?;
+    for synced in ["/docs/final.bin", "/photos/cat.jpg", "/notes.txt"] {
+        ensure!(!restarted.contains(&format!("↑ {synced} ")), "B sent {synced} again after its restart:\n{restarted}");
+    }
 
     // A's node dies; A carries on through its next endpoint.
     cluster.kill9(1)?;
