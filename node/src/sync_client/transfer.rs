@@ -196,6 +196,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_one_byte_overwrite_changes_one_chunk() {
+        let mut data = vec![0u8; 16_000_000];
+        blake3::Hasher::new().update(b"one byte").finalize_xof().fill(&mut data);
+        let hashes = |data: &[u8]| -> Vec<String> {
+            files_client::chunks_of(data, |_, _| Ok(())).expect("chunks").into_iter().map(|c| c.hash).collect()
+        };
+        let before = hashes(&data);
+        data[8_000_000] ^= 0xff;
+        let after = hashes(&data);
+        assert_eq!(before.len(), after.len());
+        let new: Vec<&String> = after.iter().filter(|h| !before.contains(h)).collect();
+        assert_eq!(new.len(), 1, "{} of {} chunks changed", new.len(), after.len());
+    }
+
+    #[test]
     fn chunks_are_found_again_in_local_files() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut data = vec![0u8; 3_000_000];
