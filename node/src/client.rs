@@ -35,6 +35,7 @@ pub struct Connection {
     ca_file: Option<PathBuf>,
 }
 
+#[derive(Clone)]
 pub struct Api {
     http: reqwest::Client,
     url: String,
@@ -44,8 +45,26 @@ pub struct Api {
     namespace: Option<String>,
 }
 
+impl Connection {
+    /// The node address given with `--url` (or `RAFTBOX_URL`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
 impl Api {
     pub fn new(connection: &Connection, device: Option<String>) -> anyhow::Result<Api> {
+        Api::connect(connection, device, &connection.url, reqwest::Client::builder())
+    }
+
+    /// A client of the node at `url` (instead of `--url`), its HTTP client made from `builder`
+    /// (timeouts, for instance).
+    pub fn connect(
+        connection: &Connection,
+        device: Option<String>,
+        url: &str,
+        builder: reqwest::ClientBuilder,
+    ) -> anyhow::Result<Api> {
         let token = match (&connection.token, &connection.token_file) {
             (Some(token), _) => token.clone(),
             (None, Some(path)) => {
@@ -53,8 +72,18 @@ impl Api {
             }
             (None, None) => bail!("a token is needed: --token, --token-file, RAFTBOX_TOKEN or RAFTBOX_TOKEN_FILE"),
         };
-        let http = http_client(reqwest::Client::builder(), connection.ca_file.as_deref())?;
-        Ok(Api { http, url: connection.url.clone(), token, device, namespace: None })
+        let http = http_client(builder, connection.ca_file.as_deref())?;
+        Ok(Api { http, url: url.to_string(), token, device, namespace: None })
+    }
+
+    /// The node address this client talks to.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The bearer token this client sends.
+    pub fn token(&self) -> &str {
+        &self.token
     }
 
     /// File calls through this client work in `namespace` (a shared folder's id).

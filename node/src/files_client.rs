@@ -78,15 +78,15 @@ fn progress(total: u64, what: &str) -> ProgressBar {
 
 /// One content-defined chunk of a file: its hash (hex), where it is and how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Chunk {
-    hash: String,
-    offset: u64,
-    length: usize,
+pub(crate) struct Chunk {
+    pub(crate) hash: String,
+    pub(crate) offset: u64,
+    pub(crate) length: usize,
 }
 
 /// The content-defined chunks of `source`, read a chunk at a time; `each` sees every chunk
 /// with its bytes.
-fn chunks_of<R: Read>(
+pub(crate) fn chunks_of<R: Read>(
     source: R,
     mut each: impl FnMut(&Chunk, Vec<u8>) -> anyhow::Result<()>,
 ) -> anyhow::Result<Vec<Chunk>> {
@@ -102,7 +102,7 @@ fn chunks_of<R: Read>(
 }
 
 /// The chunks of the file at `path` (hashes only; nothing kept in memory).
-async fn chunk_file(path: &Path) -> anyhow::Result<Vec<Chunk>> {
+pub(crate) async fn chunk_file(path: &Path) -> anyhow::Result<Vec<Chunk>> {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let file = File::open(&path).with_context(|| format!("open {}", path.display()))?;
@@ -152,7 +152,7 @@ pub async fn run(args: FilesArgs) -> anyhow::Result<()> {
 }
 
 /// The hashes among `hashes` the cluster lacks (asked in batches).
-async fn missing(api: &Api, hashes: &[String]) -> anyhow::Result<HashSet<String>> {
+pub(crate) async fn missing(api: &Api, hashes: &[String]) -> anyhow::Result<HashSet<String>> {
     let mut missing = HashSet::new();
     for batch in hashes.chunks(STATUS_BATCH_HASHES) {
         let request = api.request(reqwest::Method::POST, "/v1/blocks/status").json(&json!({ "hashes": batch }));
@@ -204,7 +204,12 @@ async fn put(api: &Api, local: &Path, remote: &str) -> anyhow::Result<()> {
 /// Uploads the chunks of `local` whose hash is in `wanted`, each once: a reader thread chunks
 /// the file again and hands over at most [`CHUNKS_QUEUED`] chunks ahead of the
 /// [`TRANSFERS_IN_FLIGHT`] uploads. Returns how many chunks went up.
-async fn upload(api: &Api, local: &Path, wanted: &HashSet<String>, bar: ProgressBar) -> anyhow::Result<usize> {
+pub(crate) async fn upload(
+    api: &Api,
+    local: &Path,
+    wanted: &HashSet<String>,
+    bar: ProgressBar,
+) -> anyhow::Result<usize> {
     let (tx, rx) = tokio::sync::mpsc::channel::<(String, Vec<u8>)>(CHUNKS_QUEUED);
     let path = local.to_path_buf();
     let wanted_by_reader = wanted.clone();
@@ -300,7 +305,7 @@ enum Piece {
     Local(Chunk),
 }
 
-fn read_at(file: &mut File, chunk: &Chunk) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn read_at(file: &mut File, chunk: &Chunk) -> anyhow::Result<Vec<u8>> {
     let mut bytes = vec![0; chunk.length];
     file.seek(SeekFrom::Start(chunk.offset))?;
     file.read_exact(&mut bytes)?;
@@ -311,7 +316,7 @@ fn read_at(file: &mut File, chunk: &Chunk) -> anyhow::Result<Vec<u8>> {
 }
 
 /// One block, hash-checked.
-async fn download(api: &Api, hash: &str) -> anyhow::Result<Vec<u8>> {
+pub(crate) async fn download(api: &Api, hash: &str) -> anyhow::Result<Vec<u8>> {
     let response = api.send_raw(api.request(reqwest::Method::GET, &format!("/v1/blocks/{hash}"))).await?;
     if response.status() != StatusCode::OK {
         bail!("download chunk {hash}: {}", response.status());

@@ -9,6 +9,7 @@
 //! - [`files_client`]: `raftbox files`, the file-service client.
 //! - [`jobs_client`]: `raftbox jobs`, the job-service client.
 //! - [`share_client`]: `raftbox share` (shared folders, members) and `raftbox groups`.
+//! - [`sync_client`]: `raftbox sync DIR`, continuous two-way sync of a folder.
 //! - [`executor`]: the job executor (claims, leases, webhooks, built-in and maintenance tasks).
 //! - [`maintenance`]: node-local background work: block replication and reclaiming.
 
@@ -23,6 +24,7 @@ mod jobs_client;
 mod maintenance;
 mod serve;
 mod share_client;
+mod sync_client;
 
 use clap::{Parser, Subcommand};
 
@@ -41,6 +43,20 @@ enum Commands {
     /// Store and fetch files on a running cluster (put, get, ls, history, restore, rm, mv);
     /// `--namespace ID` works in a shared folder.
     Files(files_client::FilesArgs),
+    /// Keep a local folder and a namespace in step, both ways, until stopped (`--once`: one
+    /// pass).
+    ///
+    /// Local edits go up (only the chunks the cluster lacks), remote ones come down (reusing
+    /// chunks already on disk); deletes and renames go both ways. An edit made on both sides
+    /// keeps both: the later one becomes `NAME (conflicted copy, DEVICE).EXT` everywhere; a
+    /// local edit is never overwritten. State lives in DIR/.raftbox/ (never synced);
+    /// DIR/.raftboxignore lists gitignore-style patterns to leave alone. Progress goes to
+    /// stderr: a line per file, one per pass. Stop with Ctrl-C; a killed client resumes
+    /// where it was.
+    ///
+    /// Example: raftbox sync ~/box --token-file tok --device laptop --endpoint
+    /// http://10.0.0.1:7081,http://10.0.0.2:7081
+    Sync(sync_client::SyncArgs),
     /// Shared folders: list, create, show members, grant, revoke, leave, delete.
     Share(share_client::ShareArgs),
     /// Groups of users, for granting access to many at once (admin token): ls, create, show,
@@ -77,6 +93,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Commands::Cluster(args) => runtime.block_on(cluster_client::run(args)),
         Commands::Files(args) => runtime.block_on(files_client::run(args)),
         Commands::Jobs(args) => runtime.block_on(jobs_client::run(args)),
+        Commands::Sync(args) => runtime.block_on(sync_client::run(args)),
         Commands::Share(args) => runtime.block_on(share_client::run_share(args)),
         Commands::Groups(args) => runtime.block_on(share_client::run_groups(args)),
     }

@@ -9,6 +9,9 @@
 //! - `blocks_durable`: an acknowledged block survives SIGKILL of any one node.
 //! - `files_sync`: files cross nodes byte-identical; WebSocket hears other nodes' commits;
 //!   interrupted uploads resume through `status`.
+//! - `folder_sync`: two `raftbox sync` clients through two nodes converge through creates,
+//!   edits, renames and deletes; a simultaneous edit keeps both versions; a killed node is
+//!   survived through the next endpoint.
 //! - `maintenance`: orphan blocks reclaimed, old versions expired, missed blocks replicated.
 //! - `jobs_exec`: webhooks fire once and on time, retry, recur, cancel, survive a killed worker.
 //! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
@@ -49,6 +52,7 @@ mod clock_skew;
 mod console;
 mod failover;
 mod files_sync;
+mod folder_sync;
 mod grpc_secret;
 mod guards_chaos;
 mod idempotency_across_nodes;

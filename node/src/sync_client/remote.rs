@@ -1,0 +1,363 @@
+//! The cluster side of `raftbox sync`: a list of endpoints with failover, the change feed,
+//! the writes (commit, delete, move) with their outcome made certain, and the notification
+//! channel (WebSocket, long-poll when it cannot be had).
+//!
+//! Failover: every request has bounded timeouts; a request that could not reach a node goes
+//! to the next endpoint. Reads and block transfers are simply repeated there. A write whose
+//! outcome is unknown (sent, then the connection broke or timed out) is not blindly repeated:
+//! the file is read again first, and the write is repeated only if its effect is not there —
+//! and then with the same base version, which the server answers as the retry it is.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use futures::StreamExt as _;
+use reqwest::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::client::{problem, Api};
+
+/// Time to open a connection to a node.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest one request may take (a block is at most 4 MiB).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Long-poll wait asked of the server, and the request's own limit beyond it.
+const LONG_POLL_S: u64 = 25;
+const LONG_POLL_SLACK: Duration = Duration::from_secs(10);
+/// Changes asked for per `/v1/sync` page.
+const SYNC_PAGE: usize = 1_000;
+
+pub struct Remote {
+    apis: Vec<Api>,
+    /// The endpoint in use: the last one that answered.
+    at: AtomicUsize,
+}
+
+/// A change of the feed.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Change {
+    pub namespace_id: String,
+    #[serde(default)]
+    pub path: String,
+    #[serde(default)]
+    pub version: u64,
+    #[serde(default)]
+    pub chunks: Vec<String>,
+    #[serde(default)]
+    pub deleted: bool,
+    #[serde(default)]
+    pub namespace_removed: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Page {
+    pub changes: Vec<Change>,
+    pub cursor: String,
+    pub has_more: bool,
+}
+
+/// The certain outcome of a write.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Done (or found already done): the version it made or found.
+    Done(u64),
+    /// 409: the file changed meanwhile; a commit's content was kept as `copy`.
+    Conflict { copy: Option<String> },
+    /// 404: no file there (deleted meanwhile).
+    Gone,
+}
+
+/// The current version of a file: version and chunks.
+pub struct Current {
+    pub version: u64,
+    pub chunks: Vec<String>,
+}
+
+/// Whether `error` is a failure to talk to the node (rather than an answer).
+fn unreachable(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.downcast_ref::<reqwest::Error>().is_some())
+}
+
+/// Whether the request surely never reached the node (so repeating it is always safe).
+fn never_sent(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| cause.downcast_ref::<reqwest::Error>().is_some_and(|e| e.is_connect()))
+}
+
+impl Remote {
+    /// Clients of each of `urls`, working in `namespace` (`None`: the personal one).
+    pub fn new(
+        connection: &crate::client::Connection,
+        device: Option<String>,
+        urls: &[String],
+        namespace: Option<String>,
+    ) -> anyhow::Result<Remote> {
+        let mut apis = Vec::new();
+        for url in urls {
+            let builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).timeout(REQUEST_TIMEOUT);
+            apis.push(Api::connect(connection, device.clone(), url, builder)?.in_namespace(namespace.clone()));
+        }
+        if apis.is_empty() {
+            bail!("no endpoint: give --endpoint URL (or --url)");
+        }
+        Ok(Remote { apis, at: AtomicUsize::new(0) })
+    }
+
+    /// The client of the endpoint in use.
+    pub fn current(&self) -> Api {
+        self.apis[self.at.load(Ordering::Relaxed) % self.apis.len()].clone()
+    }
+
+    /// Moves to the next endpoint (after `failed` could not be reached).
+    fn next(&self, failed: usize, error: &anyhow::Error) {
+        let next = (failed + 1) % self.apis.len();
+        if self.at.compare_exchange(failed, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() && self.apis.len() > 1 {
+            eprintln!("sync: {} unreachable ({error:#}); using {}", self.apis[failed].url(), self.apis[next].url());
+        }
+    }
+
+    /// `call` on the endpoint in use, then on each other one while a node cannot be reached
+    /// (at most two rounds). For requests that are safe to repeat.
+    pub async fn read<T, F, Fut>(&self, call: F) -> anyhow::Result<T>
+    where
+        F: Fn(Api) -> Fut,
+        Fut: Future<Output = anyhow::Result<T>>,
+    {
+        let mut last = None;
+        for _ in 0..2 * self.apis.len() {
+            let at = self.at.load(Ordering::Relaxed) % self.apis.len();
+            match call(self.apis[at].clone()).await {
+                Ok(value) => return Ok(value),
+                Err(error) if unreachable(&error) => {
+                    self.next(at, &error);
+                    last = Some(error);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow!("no endpoint answered")))
+    }
+
+    /// The caller's personal namespace id.
+    pub async fn personal_namespace(&self) -> anyhow::Result<String> {
+        let me = self
+            .read(|api| async move {
+                let (status, body) = api.send(api.request(reqwest::Method::GET, "/v1/me")).await?;
+                if status != StatusCode::OK {
+                    bail!("who am I: {}", problem(status, &body));
+                }
+                Ok(body)
+            })
+            .await?;
+        me["namespaceId"].as_str().map(str::to_string).context("/v1/me named no namespace")
+    }
+
+    /// One page of the change feed after `cursor`; `None`: the cursor can no longer be served
+    /// (410), start again from `0`.
+    pub async fn changes(&self, cursor: &str) -> anyhow::Result<Option<Page>> {
+        self.read(|api| async move {
+            let request = api
+                .request(reqwest::Method::GET, "/v1/sync")
+                .query(&[("cursor", cursor), ("limit", &SYNC_PAGE.to_string())]);
+            let response = api.send_raw(request).await?;
+            match response.status() {
+                StatusCode::OK => Ok(Some(response.json::<Page>().await.context("read a sync page")?)),
+                StatusCode::GONE => Ok(None),
+                status => {
+                    let body = response.json().await.unwrap_or(Value::Null);
+                    bail!("sync: {}", problem(status, &body))
+                }
+            }
+        })
+        .await
+    }
+
+    /// The current version of `path`, `None` if there is no live file.
+    pub async fn current_file(&self, path: &str) -> anyhow::Result<Option<Current>> {
+        let found = self.read(|api| async move { api.current_version(path).await }).await?;
+        Ok(found.map(|file| Current {
+            version: file["version"].as_u64().unwrap_or(0),
+            chunks: serde_json::from_value(file["chunks"].clone()).unwrap_or_default(),
+        }))
+    }
+
+    /// A write: POST `body` to `route`, its answer read by `judge`. When the outcome is
+    /// unknown, `settled` reads the state again and says whether the write took effect; only
+    /// if not is it sent again (through the next endpoint).
+    async fn write<J, S, SFut>(&self, route: &str, body: Value, judge: J, settled: S) -> anyhow::Result<Written>
+    where
+        J: Fn(StatusCode, &Value) -> anyhow::Result<Written>,
+        S: Fn() -> SFut,
+        SFut: Future<Output = anyhow::Result<Option<Written>>>,
+    {
+        let mut last = None;
+        for _ in 0..2 * self.apis.len() {
+            let at = self.at.load(Ordering::Relaxed) % self.apis.len();
+            let api = &self.apis[at];
+            let request = api.request(reqwest::Method::POST, route).json(&api.file_body(body.clone()));
+            match api.send(request).await {
+                Ok((status, answer)) => return judge(status, &answer),
+                Err(error) if unreachable(&error) => {
+                    self.next(at, &error);
+                    if !never_sent(&error) {
+                        // Sent, and no answer: read the outcome before anything else.
+                        if let Some(done) = settled().await? {
+                            return Ok(done);
+                        }
+                    }
+                    last = Some(error);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow!("no endpoint answered")))
+    }
+
+    /// Commits `chunks` as the new content of `path`, based on `base` (0: a new file).
+    pub async fn commit(
+        &self,
+        path: &str,
+        chunks: &[String],
+        size: u64,
+        mtime_ms: u64,
+        base: u64,
+    ) -> anyhow::Result<Written> {
+        let body = json!({ "path": path, "chunks": chunks, "baseVersion": base, "size": size, "mtime": mtime_ms });
+        let settled = || async move {
+            Ok(match self.current_file(path).await? {
+                Some(now) if now.chunks == chunks && now.version > base => Some(Written::Done(now.version)),
+                _ => None,
+            })
+        };
+        self.write("/v1/files/commit", body, |status, answer| judge_commit(path, status, answer), settled).await
+    }
+
+    /// Deletes `path` as of version `base`.
+    pub async fn delete(&self, path: &str, base: u64) -> anyhow::Result<Written> {
+        let body = json!({ "path": path, "baseVersion": base });
+        let settled = || async move { Ok(self.current_file(path).await?.is_none().then_some(Written::Gone)) };
+        self.write("/v1/files/delete", body, |status, answer| judge_commit(path, status, answer), settled).await
+    }
+
+    /// Moves `from` (at version `base`, content `chunks`) to `to`.
+    pub async fn rename(&self, from: &str, to: &str, base: u64, chunks: &[String]) -> anyhow::Result<Written> {
+        let body = json!({ "from": from, "to": to, "baseVersion": base });
+        let settled = || async move {
+            if self.current_file(from).await?.is_some() {
+                return Ok(None);
+            }
+            Ok(match self.current_file(to).await? {
+                Some(now) if now.chunks == chunks => Some(Written::Done(now.version)),
+                _ => None,
+            })
+        };
+        self.write("/v1/files/move", body, |status, answer| judge_commit(from, status, answer), settled).await
+    }
+
+    /// Sends a wake-up on `wake` whenever the cluster has something newer than the cursor
+    /// in `cursor`: through the WebSocket of the endpoint in use, else its long-poll. Runs
+    /// until `wake` is closed.
+    pub async fn notifications(
+        &self,
+        cursor: tokio::sync::watch::Receiver<String>,
+        wake: tokio::sync::mpsc::Sender<()>,
+    ) {
+        loop {
+            if wake.is_closed() {
+                return;
+            }
+            let api = self.current();
+            // Whatever ends the socket (its node died, say), the feed is read again.
+            let socket = websocket(&api, &wake).await;
+            let _ = wake.try_send(());
+            if socket.is_err() {
+                // No WebSocket here (TLS, a proxy): long-poll until that fails too.
+                loop {
+                    let at = cursor.borrow().clone();
+                    match long_poll(&api, &at).await {
+                        Ok(true) => {
+                            let _ = wake.try_send(());
+                        }
+                        Ok(false) => {}
+                        Err(_) => break,
+                    }
+                    if wake.is_closed() {
+                        return;
+                    }
+                }
+            }
+            // Not in a tight loop against a dead node; the sync loop's own failover moves
+            // `current` meanwhile.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// The answer to a commit, delete or move.
+fn judge_commit(path: &str, status: StatusCode, answer: &Value) -> anyhow::Result<Written> {
+    match status {
+        StatusCode::OK | StatusCode::CREATED => Ok(Written::Done(answer["version"].as_u64().unwrap_or(0))),
+        StatusCode::CONFLICT => {
+            Ok(Written::Conflict { copy: answer["conflictedCopy"]["path"].as_str().map(str::to_string) })
+        }
+        StatusCode::NOT_FOUND => Ok(Written::Gone),
+        _ => bail!("{path}: {}", problem(status, answer)),
+    }
+}
+
+/// Listens on `api`'s `/v1/notify/ws` until it closes, waking the loop on each message.
+/// An error if it could not be opened.
+async fn websocket(api: &Api, wake: &tokio::sync::mpsc::Sender<()>) -> anyhow::Result<()> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let url = api.url().trim_end_matches('/');
+    let Some(rest) = url.strip_prefix("http://") else { bail!("WebSocket only over plain HTTP here") };
+    let mut request = format!("ws://{rest}/v1/notify/ws").into_client_request()?;
+    request.headers_mut().insert("authorization", format!("Bearer {}", api.token()).parse()?);
+    let (mut socket, _) = tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(request))
+        .await
+        .context("WebSocket: no answer")??;
+    // Anything may have changed before the socket was open.
+    let _ = wake.try_send(());
+    let mut ping_unanswered = false;
+    loop {
+        use futures::SinkExt as _;
+        use tokio_tungstenite::tungstenite::Message;
+        match tokio::time::timeout(LONG_POLL_SLACK * 2, socket.next()).await {
+            Ok(Some(Ok(Message::Text(_)))) => {
+                let _ = wake.try_send(());
+            }
+            Ok(Some(Ok(Message::Pong(_)))) => ping_unanswered = false,
+            Ok(Some(Ok(Message::Close(_)))) | Ok(Some(Err(_))) | Ok(None) => return Ok(()),
+            Ok(Some(Ok(_))) => {}
+            // Quiet for a while: a ping finds a dead node (no FIN) by the next timeout.
+            Err(_) if ping_unanswered => return Ok(()),
+            Err(_) => {
+                let ping = tokio::time::timeout(CONNECT_TIMEOUT, socket.send(Message::Ping(Vec::new().into()))).await;
+                if !matches!(ping, Ok(Ok(()))) {
+                    return Ok(());
+                }
+                ping_unanswered = true;
+            }
+        }
+        if wake.is_closed() {
+            return Ok(());
+        }
+    }
+}
+
+/// One long poll: whether anything is newer than `cursor`.
+async fn long_poll(api: &Api, cursor: &str) -> anyhow::Result<bool> {
+    let request = api
+        .request(reqwest::Method::GET, "/v1/notify")
+        .query(&[("cursor", cursor), ("timeout", &LONG_POLL_S.to_string())])
+        .timeout(Duration::from_secs(LONG_POLL_S) + LONG_POLL_SLACK);
+    let (status, body) = api.send(request).await?;
+    if status != StatusCode::OK {
+        bail!("notify: {}", problem(status, &body));
+    }
+    Ok(body["changes"].as_bool().unwrap_or(true))
+}
