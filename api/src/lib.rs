@@ -9,6 +9,7 @@
 //! - [`ratelimit`]: configured rate limits, applied as middleware to matching routes.
 //! - [`metrics`]: per-route request counts and latency histograms (middleware).
 //! - [`routes`]: the handlers, one module per area (probes, accounts).
+//! - [`openapi`]: the OpenAPI 3.1 description of every route (`GET /v1/openapi.json`).
 //!
 //! Every handler talks to the cluster through [`raftbox_raft::RaftNode`]: writes are
 //! commands proposed through the leader, reads are local after a read barrier.
@@ -19,6 +20,7 @@ pub mod error;
 pub mod idempotency;
 pub mod json;
 pub mod metrics;
+pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
 pub mod webhooks;

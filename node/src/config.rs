@@ -44,6 +44,17 @@ pub struct ServeArgs {
     /// Initialize the cluster on first start (set on exactly one node).
     #[arg(long, env = "RAFTBOX_BOOTSTRAP")]
     pub bootstrap: bool,
+    /// Log lines on stderr: `text` (for people) or `json` (one object per line, for a log
+    /// pipeline).
+    #[arg(long, env = "RAFTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How `raftbox serve` writes its log.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -132,6 +143,7 @@ pub struct Config {
     /// TLS for HTTP and gRPC, if configured.
     pub tls: Option<NodeTls>,
     pub bootstrap: bool,
+    pub log_format: LogFormat,
     pub members: BTreeMap<u64, NodeInfo>,
     pub raft: RaftSettings,
     pub api: ApiConfig,
@@ -258,6 +270,7 @@ impl Config {
             cluster_secret,
             tls,
             bootstrap: args.bootstrap || file.bootstrap,
+            log_format: args.log_format,
             members,
             raft,
             files: file.files,
@@ -297,6 +310,7 @@ mod tests {
             admin_token_file: None,
             cluster_secret_file: None,
             bootstrap: false,
+            log_format: LogFormat::Text,
         }
     }
 

@@ -8,6 +8,7 @@ mod files;
 mod fuzz;
 mod guards;
 mod jobs;
+mod openapi;
 mod regressions;
 mod sharing;
 
@@ -27,6 +28,9 @@ pub const ADMIN_TOKEN: &str = "rbx_api_test_admin";
 pub struct TestNode {
     url: String,
     client: reqwest::Client,
+    /// Every exchange with the node, checked against the OpenAPI description as it happens;
+    /// a mismatch fails the test when the node is dropped.
+    recorder: openapi::Recorder,
     _dir: tempfile::TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -86,7 +90,9 @@ impl TestNode {
         let node = TestNode::raft(db, blocks, &url, quorum).await;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let state = AppState::new(node, config);
-        let app = raftbox_api::router_with(extra, state);
+        let recorder = openapi::Recorder::new(!extra.has_routes());
+        let app = raftbox_api::router_with(extra, state)
+            .layer(axum::middleware::from_fn_with_state(recorder.clone(), openapi::record));
         let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
         tokio::spawn(async move {
             let _ = axum::serve(http, app)
@@ -95,7 +101,7 @@ impl TestNode {
                 })
                 .await;
         });
-        TestNode { url, client: reqwest::Client::new(), _dir: dir, _stop: stop }
+        TestNode { url, client: reqwest::Client::new(), recorder, _dir: dir, _stop: stop }
     }
 
     pub async fn call(
@@ -167,6 +173,14 @@ impl TestNode {
         let (status, _, body) = self.call("POST", &path, Some(ADMIN_TOKEN), Some(r#"{"name":"laptop"}"#)).await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         body["token"].as_str().expect("token").to_string()
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.recorder.assert_clean();
+        }
     }
 }
 

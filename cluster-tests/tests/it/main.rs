@@ -37,7 +37,9 @@
 //! - `tls`: a mutual-TLS cluster without a secret works, and refuses plaintext and strangers;
 //!   with server TLS only, the secret is still demanded.
 //! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
+//! - `admin_cli`: `raftbox users`, `raftbox tokens` and `raftbox status` through any node.
 
+mod admin_cli;
 mod big_file;
 mod block_replication;
 mod blocks_durable;
