@@ -124,7 +124,7 @@ impl Recorder {
     }
 }
 
-/// Bodies larger than this are passed through unbuffered (and their request not checked).
+/// JSON bodies larger than this are passed through unbuffered (and not checked).
 const BUFFER_BYTES_MAX: usize = 8 << 20;
 
 /// Middleware: buffers the request and the answer and checks them against the description.
@@ -133,8 +133,11 @@ pub async fn record(State(recorder): State<Recorder>, request: Request, next: Ne
     let uri = request.uri().path().to_owned();
     let upgrade = request.headers().contains_key(header::UPGRADE);
     let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    // Only JSON bodies are checked; others (blocks, streamed or not) pass untouched.
+    let json =
+        request.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     let (parts, body) = request.into_parts();
-    let (sent, request) = if upgrade || declared.is_some_and(|n| n > BUFFER_BYTES_MAX) {
+    let (sent, request) = if upgrade || !json || declared.is_some_and(|n| n > BUFFER_BYTES_MAX) {
         (None, Request::from_parts(parts, body))
     } else {
         match axum::body::to_bytes(body, BUFFER_BYTES_MAX).await {
