@@ -22,6 +22,8 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi, ToSchema};
 
+use raftbox_storage::jobs::{JobStatus, RunStatus};
+
 use crate::routes::{accounts, blocks, cluster, files, jobs, probes, sync};
 
 /// The description as JSON, built once.
@@ -194,7 +196,7 @@ pub struct FolderListing {
 pub struct JobCreated {
     job_id: String,
     next_run_at: String,
-    status: String,
+    status: JobStatus,
 }
 
 /// A schedule as a client writes it: `{runAt}`, `{cron, timezone}` or `{everyMs}`.
@@ -231,8 +233,7 @@ pub struct JobView {
     max_retries: u32,
     timeout_seconds: u64,
     retry_backoff_ms: u64,
-    /// `SCHEDULED`, `CLAIMED`, `RUNNING`, `SUCCEEDED`, `FAILED` or `CANCELLED`.
-    status: String,
+    status: JobStatus,
     next_run_at: Option<String>,
     attempts: u32,
     fence_token: u64,
@@ -271,8 +272,7 @@ pub struct RunView {
     scheduled_for: String,
     started_at: String,
     finished_at: Option<String>,
-    /// `RUNNING`, `SUCCEEDED`, `FAILED` or `TIMED_OUT`.
-    status: String,
+    status: RunStatus,
     attempt: u32,
     worker_id: String,
     fence_token: u64,

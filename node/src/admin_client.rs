@@ -214,6 +214,10 @@ pub async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
         let endpoint = asked[index].clone();
         index += 1;
         let view = cluster_view(&http, &endpoint).await;
+        let seen = |id: Option<u64>| views.iter().any(|(_, v)| v.as_ref().is_ok_and(|v| v["nodeId"].as_u64() == id));
+        if view.as_ref().is_ok_and(|v| seen(v["nodeId"].as_u64())) {
+            continue; // the same node under another address
+        }
         if let Ok(view) = &view {
             for member in view["members"].as_array().into_iter().flatten() {
                 let member = member_url(scheme, text(member, "httpAddr"));
