@@ -300,6 +300,23 @@ fn in_range(name: &str, value: u64, min: u64, max: u64) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_log_is_text_unless_json_is_asked_for() {
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let format = |flags: &[&str]| {
+            let argv = std::iter::once("serve").chain(flags.iter().copied());
+            <Serve as clap::Parser>::try_parse_from(argv).map(|s| s.args.log_format)
+        };
+        assert_eq!(format(&[]).expect("no flag"), LogFormat::Text);
+        assert_eq!(format(&["--log-format", "json"]).expect("json"), LogFormat::Json);
+        assert_eq!(format(&["--log-format", "text"]).expect("text"), LogFormat::Text);
+        assert!(format(&["--log-format", "yaml"]).is_err());
+    }
+
     fn args() -> ServeArgs {
         ServeArgs {
             config: None,
