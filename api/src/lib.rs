@@ -10,6 +10,7 @@
 //! - [`metrics`]: per-route request counts and latency histograms (middleware).
 //! - [`routes`]: the handlers, one module per area (probes, accounts).
 //! - [`console`]: the web console's static files (embedded), served at `/`.
+//! - [`openapi`]: the OpenAPI 3.1 description of every route (`GET /v1/openapi.json`).
 //!
 //! Every handler talks to the cluster through [`raftbox_raft::RaftNode`]: writes are
 //! commands proposed through the leader, reads are local after a read barrier.
@@ -21,6 +22,7 @@ pub mod error;
 pub mod idempotency;
 pub mod json;
 pub mod metrics;
+pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
 pub mod webhooks;

@@ -1,5 +1,6 @@
-//! Per-route HTTP metrics: `raftbox_http_requests_total{route,method,status}` and
-//! `raftbox_http_request_duration_seconds{route,method}`, in the node's registry (rendered on
+//! Per-route HTTP metrics: `raftbox_http_requests_total{route,method,status}`,
+//! `raftbox_http_request_duration_seconds{route,method}` and the rate limiter's
+//! `raftbox_ratelimit_decisions_total{decision}`, in the node's registry (rendered on
 //! `/metrics` with the Raft series, see `raftbox_raft::metrics`). `route` is the matched route
 //! template (`/v1/jobs/{job_id}`), never the raw path, so the series stay few; a request no
 //! route matched counts as `unmatched`.
@@ -20,6 +21,30 @@ const UNMATCHED: &str = "unmatched";
 pub struct HttpMetrics {
     requests: IntCounterVec,
     duration: HistogramVec,
+    /// Rate-limit decisions on requests a configured limit applies to, by `decision`.
+    limiter: IntCounterVec,
+}
+
+/// A rate-limit decision as counted in `raftbox_ratelimit_decisions_total{decision}`.
+#[derive(Debug, Clone, Copy)]
+pub enum LimiterDecision {
+    Admitted,
+    Rejected,
+    /// The limiter did not decide in time; the limit fails open (admitted).
+    UndecidedOpen,
+    /// The limiter did not decide in time; the limit fails closed (503).
+    UndecidedClosed,
+}
+
+impl LimiterDecision {
+    fn label(self) -> &'static str {
+        match self {
+            LimiterDecision::Admitted => "admitted",
+            LimiterDecision::Rejected => "rejected",
+            LimiterDecision::UndecidedOpen => "undecided_open",
+            LimiterDecision::UndecidedClosed => "undecided_closed",
+        }
+    }
 }
 
 impl HttpMetrics {
@@ -43,14 +68,30 @@ impl HttpMetrics {
             &["route", "method"],
         )
         .expect("valid histogram");
-        for collector in
-            [Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>, Box::new(duration.clone())]
-        {
+        let limiter = IntCounterVec::new(
+            Opts::new(
+                "raftbox_ratelimit_decisions_total",
+                "Rate-limit decisions on requests a configured limit applies to: admitted, rejected (429), \
+                 undecided_open (admitted without a decision), undecided_closed (503).",
+            ),
+            &["decision"],
+        )
+        .expect("valid counter");
+        for collector in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(duration.clone()),
+            Box::new(limiter.clone()),
+        ] {
             if let Err(e) = registry.register(collector) {
                 tracing::warn!(error = %e, "HTTP metrics not registered");
             }
         }
-        HttpMetrics { requests, duration }
+        HttpMetrics { requests, duration, limiter }
+    }
+
+    /// Counts one rate-limit decision.
+    pub fn limiter_decision(&self, decision: LimiterDecision) {
+        self.limiter.with_label_values(&[decision.label()]).inc();
     }
 }
 

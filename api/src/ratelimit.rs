@@ -19,6 +19,7 @@ use raftbox_storage::ratelimit::{Algorithm, Decision};
 use serde::Deserialize;
 
 use crate::auth::{bearer_hash, lookup, Principal};
+use crate::metrics::LimiterDecision;
 use crate::{ApiError, AppState};
 
 /// What a limit counts requests by.
@@ -234,13 +235,15 @@ pub async fn enforce(State(state): State<AppState>, mut request: Request, next: 
     let decided = tokio::time::timeout_at(deadline, state.node.limiter().check(checks, deadline)).await;
     let RateAnswer { allowed, decisions } = match decided {
         Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => return undecided(&applied, e.to_string(), request, next).await,
+        Ok(Err(e)) => return undecided(&state, &applied, e.to_string(), request, next).await,
         Err(_) => {
             let reason = format!("no decision within {} ms", timeout.as_millis());
-            return undecided(&applied, reason, request, next).await;
+            return undecided(&state, &applied, reason, request, next).await;
         }
     };
     let (index, decision) = most_restrictive(&decisions);
+    let counted = if allowed { LimiterDecision::Admitted } else { LimiterDecision::Rejected };
+    state.http_metrics.limiter_decision(counted);
     let mut response = if allowed {
         // A leaky bucket admits into a queue: the request leaves at the drain rate.
         let delay_ms = decisions.iter().map(|d| d.delay_ms).max().unwrap_or(0);
@@ -255,11 +258,19 @@ pub async fn enforce(State(state): State<AppState>, mut request: Request, next: 
     response
 }
 
-async fn undecided(applied: &[Applied<'_>], reason: String, request: Request, next: Next) -> Response {
+async fn undecided(
+    state: &AppState,
+    applied: &[Applied<'_>],
+    reason: String,
+    request: Request,
+    next: Next,
+) -> Response {
     if let Some(closed) = applied.iter().find(|a| a.limit.failure == Failure::Closed) {
+        state.http_metrics.limiter_decision(LimiterDecision::UndecidedClosed);
         tracing::warn!(limit = %closed.limit.name, %reason, "rate limiter undecided; failing closed");
         return ApiError::Unavailable(format!("rate limiter unavailable ({reason})")).into_response();
     }
+    state.http_metrics.limiter_decision(LimiterDecision::UndecidedOpen);
     tracing::debug!(%reason, "rate limiter undecided; failing open");
     next.run(request).await
 }

@@ -35,6 +35,14 @@ pub struct Connection {
     ca_file: Option<PathBuf>,
 }
 
+impl Connection {
+    /// A client without a token and the node's URL, for the routes that need none.
+    pub fn anonymous(&self) -> anyhow::Result<(reqwest::Client, String)> {
+        let http = http_client(reqwest::Client::builder(), self.ca_file.as_deref())?;
+        Ok((http, self.url.trim_end_matches('/').to_string()))
+    }
+}
+
 #[derive(Clone)]
 pub struct Api {
     http: reqwest::Client,

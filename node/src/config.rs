@@ -44,6 +44,17 @@ pub struct ServeArgs {
     /// Initialize the cluster on first start (set on exactly one node).
     #[arg(long, env = "RAFTBOX_BOOTSTRAP")]
     pub bootstrap: bool,
+    /// Log lines on stderr: `text` (for people) or `json` (one object per line, for a log
+    /// pipeline).
+    #[arg(long, env = "RAFTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How `raftbox serve` writes its log.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -132,6 +143,7 @@ pub struct Config {
     /// TLS for HTTP and gRPC, if configured.
     pub tls: Option<NodeTls>,
     pub bootstrap: bool,
+    pub log_format: LogFormat,
     pub members: BTreeMap<u64, NodeInfo>,
     pub raft: RaftSettings,
     pub api: ApiConfig,
@@ -258,6 +270,7 @@ impl Config {
             cluster_secret,
             tls,
             bootstrap: args.bootstrap || file.bootstrap,
+            log_format: args.log_format,
             members,
             raft,
             files: file.files,
@@ -287,6 +300,23 @@ fn in_range(name: &str, value: u64, min: u64, max: u64) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_log_is_text_unless_json_is_asked_for() {
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let format = |flags: &[&str]| {
+            let argv = std::iter::once("serve").chain(flags.iter().copied());
+            <Serve as clap::Parser>::try_parse_from(argv).map(|s| s.args.log_format)
+        };
+        assert_eq!(format(&[]).expect("no flag"), LogFormat::Text);
+        assert_eq!(format(&["--log-format", "json"]).expect("json"), LogFormat::Json);
+        assert_eq!(format(&["--log-format", "text"]).expect("text"), LogFormat::Text);
+        assert!(format(&["--log-format", "yaml"]).is_err());
+    }
+
     fn args() -> ServeArgs {
         ServeArgs {
             config: None,
@@ -297,6 +327,7 @@ mod tests {
             admin_token_file: None,
             cluster_secret_file: None,
             bootstrap: false,
+            log_format: LogFormat::Text,
         }
     }
 

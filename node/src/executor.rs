@@ -190,7 +190,12 @@ async fn claim(ctx: &Arc<Context>, mut slots: OwnedSemaphorePermit, free: usize)
     };
     let all = jobs.len() == free;
     tracing::debug!(asked = free, claimed = jobs.len(), ms = asked.elapsed().as_millis() as u64, "claimed");
+    let started_ms = now_ms();
     for (job, run_id) in jobs.into_iter().zip(run_ids) {
+        if let Some(scheduled_ms) = job.scheduled_for_ms {
+            let late_s = started_ms.saturating_sub(scheduled_ms) as f64 / 1_000.0;
+            ctx.node.node_metrics().job_start_lateness_seconds.observe(late_s);
+        }
         // One run id per slot, so there is a slot for every job claimed.
         let Some(slot) = slots.split(1) else { break };
         let ctx = ctx.clone();

@@ -4,6 +4,7 @@
 //! - [`serve`]: wiring of storage, Raft, gRPC and HTTP; signals and graceful shutdown.
 //! - [`bench`]: the benchmark client.
 //! - [`certs`]: `raftbox certs`, a cluster CA and node certificates for `[tls]`.
+//! - [`admin_client`]: `raftbox users`, `raftbox tokens` (accounts) and `raftbox status`.
 //! - [`client`]: what the client subcommands share (connection flags, API calls).
 //! - [`cluster_client`]: `raftbox cluster`, members and membership change.
 //! - [`files_client`]: `raftbox files`, the file-service client.
@@ -13,6 +14,7 @@
 //! - [`executor`]: the job executor (claims, leases, webhooks, built-in and maintenance tasks).
 //! - [`maintenance`]: node-local background work: block replication and reclaiming.
 
+mod admin_client;
 mod bench;
 mod certs;
 mod client;
@@ -66,6 +68,13 @@ enum Commands {
     Jobs(jobs_client::JobsArgs),
     /// Show and change the cluster's members (members, add, remove; admin token).
     Cluster(cluster_client::ClusterArgs),
+    /// A cluster summary: members, roles, leader, term, applied index and lag of each node
+    /// (no token needed).
+    Status(admin_client::StatusArgs),
+    /// Users (admin token): create, show.
+    Users(admin_client::UsersArgs),
+    /// Bearer tokens: create (admin), ls, revoke (a user's with the admin token, or your own).
+    Tokens(admin_client::TokensArgs),
     /// Measure write throughput and latency of a running cluster with N concurrent writers.
     Bench(bench::BenchArgs),
     /// Make a cluster CA and a certificate per node for `[tls]` (DIR --nodes N --host H).
@@ -91,6 +100,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Commands::Bench(args) => runtime.block_on(bench::run(args)),
         Commands::Certs(args) => certs::run(args),
         Commands::Cluster(args) => runtime.block_on(cluster_client::run(args)),
+        Commands::Status(args) => runtime.block_on(admin_client::run_status(args)),
+        Commands::Users(args) => runtime.block_on(admin_client::run_users(args)),
+        Commands::Tokens(args) => runtime.block_on(admin_client::run_tokens(args)),
         Commands::Files(args) => runtime.block_on(files_client::run(args)),
         Commands::Jobs(args) => runtime.block_on(jobs_client::run(args)),
         Commands::Sync(args) => runtime.block_on(sync_client::run(args)),

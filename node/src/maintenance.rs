@@ -48,6 +48,21 @@ pub async fn run(node: RaftNode, config: FilesConfig, stopped: impl std::future:
         }
         replicator.round(&node).await;
         reclaim(&node, &config).await;
+        measure_blocks(&node).await;
+    }
+}
+
+/// Sets `raftbox_blocks_stored` and `raftbox_blocks_stored_bytes` from the block directory.
+async fn measure_blocks(node: &RaftNode) {
+    let store = node.blocks().store().clone();
+    match tokio::task::spawn_blocking(move || store.usage()).await {
+        Ok(Ok((count, bytes))) => {
+            let metrics = node.node_metrics();
+            metrics.blocks_stored.set(i64::try_from(count).unwrap_or(i64::MAX));
+            metrics.blocks_stored_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "measure the block store"),
+        Err(e) => tracing::warn!(error = %e, "measure the block store"),
     }
 }
 
@@ -68,6 +83,10 @@ impl Replicator {
         // A short round reached the end of the index: the next starts over.
         self.cursor = if hashes.len() < self.round { None } else { hashes.last().copied() };
         let report = node.blocks().fill(hashes).await;
+        let repaired = &node.node_metrics().blocks_repaired;
+        repaired.with_label_values(&["fetched"]).inc_by(report.fetched);
+        repaired.with_label_values(&["failed"]).inc_by(report.failed);
+        repaired.with_label_values(&["unavailable"]).inc_by(report.unavailable);
         if report.fetched > 0 || report.failed > 0 {
             tracing::info!(?report, "replicator: fetched blocks this node lacked");
         }

@@ -11,21 +11,26 @@ use raftbox_storage::{Command, Db, Outcome};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::{Config, LogFormat};
 use crate::{executor, maintenance};
 
 /// Pause between attempts to register the admin token while the cluster has no quorum yet.
 const ADMIN_RETRY_DELAY: Duration = Duration::from_millis(200);
 
+/// The log on stderr, filtered by `RUST_LOG`: text, or one JSON object per line
+/// (`--log-format json`: `timestamp`, `level`, `target`, `fields`, `span`s).
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,openraft=warn,h2=warn,tower=warn,hyper=warn".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).init(),
+    }
+}
+
 pub async fn run(config: Config) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,openraft=warn,h2=warn,tower=warn,hyper=warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(config.log_format);
     let tls = match &config.tls {
         Some(tls) if tls.mutual() => "mutual",
         Some(_) => "server",

@@ -6,7 +6,12 @@
 //! its metrics when the registry is rendered. The API registers its HTTP series in the same
 //! registry ([`NodeMetrics::registry`]) and serves [`NodeMetrics::render`] on `/metrics`.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 use crate::types::{NodeId, RaftMetrics};
 
@@ -36,6 +41,18 @@ pub struct NodeMetrics {
     applied_index: IntGauge,
     apply_lag: IntGauge,
     snapshot_index: IntGauge,
+    snapshot_bytes: IntGauge,
+    /// Leader only: per follower, entries of the leader's log not yet replicated to it.
+    replication_lag: IntGaugeVec,
+    /// Where the snapshot files are (for `raftbox_raft_snapshot_bytes`).
+    snapshot_dir: Arc<std::sync::Mutex<Option<PathBuf>>>,
+    /// Block files on this node and their bytes (set by the node's maintenance rounds).
+    pub blocks_stored: IntGauge,
+    pub blocks_stored_bytes: IntGauge,
+    /// Blocks this node lacked and its replicator fetched, or could not, by `outcome`.
+    pub blocks_repaired: IntCounterVec,
+    /// From a job's scheduled time to its start by an executor of this node.
+    pub job_start_lateness_seconds: Histogram,
 }
 
 fn seconds_buckets() -> Vec<f64> {
@@ -62,6 +79,20 @@ impl NodeMetrics {
             registry.register(Box::new(g.clone())).expect("registered once");
             g
         };
+        let counter_vec = |name: &str, help: &str, label: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid counter");
+            registry.register(Box::new(c.clone())).expect("registered once");
+            c
+        };
+        let replication_lag = IntGaugeVec::new(
+            Opts::new(
+                "raftbox_raft_replication_lag",
+                "Leader only: entries of its log not yet replicated to each follower (peer).",
+            ),
+            &["peer"],
+        )
+        .expect("valid gauge");
+        registry.register(Box::new(replication_lag.clone())).expect("registered once");
         let role = IntGaugeVec::new(Opts::new("raftbox_raft_role", "1 for the role this node is in."), &["role"])
             .expect("valid gauge");
         registry.register(Box::new(role.clone())).expect("registered once");
@@ -98,8 +129,38 @@ impl NodeMetrics {
             applied_index: gauge("raftbox_raft_last_applied_index", "Index of the last applied entry."),
             apply_lag: gauge("raftbox_raft_apply_lag", "Log entries not applied yet: last log index - last applied."),
             snapshot_index: gauge("raftbox_raft_snapshot_index", "Last index in the current snapshot."),
+            snapshot_bytes: gauge(
+                "raftbox_raft_snapshot_bytes",
+                "Bytes of snapshot files on disk: the current snapshot (and one being received).",
+            ),
+            replication_lag,
+            snapshot_dir: Arc::default(),
+            blocks_stored: gauge("raftbox_blocks_stored", "Block files on this node's disk."),
+            blocks_stored_bytes: gauge("raftbox_blocks_stored_bytes", "Bytes of block files on this node's disk."),
+            blocks_repaired: counter_vec(
+                "raftbox_blocks_repaired_total",
+                "Blocks this node lacked, by outcome: fetched from a peer, failed (retried next round), unavailable.",
+                "outcome",
+            ),
+            job_start_lateness_seconds: histogram(
+                "raftbox_jobs_start_lateness_seconds",
+                "From a job's scheduled time to its start by an executor on this node.",
+                vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0],
+            ),
             registry,
         }
+    }
+
+    /// Where the snapshot files are kept, for `raftbox_raft_snapshot_bytes`.
+    pub fn set_snapshot_dir(&self, dir: PathBuf) {
+        *self.snapshot_dir.lock().unwrap_or_else(|p| p.into_inner()) = Some(dir);
+    }
+
+    /// Bytes of the files in the snapshot directory.
+    fn snapshot_bytes(&self) -> u64 {
+        let dir = self.snapshot_dir.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(Ok(entries)) = dir.map(std::fs::read_dir) else { return 0 };
+        entries.filter_map(Result::ok).filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
     }
 
     /// Where the node's other layers register their series.
@@ -122,6 +183,14 @@ impl NodeMetrics {
         self.applied_index.set(applied);
         self.apply_lag.set(last_log.saturating_sub(applied).max(0));
         self.snapshot_index.set(index(raft.snapshot.map(|id| id.index)));
+        self.snapshot_bytes.set(i64::try_from(self.snapshot_bytes()).unwrap_or(i64::MAX));
+        self.replication_lag.reset();
+        for (peer, matched) in raft.replication.iter().flatten() {
+            if *peer != raft.id {
+                let lag = last_log.saturating_sub(index(matched.map(|id| id.index))).max(0);
+                self.replication_lag.with_label_values(&[&peer.to_string()]).set(lag);
+            }
+        }
         let mut out = Vec::new();
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             tracing::warn!(error = %e, "encoding metrics");

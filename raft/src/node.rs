@@ -139,6 +139,7 @@ impl RaftNode {
         let peers = Peers::with_tls(secret.clone(), tls.clone());
         let network = NetworkFactory { peers: peers.clone() };
         let node_metrics = NodeMetrics::new(id);
+        node_metrics.set_snapshot_dir(db.path().join(crate::state_machine::SNAPSHOT_DIR));
         let log_store = LogStore::new(db.clone(), node_metrics.clone());
         let raft = Raft::new(id, Arc::new(config), network, log_store, sm_store).await?;
         let (clock_tx, clock) = watch::channel(ClockHealth {

@@ -275,6 +275,25 @@ impl BlockStore {
         Ok(out)
     }
 
+    /// Block files on disk and their total bytes (for the node's metrics).
+    pub fn usage(&self) -> Result<(u64, u64), StorageError> {
+        let (mut count, mut bytes) = (0u64, 0u64);
+        for shard in fs::read_dir(&self.root)? {
+            let shard = shard?;
+            if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in fs::read_dir(shard.path())? {
+                let entry = entry?;
+                if entry.file_name().to_str().is_some_and(|n| n.parse::<BlockHash>().is_ok()) {
+                    count += 1;
+                    bytes += entry.metadata()?.len();
+                }
+            }
+        }
+        Ok((count, bytes))
+    }
+
     /// Age of a block file (time since it was last written or re-put).
     pub fn age(&self, hash: &BlockHash) -> Result<Option<std::time::Duration>, StorageError> {
         match fs::metadata(self.path(hash)) {

@@ -16,24 +16,24 @@ use crate::auth::{generate_token, hash_token, Principal};
 use crate::idempotency::{Keyed, Success};
 use crate::{json, ApiError, AppState};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NameRequest {
+pub(crate) struct NameRequest {
     name: String,
 }
 
 /// Longest token lifetime a client may ask for: 10 years.
 pub const TOKEN_LIFETIME_S_MAX: u64 = 10 * 365 * 24 * 3600;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct TokenRequest {
+pub(crate) struct TokenRequest {
     name: String,
     /// Seconds until the token stops working; absent: it never expires.
     expires_in_s: Option<u64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenView {
     token_id: String,
@@ -43,14 +43,14 @@ pub struct TokenView {
     expires_at: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UserCreated {
     user_id: String,
     namespace_id: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UserView {
     user_id: String,
@@ -64,7 +64,7 @@ impl From<User> for UserView {
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenCreated {
     token: String,

@@ -31,13 +31,13 @@ fn parse_hash(text: &str) -> Result<BlockHash, ApiError> {
         .map_err(|_| ApiError::BadRequest(format!("{text:?} is not a block hash (64 lowercase hex characters)")))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct StatusRequest {
+pub(crate) struct StatusRequest {
     hashes: Vec<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub struct StatusResponse {
     missing: Vec<String>,
 }

@@ -18,25 +18,26 @@ use serde::{Deserialize, Serialize};
 use crate::auth::Principal;
 use crate::{json, ApiError, AppState};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct AddRequest {
+pub(crate) struct AddRequest {
     id: u64,
     http_addr: String,
     grpc_addr: String,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MemberView {
     id: u64,
     http_addr: String,
     grpc_addr: String,
     /// `voter` or `learner`.
+    #[schema(value_type = String, pattern = "^(voter|learner)$")]
     role: &'static str,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MembersView {
     members: Vec<MemberView>,

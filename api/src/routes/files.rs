@@ -97,14 +97,15 @@ fn empty_commit(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct CommitRequest {
+pub(crate) struct CommitRequest {
     path: String,
     chunks: Vec<String>,
     base_version: u64,
     size: u64,
     /// Modification time: an RFC 3339 timestamp, or Unix milliseconds.
+    #[schema(schema_with = crate::openapi::timestamp_or_ms)]
     mtime: serde_json::Value,
     namespace_id: Option<String>,
     #[serde(default)]
@@ -174,8 +175,9 @@ pub async fn commit(
     propose_commit(&state, &principal, keyed, commit).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 pub struct PathQuery {
     path: String,
     namespace_id: Option<String>,
@@ -183,9 +185,9 @@ pub struct PathQuery {
     page_token: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct VersionView {
+pub(crate) struct VersionView {
     version: u64,
     chunks: Vec<String>,
     size: u64,
@@ -193,6 +195,7 @@ struct VersionView {
     device: String,
     created_at: String,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
     deleted: bool,
 }
 
@@ -266,9 +269,9 @@ pub async fn history(
     Ok(Json(body))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RestoreRequest {
+pub(crate) struct RestoreRequest {
     path: String,
     version: u64,
     namespace_id: Option<String>,
@@ -308,9 +311,9 @@ pub async fn restore(
     propose_commit(&state, &principal, keyed, commit).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct DeleteRequest {
+pub(crate) struct DeleteRequest {
     path: String,
     base_version: u64,
     namespace_id: Option<String>,
@@ -338,9 +341,9 @@ pub async fn delete(
     propose_commit(&state, &principal, keyed, commit).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct MoveRequest {
+pub(crate) struct MoveRequest {
     from: String,
     to: String,
     base_version: u64,

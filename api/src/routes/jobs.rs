@@ -29,9 +29,9 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct ScheduleRequest {
+pub(crate) struct ScheduleRequest {
     run_at: Option<String>,
     cron: Option<String>,
     timezone: Option<String>,
@@ -135,9 +135,10 @@ fn check_retries(max_retries: i64) -> Result<u32, ApiError> {
         .ok_or_else(|| ApiError::BadRequest(format!("maxRetries is 0 to {MAX_RETRIES_MAX}")))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct CreateRequest {
+#[schema(as = JobCreateRequest)]
+pub(crate) struct CreateRequest {
     #[serde(rename = "type")]
     job_type: String,
     target: Option<String>,
@@ -230,9 +231,10 @@ pub async fn get(
     Ok(Json(view(&visible_job(&state, &principal, &job_id).await?)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct PatchRequest {
+#[schema(as = JobPatchRequest)]
+pub(crate) struct PatchRequest {
     /// Merged into the current schedule (RFC 7396): `{"timezone": "…"}` keeps the cron
     /// expression and `{"cron": "…"}` the timezone. A patch naming the other kind's key
     /// (`runAt` for a cron job, `cron` for a one-off job) replaces the schedule instead.
@@ -315,8 +317,9 @@ pub async fn cancel(
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
     limit: Option<usize>,
     page_token: Option<String>,

@@ -1,12 +1,12 @@
 //! The handlers, one module per area, and the route table.
 
-mod accounts;
-mod blocks;
-mod cluster;
-mod files;
-mod jobs;
-mod probes;
-mod sharing;
+pub(crate) mod accounts;
+pub(crate) mod blocks;
+pub(crate) mod cluster;
+pub(crate) mod files;
+pub(crate) mod jobs;
+pub(crate) mod probes;
+pub(crate) mod sharing;
 pub mod sync;
 
 use axum::extract::DefaultBodyLimit;
@@ -41,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/readyz", get(probes::readyz))
         .route("/metrics", get(probes::metrics))
         .route("/v1/cluster", get(probes::cluster))
+        .route("/v1/openapi.json", get(crate::openapi::serve))
         .route("/v1/admin/cluster/members", get(cluster::list).post(cluster::add))
         .route("/v1/admin/cluster/members/{id}", axum::routing::delete(cluster::remove))
         .route("/v1/admin/users", post(accounts::create_user))

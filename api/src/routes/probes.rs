@@ -32,7 +32,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
     }
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterInfo {
     node_id: u64,
@@ -51,7 +51,7 @@ pub struct ClusterInfo {
 }
 
 /// One member's replication as the leader sees it.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicationView {
     node_id: u64,

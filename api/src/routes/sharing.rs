@@ -111,9 +111,9 @@ pub async fn acl(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct GrantRequest {
+pub(crate) struct GrantRequest {
     user_id: Option<String>,
     user_name: Option<String>,
     group_id: Option<String>,

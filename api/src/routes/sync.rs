@@ -82,16 +82,17 @@ fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<
     Ok(position)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct SyncQuery {
     cursor: String,
     limit: Option<usize>,
 }
 
 /// One entry of a sync page: a namespace the caller lost, or a file's latest state.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
-enum SyncEntry<'a> {
+pub(crate) enum SyncEntry<'a> {
     #[serde(rename_all = "camelCase")]
     Removed {
         namespace_id: &'a str,
@@ -101,21 +102,23 @@ enum SyncEntry<'a> {
 }
 
 /// A file's latest state as `/v1/sync` shows it; serialized straight into the answer.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct ChangeView<'a> {
+pub(crate) struct ChangeView<'a> {
     namespace_id: &'a str,
     path: String,
     file_id: String,
     version: u64,
+    #[schema(value_type = Vec<String>)]
     chunks: Vec<BlockHash>,
     size: u64,
     mtime: String,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
     deleted: bool,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SyncPage<'a> {
     changes: Vec<SyncEntry<'a>>,
@@ -191,7 +194,8 @@ fn pending(state: &AppState, position: &Position, given: &str) -> Result<bool, A
     Ok(false)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct NotifyQuery {
     cursor: String,
     timeout: Option<u64>,

@@ -197,6 +197,11 @@ async fn token_bucket_per_user_sets_headers_and_answers_429() {
     let (status, headers, _) = node.call("GET", "/healthz", None, None).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers.get("x-ratelimit-limit").is_none());
+    // Every decision is counted: three admitted, one rejected.
+    let (_, _, metrics) = node.call("GET", "/metrics", None, None).await;
+    let metrics = metrics.as_str().expect("text");
+    let decisions = |d: &str| crate::series(metrics, "raftbox_ratelimit_decisions_total", &[("decision", d)]);
+    assert_eq!((decisions("admitted"), decisions("rejected")), (Some(3.0), Some(1.0)), "{metrics}");
 }
 
 #[tokio::test]
@@ -242,5 +247,13 @@ async fn without_a_decision_fail_open_admits_and_fail_closed_rejects() {
             assert_problem(status, &body, StatusCode::SERVICE_UNAVAILABLE, "unavailable");
             assert!(headers.get("retry-after").is_some());
         }
+        let (_, _, metrics) = node.call("GET", "/metrics", None, None).await;
+        let decision = if failure == Failure::Closed { "undecided_closed" } else { "undecided_open" };
+        let counted = crate::series(
+            metrics.as_str().expect("text"),
+            "raftbox_ratelimit_decisions_total",
+            &[("decision", decision)],
+        );
+        assert_eq!(counted, Some(1.0), "{failure:?}: {metrics}");
     }
 }

@@ -42,7 +42,9 @@
 //! - `big_file`: 1 GiB up and down through the CLI with bounded client memory.
 //! - `console`: the web console in headless Chromium: log in, cluster status, a file's
 //!   history, download and restore, a job's runs; screenshots in `<target>/console-screenshots/`.
+//! - `admin_cli`: `raftbox users`, `raftbox tokens` and `raftbox status` through any node.
 
+mod admin_cli;
 mod big_file;
 mod block_replication;
 mod blocks_durable;

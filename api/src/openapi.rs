@@ -1,0 +1,808 @@
+//! The OpenAPI 3.1 description of the HTTP API, served on `GET /v1/openapi.json`.
+//!
+//! Generated with utoipa: the request and response types of the handlers derive `ToSchema`
+//! (`IntoParams` for queries) where they are named types; the answers a handler builds with
+//! `json!` are described by the `*View` types below. One `#[utoipa::path]` per route declares
+//! its parameters, body and the statuses particular to it; [`Common`] adds the statuses every
+//! route shares (problem+json: 429 rate-limited, 500, 503 unavailable or timed out; 401 where
+//! a token is needed; 400 and 413 where the request carries parameters or a body).
+//!
+//! The API tests hold the description to the router: every route of [`crate::routes`] is in
+//! it and nothing else, and every answer of the API test suite (status and body) validates
+//! against it (`api/tests/it/openapi.rs`).
+
+use std::sync::OnceLock;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use raftbox_storage::jobs::{JobStatus, RunStatus};
+
+use crate::routes::{accounts, blocks, cluster, files, jobs, probes, sync};
+
+/// The description as JSON, built once.
+pub fn document_json() -> &'static str {
+    static DOCUMENT: OnceLock<String> = OnceLock::new();
+    DOCUMENT.get_or_init(|| ApiDoc::openapi().to_json().unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
+}
+
+/// The description as a JSON value (for tests and tools).
+pub fn document() -> Value {
+    serde_json::from_str(document_json()).unwrap_or(Value::Null)
+}
+
+/// `GET /v1/openapi.json` (no token needed).
+pub async fn serve() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], document_json())
+}
+
+/// `mtime` as sent: an RFC 3339 timestamp or integer Unix milliseconds.
+pub fn timestamp_or_ms() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+    let text = ObjectBuilder::new().schema_type(Type::String).description(Some("RFC 3339 timestamp"));
+    let ms = ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0)).description(Some("Unix milliseconds"));
+    OneOfBuilder::new().item(text).item(ms).into()
+}
+
+/// An RFC 9457 problem: every error answer (`application/problem+json`).
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct Problem {
+    /// A slug: `bad-request`, `unauthenticated`, `forbidden`, `not-found`, `conflict`,
+    /// `stale-fence`, `cursor-reset`, `missing-chunks`, `hash-mismatch`, `rate-limited`, …
+    #[serde(rename = "type")]
+    kind: String,
+    title: String,
+    status: u16,
+    detail: String,
+    /// `missing-chunks`: the chunks to upload first.
+    #[schema(required = false)]
+    missing: Vec<String>,
+    /// A commit's `conflict`: the file's current version.
+    #[schema(required = false)]
+    current_version: u64,
+    /// A commit's `conflict`: where the caller's content was kept, if it was.
+    #[schema(required = false)]
+    conflicted_copy: Option<ConflictedCopy>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct ConflictedCopy {
+    path: String,
+    file_id: String,
+    version: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct Health {
+    status: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct Ready {
+    ready: bool,
+    leader_id: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct TokenList {
+    tokens: Vec<accounts::TokenView>,
+}
+
+/// A replay of a token creation under its `Idempotency-Key`: the secret is shown once only.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenReplayed {
+    token_id: String,
+    token_shown_once: bool,
+}
+
+/// A new token (the first answer) or its replay.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum TokenCreation {
+    Created(accounts::TokenCreated),
+    Replayed(TokenReplayed),
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRevoked {
+    token_id: String,
+    revoked: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct FileView {
+    file_id: String,
+    namespace_id: String,
+    path: String,
+    version: u64,
+    chunks: Vec<String>,
+    size: u64,
+    mtime: String,
+}
+
+/// A committed version; `unchanged` (200) when the content equalled the current version.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct FileCommitted {
+    file_id: String,
+    version: u64,
+    #[schema(required = false)]
+    unchanged: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct FileHistory {
+    file_id: String,
+    path: String,
+    versions: Vec<files::VersionView>,
+    #[schema(required = false)]
+    next_page_token: String,
+}
+
+/// A folder entry: a file (`fileId`, `version`, `size`) or a subfolder.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct FolderEntry {
+    name: String,
+    #[serde(rename = "type")]
+    #[schema(pattern = "^(file|folder)$")]
+    kind: String,
+    #[schema(required = false)]
+    file_id: String,
+    #[schema(required = false)]
+    version: u64,
+    #[schema(required = false)]
+    size: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct FolderListing {
+    path: String,
+    entries: Vec<FolderEntry>,
+    #[schema(required = false)]
+    next_page_token: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct JobCreated {
+    job_id: String,
+    next_run_at: String,
+    status: JobStatus,
+}
+
+/// A schedule as a client writes it: `{runAt}`, `{cron, timezone}` or `{everyMs}`.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleView {
+    #[schema(required = false)]
+    run_at: String,
+    #[schema(required = false)]
+    cron: String,
+    #[schema(required = false)]
+    timezone: String,
+    #[schema(required = false)]
+    every_ms: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct JobView {
+    job_id: String,
+    owner_id: String,
+    tenant_id: String,
+    #[serde(rename = "type")]
+    job_type: String,
+    target: String,
+    payload: Value,
+    schedule: ScheduleView,
+    /// `ONCE`, `CRON` or `INTERVAL`.
+    schedule_kind: String,
+    cron_expr: String,
+    timezone: String,
+    max_retries: u32,
+    timeout_seconds: u64,
+    retry_backoff_ms: u64,
+    status: JobStatus,
+    next_run_at: Option<String>,
+    attempts: u32,
+    fence_token: u64,
+    lease_owner: Option<String>,
+    lease_expires_at: Option<String>,
+    created_at: String,
+    updated_at: String,
+    last_error: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct JobList {
+    jobs: Vec<JobView>,
+    #[schema(required = false)]
+    next_page_token: String,
+}
+
+/// What an attempt produced: `{httpStatus, excerpt}` for a webhook, `{excerpt}` for a task.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct RunResultView {
+    #[schema(required = false)]
+    http_status: u16,
+    excerpt: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    run_id: String,
+    job_id: String,
+    scheduled_for: String,
+    started_at: String,
+    finished_at: Option<String>,
+    status: RunStatus,
+    attempt: u32,
+    worker_id: String,
+    fence_token: u64,
+    result: Option<RunResultView>,
+    error: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct RunList {
+    runs: Vec<RunView>,
+    #[schema(required = false)]
+    next_page_token: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct NotifyAnswer {
+    /// Whether anything is newer than the cursor (`false`: the wait timed out).
+    changes: bool,
+}
+
+/// A namespace the caller can reach, with the caller's role in it.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceView {
+    namespace_id: String,
+    /// `user` (personal) or `shared_folder`.
+    kind: String,
+    name: String,
+    /// `viewer`, `editor` or `owner`.
+    role: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct NamespaceList {
+    namespaces: Vec<NamespaceView>,
+}
+
+/// An access entry: a user (`userId`, `userName`) or a group (`groupId`, `groupName`).
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct AclEntry {
+    #[schema(required = false)]
+    user_id: String,
+    #[schema(required = false)]
+    user_name: Option<String>,
+    #[schema(required = false)]
+    group_id: String,
+    #[schema(required = false)]
+    group_name: Option<String>,
+    role: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct AclView {
+    namespace_id: String,
+    kind: String,
+    name: String,
+    entries: Vec<AclEntry>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupView {
+    group_id: String,
+    name: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct GroupList {
+    groups: Vec<GroupView>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMember {
+    user_id: String,
+    name: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupDetail {
+    group_id: String,
+    name: String,
+    members: Vec<GroupMember>,
+}
+
+/// The description of every route (the route table is `crate::routes::router`).
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "raftbox",
+        description = "A Raft-replicated file store, job scheduler and rate limiter. Errors are RFC 9457 problem+json."
+    ),
+    paths(
+        ops::console_index, ops::console_asset,
+        ops::healthz, ops::readyz, ops::metrics, ops::cluster, ops::openapi,
+        ops::members, ops::add_member_node, ops::remove_member_node,
+        ops::create_user, ops::get_user, ops::create_token, ops::list_tokens, ops::revoke_token,
+        ops::me, ops::my_tokens, ops::revoke_my_token,
+        ops::blocks_status, ops::get_block, ops::put_block,
+        ops::get_file, ops::commit_file, ops::file_history, ops::restore_file, ops::delete_file, ops::move_file,
+        ops::list_folder,
+        ops::create_job, ops::list_jobs, ops::get_job, ops::patch_job, ops::cancel_job, ops::job_runs,
+        ops::sync, ops::notify, ops::notify_ws,
+        ops::create_namespace, ops::list_namespaces, ops::delete_namespace, ops::get_acl, ops::grant,
+        ops::revoke_user, ops::revoke_group, ops::leave,
+        ops::create_group, ops::list_groups, ops::get_group, ops::add_group_member, ops::remove_group_member,
+    ),
+    components(schemas(Problem)),
+    modifiers(&Common),
+    tags(
+        (name = "console", description = "The web console's static files (HTML, JavaScript, CSS); no token needed."),
+        (name = "probes", description = "Health, readiness, metrics and cluster status; no token needed."),
+        (name = "admin", description = "Users, tokens, groups and cluster membership (admin token)."),
+        (name = "me", description = "The caller and its tokens."),
+        (name = "blocks", description = "Content-addressed blocks (chunks) of files."),
+        (name = "files", description = "File metadata: commit, read, history, restore, delete, move, list."),
+        (name = "sync", description = "Changes since a cursor, and notification channels."),
+        (name = "jobs", description = "Scheduled jobs and their runs."),
+        (name = "sharing", description = "Shared folders and their access lists."),
+    )
+)]
+pub struct ApiDoc;
+
+/// Statuses every route shares, and the bearer token scheme.
+struct Common;
+
+/// Routes that need no token.
+const OPEN_PATHS: [&str; 7] =
+    ["/", "/console/{file}", "/healthz", "/readyz", "/metrics", "/v1/cluster", "/v1/openapi.json"];
+
+fn problem(description: &str) -> RefOr<utoipa::openapi::Response> {
+    let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build();
+    ResponseBuilder::new().description(description).content("application/problem+json", content).build().into()
+}
+
+fn add_common(path: &str, operation: &mut Operation) {
+    let open = OPEN_PATHS.contains(&path);
+    if !open {
+        operation.security =
+            Some(vec![utoipa::openapi::security::SecurityRequirement::new("bearer", Vec::<String>::new())]);
+    }
+    let has_input = operation.request_body.is_some() || operation.parameters.as_ref().is_some_and(|p| !p.is_empty());
+    let responses = &mut operation.responses.responses;
+    let mut add = |status: &str, description: &str| {
+        responses.entry(status.to_string()).or_insert_with(|| problem(description));
+    };
+    if has_input {
+        add("400", "Bad request: a malformed parameter or body.");
+    }
+    if operation.request_body.is_some() {
+        add("413", "Payload too large.");
+    }
+    if !open {
+        add("401", "Unauthenticated: missing, unknown or expired token.");
+    }
+    add("429", "Rate limited (where a limit is configured); see Retry-After.");
+    add("500", "Internal error.");
+    add("503", "Unavailable: no leader or quorum, or no answer within the request timeout; see Retry-After.");
+}
+
+impl Modify for Common {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        if let Some(components) = openapi.components.as_mut() {
+            let bearer = HttpBuilder::new().scheme(HttpAuthScheme::Bearer).description(Some("rbx_… token")).build();
+            components.add_security_scheme("bearer", SecurityScheme::Http(bearer));
+        }
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            for operation in [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+                &mut item.head,
+                &mut item.options,
+                &mut item.trace,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                add_common(path, operation);
+            }
+        }
+    }
+}
+
+/// One declaration per route; the handlers are in [`crate::routes`].
+#[allow(dead_code)]
+mod ops {
+    use super::*;
+
+    #[utoipa::path(get, path = "/", tag = "console", responses(
+        (status = 200, description = "The web console's page.", body = String, content_type = "text/html"),
+    ))]
+    fn console_index() {}
+
+    #[utoipa::path(get, path = "/console/{file}", tag = "console", params(("file" = String, Path, description = "`app.js` or `style.css`")), responses(
+        (status = 200, description = "One of the console's files.", content((String = "text/javascript"), (String = "text/css"))),
+        (status = 404, description = "No such file.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn console_asset() {}
+
+    #[utoipa::path(get, path = "/healthz", tag = "probes", responses((status = 200, description = "The process is up.", body = Health)))]
+    fn healthz() {}
+
+    #[utoipa::path(get, path = "/readyz", tag = "probes", responses(
+        (status = 200, description = "A member of a cluster with a leader, its clock in step.", body = Ready),
+    ))]
+    fn readyz() {}
+
+    #[utoipa::path(get, path = "/metrics", tag = "probes", responses(
+        (status = 200, description = "Prometheus text exposition (README \"Metrics\").", body = String, content_type = "text/plain"),
+    ))]
+    fn metrics() {}
+
+    #[utoipa::path(get, path = "/v1/cluster", tag = "probes", responses((status = 200, description = "This node's view of the cluster.", body = probes::ClusterInfo)))]
+    fn cluster() {}
+
+    #[utoipa::path(get, path = "/v1/openapi.json", tag = "probes", responses((status = 200, description = "This description (OpenAPI 3.1).", body = serde_json::Value)))]
+    fn openapi() {}
+
+    #[utoipa::path(get, path = "/v1/admin/cluster/members", tag = "admin", responses(
+        (status = 200, description = "The members.", body = cluster::MembersView),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn members() {}
+
+    #[utoipa::path(post, path = "/v1/admin/cluster/members", tag = "admin", request_body = cluster::AddRequest, responses(
+        (status = 200, description = "The node is a voter.", body = cluster::MembersView),
+        (status = 202, description = "The node is a learner catching up; POST again to finish.", body = cluster::MembersView),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The change conflicts with the membership.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn add_member_node() {}
+
+    #[utoipa::path(delete, path = "/v1/admin/cluster/members/{id}", tag = "admin", params(("id" = u64, Path, description = "Node id")), responses(
+        (status = 200, description = "The members after the removal.", body = cluster::MembersView),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such member.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The change conflicts with the membership.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn remove_member_node() {}
+
+    #[utoipa::path(post, path = "/v1/admin/users", tag = "admin", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 201, description = "The user and its personal namespace.", body = accounts::UserCreated),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A user of that name exists, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn create_user() {}
+
+    #[utoipa::path(get, path = "/v1/admin/users/{user_id}", tag = "admin", params(("user_id" = String, Path)), responses(
+        (status = 200, description = "The user.", body = accounts::UserView),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_user() {}
+
+    #[utoipa::path(post, path = "/v1/admin/users/{user_id}/tokens", tag = "admin", request_body = accounts::TokenRequest, params(("user_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 201, description = "The token (its secret in this answer only).", body = TokenCreation),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn create_token() {}
+
+    #[utoipa::path(get, path = "/v1/admin/users/{user_id}/tokens", tag = "admin", params(("user_id" = String, Path)), responses(
+        (status = 200, description = "The user's tokens (never their secrets).", body = TokenList),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn list_tokens() {}
+
+    #[utoipa::path(delete, path = "/v1/admin/users/{user_id}/tokens/{token_id}", tag = "admin", params(("user_id" = String, Path), ("token_id" = String, Path)), responses(
+        (status = 200, description = "Revoked on every node within a heartbeat.", body = TokenRevoked),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such token.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn revoke_token() {}
+
+    #[utoipa::path(get, path = "/v1/me", tag = "me", responses((status = 200, description = "The caller.", body = accounts::UserView)))]
+    fn me() {}
+
+    #[utoipa::path(get, path = "/v1/me/tokens", tag = "me", responses((status = 200, description = "The caller's tokens.", body = TokenList)))]
+    fn my_tokens() {}
+
+    #[utoipa::path(delete, path = "/v1/me/tokens/{token_id}", tag = "me", params(("token_id" = String, Path)), responses(
+        (status = 200, description = "Revoked.", body = TokenRevoked),
+        (status = 404, description = "No such token of the caller's.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn revoke_my_token() {}
+
+    #[utoipa::path(post, path = "/v1/blocks/status", tag = "blocks", request_body = blocks::StatusRequest, responses(
+        (status = 200, description = "The blocks the cluster lacks or the caller may not read.", body = blocks::StatusResponse),
+    ))]
+    fn blocks_status() {}
+
+    #[utoipa::path(get, path = "/v1/blocks/{hash}", tag = "blocks", params(("hash" = String, Path, description = "BLAKE3, 64 lowercase hex characters")), responses(
+        (status = 200, description = "The block's bytes.", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 404, description = "No such block, or the caller may not read it.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_block() {}
+
+    #[utoipa::path(put, path = "/v1/blocks/{hash}", tag = "blocks", params(("hash" = String, Path, description = "BLAKE3, 64 lowercase hex characters")),
+        request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "At most 4 MiB."), responses(
+        (status = 201, description = "Durable on a majority and indexed."),
+        (status = 422, description = "The body does not hash to `hash`.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn put_block() {}
+
+    #[utoipa::path(get, path = "/v1/files", tag = "files", params(files::PathQuery), responses(
+        (status = 200, description = "The current version.", body = FileView),
+        (status = 404, description = "No live file there, or a namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_file() {}
+
+    #[utoipa::path(post, path = "/v1/files/commit", tag = "files", request_body = files::CommitRequest, params(("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies"), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 200, description = "Unchanged: the content equals the current version.", body = FileCommitted),
+        (status = 201, description = "A new version.", body = FileCommitted),
+        (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "A namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The file changed since baseVersion (content kept as a conflicted copy), or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Chunks not stored yet (`missing`), or the key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn commit_file() {}
+
+    #[utoipa::path(get, path = "/v1/files/history", tag = "files", params(files::PathQuery), responses(
+        (status = 200, description = "Every kept version, newest first.", body = FileHistory),
+        (status = 404, description = "No file there.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn file_history() {}
+
+    #[utoipa::path(post, path = "/v1/files/restore", tag = "files", request_body = files::RestoreRequest, params(("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies"), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 200, description = "Unchanged.", body = FileCommitted),
+        (status = 201, description = "A new version with the old content.", body = FileCommitted),
+        (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such file or version.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Conflict, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn restore_file() {}
+
+    #[utoipa::path(post, path = "/v1/files/delete", tag = "files", request_body = files::DeleteRequest, params(("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies"), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 200, description = "Already deleted.", body = FileCommitted),
+        (status = 201, description = "A tombstone version.", body = FileCommitted),
+        (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such file.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The file changed since baseVersion, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn delete_file() {}
+
+    #[utoipa::path(post, path = "/v1/files/move", tag = "files", request_body = files::MoveRequest, params(("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies"), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 200, description = "Unchanged.", body = FileCommitted),
+        (status = 201, description = "The new version at `to`.", body = FileCommitted),
+        (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No file at `from`.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`from` changed since baseVersion or `to` is taken, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn move_file() {}
+
+    #[utoipa::path(get, path = "/v1/files/list", tag = "files", params(files::PathQuery), responses(
+        (status = 200, description = "Files and subfolders directly in the folder, by name.", body = FolderListing),
+        (status = 404, description = "A namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn list_folder() {}
+
+    #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = jobs::CreateRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 201, description = "Scheduled.", body = JobCreated),
+        (status = 403, description = "A limit of non-admins' jobs.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Too many active jobs, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn create_job() {}
+
+    #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(jobs::PageQuery), responses((status = 200, description = "The caller's jobs.", body = JobList)))]
+    fn list_jobs() {}
+
+    #[utoipa::path(get, path = "/v1/jobs/{job_id}", tag = "jobs", params(("job_id" = String, Path)), responses(
+        (status = 200, description = "The job.", body = JobView),
+        (status = 404, description = "No such job of the caller's.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_job() {}
+
+    #[utoipa::path(patch, path = "/v1/jobs/{job_id}", tag = "jobs", params(("job_id" = String, Path)), request_body = jobs::PatchRequest, responses(
+        (status = 200, description = "The changed job.", body = JobView),
+        (status = 403, description = "A limit of non-admins' jobs.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job of the caller's.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The job is final.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn patch_job() {}
+
+    #[utoipa::path(delete, path = "/v1/jobs/{job_id}", tag = "jobs", params(("job_id" = String, Path)), responses(
+        (status = 200, description = "The cancelled job.", body = JobView),
+        (status = 404, description = "No such job of the caller's.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The job is final.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn cancel_job() {}
+
+    #[utoipa::path(get, path = "/v1/jobs/{job_id}/runs", tag = "jobs", params(("job_id" = String, Path), jobs::PageQuery), responses(
+        (status = 200, description = "The job's runs, newest first.", body = RunList),
+        (status = 404, description = "No such job of the caller's.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn job_runs() {}
+
+    #[utoipa::path(get, path = "/v1/sync", tag = "sync", params(sync::SyncQuery), responses(
+        (status = 200, description = "Changes since the cursor in every readable namespace.", body = sync::SyncPage),
+        (status = 410, description = "The cursor can no longer be served: sync again from 0.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn sync() {}
+
+    #[utoipa::path(get, path = "/v1/notify", tag = "sync", params(sync::NotifyQuery), responses(
+        (status = 200, description = "Whether anything is newer than the cursor, as soon as it is or at the timeout.", body = NotifyAnswer),
+        (status = 410, description = "The cursor can no longer be served.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn notify() {}
+
+    #[utoipa::path(get, path = "/v1/notify/ws", tag = "sync", responses(
+        (status = 101, description = "A WebSocket: `{\"type\":\"namespace_changed\",\"namespaceId\":…}` per change."),
+        (status = 400, description = "Not a WebSocket upgrade request.", body = Problem, content_type = "application/problem+json"),
+        (status = 426, description = "The connection cannot be upgraded.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn notify_ws() {}
+
+    #[utoipa::path(post, path = "/v1/namespaces", tag = "sharing", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 201, description = "The new shared folder, owned by the caller.", body = NamespaceView),
+        (status = 409, description = "A request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn create_namespace() {}
+
+    #[utoipa::path(get, path = "/v1/namespaces", tag = "sharing", responses((status = 200, description = "The caller's namespaces, personal first.", body = NamespaceList)))]
+    fn list_namespaces() {}
+
+    #[utoipa::path(delete, path = "/v1/namespaces/{namespace_id}", tag = "sharing", params(("namespace_id" = String, Path)), responses(
+        (status = 204, description = "Deleted with everything in it."),
+        (status = 403, description = "Not its owner.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such shared folder the caller can read.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not a shared folder.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn delete_namespace() {}
+
+    #[utoipa::path(get, path = "/v1/namespaces/{namespace_id}/acl", tag = "sharing", params(("namespace_id" = String, Path)), responses(
+        (status = 200, description = "Who has access.", body = AclView),
+        (status = 404, description = "No such namespace the caller can read.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_acl() {}
+
+    #[utoipa::path(put, path = "/v1/namespaces/{namespace_id}/acl", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), request_body = crate::routes::sharing::GrantRequest, responses(
+        (status = 204, description = "Granted or changed."),
+        (status = 403, description = "Not its owner.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such namespace, user or group.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not allowed on this namespace, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn grant() {}
+
+    #[utoipa::path(delete, path = "/v1/namespaces/{namespace_id}/acl/users/{user_id}", tag = "sharing", params(("namespace_id" = String, Path), ("user_id" = String, Path)), responses(
+        (status = 204, description = "Revoked."),
+        (status = 403, description = "Not its owner.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such namespace or entry.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not allowed on this namespace.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn revoke_user() {}
+
+    #[utoipa::path(delete, path = "/v1/namespaces/{namespace_id}/acl/groups/{group_id}", tag = "sharing", params(("namespace_id" = String, Path), ("group_id" = String, Path)), responses(
+        (status = 204, description = "Revoked."),
+        (status = 403, description = "Not its owner.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such namespace or entry.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Not allowed on this namespace.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn revoke_group() {}
+
+    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/leave", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 204, description = "The caller left the shared folder."),
+        (status = 403, description = "Not allowed.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such namespace the caller is in.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The owner cannot leave, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn leave() {}
+
+    #[utoipa::path(post, path = "/v1/admin/groups", tag = "admin", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 201, description = "The new group.", body = GroupView),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A group of that name exists, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn create_group() {}
+
+    #[utoipa::path(get, path = "/v1/admin/groups", tag = "admin", responses(
+        (status = 200, description = "Every group.", body = GroupList),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn list_groups() {}
+
+    #[utoipa::path(get, path = "/v1/admin/groups/{group_id}", tag = "admin", params(("group_id" = String, Path)), responses(
+        (status = 200, description = "The group and its members.", body = GroupDetail),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such group.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_group() {}
+
+    #[utoipa::path(put, path = "/v1/admin/groups/{group_id}/members/{user_id}", tag = "admin", params(("group_id" = String, Path), ("user_id" = String, Path)), responses(
+        (status = 204, description = "A member (again)."),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such group or user.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn add_group_member() {}
+
+    #[utoipa::path(delete, path = "/v1/admin/groups/{group_id}/members/{user_id}", tag = "admin", params(("group_id" = String, Path), ("user_id" = String, Path)), responses(
+        (status = 204, description = "No longer a member."),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such group, or not a member.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn remove_group_member() {}
+}
