@@ -79,19 +79,6 @@ pub struct StatusArgs {
     json: bool,
 }
 
-/// Calls `path`; a non-2xx answer is an error naming the problem.
-async fn call(api: &Api, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
-    let mut request = api.request(method, path);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let (status, answer) = api.send(request).await?;
-    if !status.is_success() {
-        bail!("{path}: {}", problem(status, &answer));
-    }
-    Ok(answer)
-}
-
 fn text<'a>(value: &'a Value, key: &str) -> &'a str {
     value[key].as_str().unwrap_or("-")
 }
@@ -100,9 +87,9 @@ pub async fn run_users(args: UsersArgs) -> anyhow::Result<()> {
     let api = Api::new(&args.connection, None)?;
     let answer = match &args.command {
         UsersCommand::Create { name } => {
-            call(&api, Method::POST, "/v1/admin/users", Some(json!({ "name": name }))).await?
+            api.call(Method::POST, "/v1/admin/users", Some(json!({ "name": name }))).await?
         }
-        UsersCommand::Show { user_id } => call(&api, Method::GET, &format!("/v1/admin/users/{user_id}"), None).await?,
+        UsersCommand::Show { user_id } => api.call(Method::GET, &format!("/v1/admin/users/{user_id}"), None).await?,
     };
     if args.json {
         println!("{answer}");
@@ -143,7 +130,7 @@ pub async fn run_tokens(args: TokensArgs) -> anyhow::Result<()> {
             if let Some(seconds) = expires_in_s {
                 body["expiresInS"] = json!(seconds);
             }
-            let answer = call(&api, Method::POST, &format!("/v1/admin/users/{user_id}/tokens"), Some(body)).await?;
+            let answer = api.call(Method::POST, &format!("/v1/admin/users/{user_id}/tokens"), Some(body)).await?;
             if args.json {
                 println!("{answer}");
             } else {
@@ -159,7 +146,7 @@ pub async fn run_tokens(args: TokensArgs) -> anyhow::Result<()> {
                 Some(user_id) => format!("/v1/admin/users/{user_id}/tokens"),
                 None => "/v1/me/tokens".to_string(),
             };
-            let answer = call(&api, Method::GET, &path, None).await?;
+            let answer = api.call(Method::GET, &path, None).await?;
             if args.json {
                 println!("{answer}");
             } else {
@@ -171,7 +158,7 @@ pub async fn run_tokens(args: TokensArgs) -> anyhow::Result<()> {
                 Some(user_id) => format!("/v1/admin/users/{user_id}/tokens/{token_id}"),
                 None => format!("/v1/me/tokens/{token_id}"),
             };
-            let answer = call(&api, Method::DELETE, &path, None).await?;
+            let answer = api.call(Method::DELETE, &path, None).await?;
             if args.json {
                 println!("{answer}");
             } else {

@@ -135,6 +135,20 @@ impl Api {
         Ok((status, body))
     }
 
+    /// One JSON call of `path` (with `body`, if any); a non-2xx answer is an error naming the
+    /// problem.
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
+        let mut request = self.request(method, path);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let (status, answer) = self.send(request).await?;
+        if !status.is_success() {
+            bail!("{path}: {}", problem(status, &answer));
+        }
+        Ok(answer)
+    }
+
     /// Sends; on 429 or 503 waits as `Retry-After` says (at most [`RETRY_WAIT_MAX`]) and tries
     /// again, at most [`RETRIES_MAX`] times, then returns the last answer. Every request this
     /// client retries is safe to repeat: reads, block PUTs (content-addressed), and POSTs

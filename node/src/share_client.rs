@@ -5,7 +5,7 @@ use anyhow::bail;
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::client::{problem, Api, Connection};
+use crate::client::{Api, Connection};
 
 #[derive(clap::Args, Debug)]
 pub struct ShareArgs {
@@ -103,19 +103,6 @@ enum GroupsCommand {
     Remove { id: String, user_id: String },
 }
 
-/// One call; an error answer becomes an error with the problem's detail.
-async fn call(api: &Api, method: Method, path: &str, body: Option<Value>) -> anyhow::Result<Value> {
-    let mut request = api.request(method, path);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let (status, answer) = api.send(request).await?;
-    if !status.is_success() {
-        bail!("{path}: {}", problem(status, &answer));
-    }
-    Ok(answer)
-}
-
 fn text<'a>(value: &'a Value, key: &str) -> &'a str {
     value[key].as_str().unwrap_or("?")
 }
@@ -124,7 +111,7 @@ pub async fn run_share(args: ShareArgs) -> anyhow::Result<()> {
     let api = Api::new(&args.connection, None)?;
     match args.command {
         ShareCommand::Ls => {
-            let answer = call(&api, Method::GET, "/v1/namespaces", None).await?;
+            let answer = api.call(Method::GET, "/v1/namespaces", None).await?;
             println!("{:<36}  {:<13} {:<7} name", "id", "kind", "role");
             for ns in answer["namespaces"].as_array().into_iter().flatten() {
                 let name = if ns["kind"] == "user" { "(personal)" } else { text(ns, "name") };
@@ -132,11 +119,11 @@ pub async fn run_share(args: ShareArgs) -> anyhow::Result<()> {
             }
         }
         ShareCommand::Create { name } => {
-            let answer = call(&api, Method::POST, "/v1/namespaces", Some(json!({ "name": name }))).await?;
+            let answer = api.call(Method::POST, "/v1/namespaces", Some(json!({ "name": name }))).await?;
             println!("{}", text(&answer, "namespaceId"));
         }
         ShareCommand::Members { id } => {
-            let answer = call(&api, Method::GET, &format!("/v1/namespaces/{id}/acl"), None).await?;
+            let answer = api.call(Method::GET, &format!("/v1/namespaces/{id}/acl"), None).await?;
             println!("{:<7} {:<6} {:<36}  name", "role", "kind", "id");
             for entry in answer["entries"].as_array().into_iter().flatten() {
                 let (kind, id, name) = match entry["userId"].as_str() {
@@ -153,7 +140,7 @@ pub async fn run_share(args: ShareArgs) -> anyhow::Result<()> {
                     body[key] = json!(value);
                 }
             }
-            call(&api, Method::PUT, &format!("/v1/namespaces/{id}/acl"), Some(body)).await?;
+            api.call(Method::PUT, &format!("/v1/namespaces/{id}/acl"), Some(body)).await?;
             eprintln!("granted {}", role.as_str());
         }
         ShareCommand::Revoke { id, user_id, group_id } => {
@@ -162,15 +149,15 @@ pub async fn run_share(args: ShareArgs) -> anyhow::Result<()> {
                 (None, Some(group_id)) => format!("/v1/namespaces/{id}/acl/groups/{group_id}"),
                 (None, None) => bail!("name --user-id or --group-id"),
             };
-            call(&api, Method::DELETE, &path, None).await?;
+            api.call(Method::DELETE, &path, None).await?;
             eprintln!("revoked");
         }
         ShareCommand::Leave { id } => {
-            call(&api, Method::POST, &format!("/v1/namespaces/{id}/leave"), None).await?;
+            api.call(Method::POST, &format!("/v1/namespaces/{id}/leave"), None).await?;
             eprintln!("left {id}");
         }
         ShareCommand::Delete { id } => {
-            call(&api, Method::DELETE, &format!("/v1/namespaces/{id}"), None).await?;
+            api.call(Method::DELETE, &format!("/v1/namespaces/{id}"), None).await?;
             eprintln!("deleted {id}");
         }
     }
@@ -181,29 +168,29 @@ pub async fn run_groups(args: GroupsArgs) -> anyhow::Result<()> {
     let api = Api::new(&args.connection, None)?;
     match args.command {
         GroupsCommand::Ls => {
-            let answer = call(&api, Method::GET, "/v1/admin/groups", None).await?;
+            let answer = api.call(Method::GET, "/v1/admin/groups", None).await?;
             println!("{:<36}  name", "id");
             for group in answer["groups"].as_array().into_iter().flatten() {
                 println!("{:<36}  {}", text(group, "groupId"), text(group, "name"));
             }
         }
         GroupsCommand::Create { name } => {
-            let answer = call(&api, Method::POST, "/v1/admin/groups", Some(json!({ "name": name }))).await?;
+            let answer = api.call(Method::POST, "/v1/admin/groups", Some(json!({ "name": name }))).await?;
             println!("{}", text(&answer, "groupId"));
         }
         GroupsCommand::Show { id } => {
-            let answer = call(&api, Method::GET, &format!("/v1/admin/groups/{id}"), None).await?;
+            let answer = api.call(Method::GET, &format!("/v1/admin/groups/{id}"), None).await?;
             println!("{} ({})", text(&answer, "name"), text(&answer, "groupId"));
             for member in answer["members"].as_array().into_iter().flatten() {
                 println!("  {:<36}  {}", text(member, "userId"), text(member, "name"));
             }
         }
         GroupsCommand::Add { id, user_id } => {
-            call(&api, Method::PUT, &format!("/v1/admin/groups/{id}/members/{user_id}"), None).await?;
+            api.call(Method::PUT, &format!("/v1/admin/groups/{id}/members/{user_id}"), None).await?;
             eprintln!("{user_id} added to {id}");
         }
         GroupsCommand::Remove { id, user_id } => {
-            call(&api, Method::DELETE, &format!("/v1/admin/groups/{id}/members/{user_id}"), None).await?;
+            api.call(Method::DELETE, &format!("/v1/admin/groups/{id}/members/{user_id}"), None).await?;
             eprintln!("{user_id} removed from {id}");
         }
     }

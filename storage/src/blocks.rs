@@ -261,6 +261,29 @@ impl BlockStore {
     /// Every block on disk with its modification time (for reclaiming and repair).
     pub fn list(&self) -> Result<Vec<(BlockHash, std::time::SystemTime)>, StorageError> {
         let mut out = Vec::new();
+        self.each_block(|hash, metadata| {
+            out.push((hash, metadata.modified()?));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Block files on disk and their total bytes (for the node's metrics).
+    pub fn usage(&self) -> Result<(u64, u64), StorageError> {
+        let (mut count, mut bytes) = (0u64, 0u64);
+        self.each_block(|_, metadata| {
+            count += 1;
+            bytes += metadata.len();
+            Ok(())
+        })?;
+        Ok((count, bytes))
+    }
+
+    /// Walks the shard directories: each block file (named by its hash) with its metadata.
+    fn each_block(
+        &self,
+        mut each: impl FnMut(BlockHash, fs::Metadata) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
         for shard in fs::read_dir(&self.root)? {
             let shard = shard?;
             if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
@@ -269,29 +292,10 @@ impl BlockStore {
             for entry in fs::read_dir(shard.path())? {
                 let entry = entry?;
                 let Some(hash) = entry.file_name().to_str().and_then(|n| n.parse::<BlockHash>().ok()) else { continue };
-                out.push((hash, entry.metadata()?.modified()?));
+                each(hash, entry.metadata()?)?;
             }
         }
-        Ok(out)
-    }
-
-    /// Block files on disk and their total bytes (for the node's metrics).
-    pub fn usage(&self) -> Result<(u64, u64), StorageError> {
-        let (mut count, mut bytes) = (0u64, 0u64);
-        for shard in fs::read_dir(&self.root)? {
-            let shard = shard?;
-            if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
-                continue;
-            }
-            for entry in fs::read_dir(shard.path())? {
-                let entry = entry?;
-                if entry.file_name().to_str().is_some_and(|n| n.parse::<BlockHash>().is_ok()) {
-                    count += 1;
-                    bytes += entry.metadata()?.len();
-                }
-            }
-        }
-        Ok((count, bytes))
+        Ok(())
     }
 
     /// Age of a block file (time since it was last written or re-put).
