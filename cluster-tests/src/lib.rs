@@ -44,9 +44,12 @@ const PEER_DOWN_LOG_FRAGMENT: &str = "Unreachable node";
 /// frozen or cut off, or — on a loaded two-core machine — a 100 ms heartbeat that took
 /// longer. These are events the tests judge by their own deadlines, so such lines are always
 /// allowed; a panic, and any other ERROR line, fails a test.
-const PEER_FAULT_LOG_FRAGMENTS: [&str; 5] = [
+const PEER_FAULT_LOG_FRAGMENTS: [&str; 6] = [
     PEER_DOWN_LOG_FRAGMENT,
     "RPCError err=timeout",
+    // A call that failed after it was sent (timed out, reset): raftbox's network reports it
+    // as a network error, not "unreachable", so openraft retries without resting the peer.
+    "NetworkError: tonic::status::Status",
     "timeout while confirming leadership",
     "ms when Vote ",
     "InstallSnapshot RPC timed out",

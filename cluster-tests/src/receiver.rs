@@ -29,6 +29,9 @@ struct Inner {
     /// Paths answered 500, and how long each path makes its caller wait.
     failing: Vec<String>,
     delay_ms: HashMap<String, u64>,
+    /// Calls being answered now, and the most at once, by path.
+    in_flight: HashMap<String, u32>,
+    max_in_flight: HashMap<String, u32>,
 }
 
 /// A running receiver; dropped with the test.
@@ -79,6 +82,11 @@ impl Receiver {
         self.lock().calls.iter().filter(|c| c.path == path).cloned().collect()
     }
 
+    /// The most calls to `path` that were being answered at the same time.
+    pub fn max_in_flight(&self, path: &str) -> u32 {
+        self.lock().max_in_flight.get(&format!("/{path}")).copied().unwrap_or(0)
+    }
+
     /// How many times each key's effect was applied (always at most 1 here).
     pub fn effects(&self) -> HashMap<String, u32> {
         self.lock().effects.clone()
@@ -105,10 +113,20 @@ async fn handle(
     let (failing, delay) = {
         let mut inner = inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.calls.push(call.clone());
+        let now = {
+            let count = inner.in_flight.entry(path.clone()).or_insert(0);
+            *count += 1;
+            *count
+        };
+        let max = inner.max_in_flight.entry(path.clone()).or_insert(0);
+        *max = (*max).max(now);
         (inner.failing.contains(&path), inner.delay_ms.get(&path).copied().unwrap_or(0))
     };
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    if let Some(count) = inner.lock().unwrap_or_else(|e| e.into_inner()).in_flight.get_mut(&path) {
+        *count -= 1;
     }
     if failing {
         return (StatusCode::INTERNAL_SERVER_ERROR, "receiver: failing on purpose");

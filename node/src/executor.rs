@@ -42,11 +42,15 @@ const MAINTENANCE_ROUNDS_MAX: u32 = 1_000;
 /// one of these before it gives its slot back).
 const REPORTS_PER_SLOT: usize = 4;
 /// Claims in flight at once on this node during a burst: while one waits for its log entry,
-/// the next takes the slots freed meanwhile.
+/// the next takes the places freed meanwhile.
 const CLAIMS_IN_FLIGHT_MAX: usize = 2;
-/// In a burst, a freed slot starts a claim once this share of the slots is free (1/N), so
-/// claims stay large; the next tick claims whatever is free.
+/// In a burst, a finished job starts a claim once this share of the places to hold claimed
+/// jobs is free (1/N), so claims stay large; the next tick claims whatever is free.
 const CLAIM_SHARE_MIN: usize = 4;
+/// Jobs a node holds claimed, per attempt slot. In a burst every slot runs a job while as many
+/// more wait on this node for the next free slot (their leases renewed from the claim on), so
+/// a freed slot starts its next job at once instead of waiting out a claim's commit.
+const HELD_PER_SLOT: usize = 4;
 
 /// Executor settings (node TOML `[jobs]`).
 #[derive(Debug, Clone, Deserialize)]
@@ -79,9 +83,12 @@ struct Context {
     webhooks: WebhookPolicy,
     /// One per attempt running its work.
     slots: Arc<Semaphore>,
+    /// One per job claimed by this node whose work is not done yet (running or waiting for a
+    /// slot): `HELD_PER_SLOT` per slot.
+    held: Arc<Semaphore>,
     /// One per attempt writing its report (the work done, its slot given back).
     reports: Arc<Semaphore>,
-    /// Woken when a slot is given back, so due jobs are claimed without waiting for a tick.
+    /// Woken when a job's place is given back, so due jobs are claimed without waiting for a tick.
     freed: Notify,
     /// One per claim in flight.
     claims: Arc<Semaphore>,
@@ -100,24 +107,29 @@ pub async fn run(
     let worker = format!("node{}-{}", node.id(), &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let concurrency = config.concurrency.max(1) as usize;
     let slots = Arc::new(Semaphore::new(concurrency));
+    let held = Arc::new(Semaphore::new(concurrency.saturating_mul(HELD_PER_SLOT)));
     let reports = Arc::new(Semaphore::new(concurrency.saturating_mul(REPORTS_PER_SLOT)));
     let http = webhook_client(webhooks.clone());
     let freed = Notify::new();
     let burst = watch::Sender::new(false);
     let claims = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT_MAX));
-    let ctx = Arc::new(Context { node, worker, config, files, http, webhooks, slots, reports, freed, claims, burst });
-    let mut ticks = tokio::time::interval(POLL_INTERVAL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ctx =
+        Arc::new(Context { node, worker, config, files, http, webhooks, slots, held, reports, freed, claims, burst });
+    let mut wake = tokio::time::Instant::now();
     tokio::pin!(stopped);
     loop {
         let freed = tokio::select! {
             _ = &mut stopped => return,
-            _ = ticks.tick() => false,
+            _ = tokio::time::sleep_until(wake) => false,
             _ = ctx.freed.notified() => true,
         };
+        if !freed {
+            wake = next_wake(&ctx.node);
+        }
         // In a burst (the last claim took all it asked for, so more may be due) claim again as
-        // soon as a slot frees, up to CLAIMS_IN_FLIGHT_MAX at once, without looking at the due
-        // index first; otherwise one claim at a time, on a tick, when something is due.
+        // soon as a share of the places to hold jobs is free, up to CLAIMS_IN_FLIGHT_MAX at
+        // once, without looking at the due index first; otherwise one claim at a time, on a
+        // tick, when something is due.
         let burst = *ctx.burst.borrow();
         if freed && !burst {
             continue;
@@ -126,18 +138,22 @@ pub async fn run(
             continue;
         }
         let Ok(place) = ctx.claims.clone().try_acquire_owned() else { continue };
-        let free = ctx.slots.available_permits();
-        let enough = if freed { (ctx.config.concurrency.max(1) as usize).div_ceil(CLAIM_SHARE_MIN) } else { 1 };
+        let free = ctx.held.available_permits();
+        let enough = if freed {
+            (ctx.config.concurrency.max(1) as usize).saturating_mul(HELD_PER_SLOT).div_ceil(CLAIM_SHARE_MIN)
+        } else {
+            1
+        };
         if free < enough {
             continue;
         }
         if !burst && !ctx.node.state().claimable_at(now_ms()).unwrap_or(false) {
             continue;
         }
-        let Ok(slots) = ctx.slots.clone().try_acquire_many_owned(free as u32) else { continue };
+        let Ok(held) = ctx.held.clone().try_acquire_many_owned(free as u32) else { continue };
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            let all = claim(&ctx, slots, free).await;
+            let all = claim(&ctx, held, free).await;
             ctx.burst.send_if_modified(|burst| std::mem::replace(burst, all) != all);
             drop(place);
             // The loop may have skipped a freed slot while this claim held the last place.
@@ -146,9 +162,22 @@ pub async fn run(
     }
 }
 
-/// Claims and starts up to `free` jobs, one slot of `slots` each; whether it got all it asked
-/// for (the slots it did not use are given back).
-async fn claim(ctx: &Arc<Context>, mut slots: OwnedSemaphorePermit, free: usize) -> bool {
+/// When to look for due work next: after `POLL_INTERVAL`, or sooner, at the moment the next
+/// job falls due (or a lease expires) if that is within it, so a job due at a given instant is
+/// claimed then, not up to one interval late.
+fn next_wake(node: &RaftNode) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    let now_ms = now_ms();
+    let next = node.state().next_claimable_ms(now_ms + POLL_INTERVAL.as_millis() as u64).ok().flatten();
+    match next {
+        Some(at_ms) if at_ms > now_ms => now + Duration::from_millis(at_ms - now_ms + 1),
+        _ => now + POLL_INTERVAL,
+    }
+}
+
+/// Claims and starts up to `free` jobs, one place of `held` each; whether it got all it asked
+/// for (the places it did not use are given back).
+async fn claim(ctx: &Arc<Context>, mut held: OwnedSemaphorePermit, free: usize) -> bool {
     // The claim runs under a key of its own, so that a claim whose outcome is unknown can be
     // repeated: the repeat replays the jobs the first one claimed (instead of leaving them
     // claimed by no one who knows, until their lease runs out) or claims them now. It also
@@ -190,32 +219,36 @@ async fn claim(ctx: &Arc<Context>, mut slots: OwnedSemaphorePermit, free: usize)
     };
     let all = jobs.len() == free;
     tracing::debug!(asked = free, claimed = jobs.len(), ms = asked.elapsed().as_millis() as u64, "claimed");
-    let started_ms = now_ms();
     for (job, run_id) in jobs.into_iter().zip(run_ids) {
-        if let Some(scheduled_ms) = job.scheduled_for_ms {
-            let late_s = started_ms.saturating_sub(scheduled_ms) as f64 / 1_000.0;
-            ctx.node.node_metrics().job_start_lateness_seconds.observe(late_s);
-        }
-        // One run id per slot, so there is a slot for every job claimed.
-        let Some(slot) = slots.split(1) else { break };
+        // One run id per place, so there is a place for every job claimed.
+        let Some(place) = held.split(1) else { break };
         let ctx = ctx.clone();
-        tokio::spawn(async move { attempt(&ctx, job, run_id, slot).await });
+        tokio::spawn(async move { attempt(&ctx, job, run_id, place).await });
     }
     all
 }
 
-/// One attempt, started by its claim: execute with lease renewal, give the slot back, report
-/// (fenced). The state machine decides what follows (a retry, the next fire by the job's
-/// current schedule, or the end), so a PATCH made meanwhile governs.
-async fn attempt(ctx: &Context, job: Job, run_id: String, slot: OwnedSemaphorePermit) {
+/// One attempt, started by its claim: wait for a slot (in claim order: the semaphore is fair),
+/// execute, give the slot and the place back, report (fenced). The lease is renewed from the
+/// claim until the work is done. The state machine decides what follows (a retry, the next
+/// fire by the job's current schedule, or the end), so a PATCH made meanwhile governs.
+async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphorePermit) {
     let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, ctx.config.lease_ms));
+    // Never closed: the error arm is unreachable, and running without a slot would only
+    // exceed the concurrency, never lose the job.
+    let slot = ctx.slots.clone().acquire_owned().await.ok();
+    if let Some(scheduled_ms) = job.scheduled_for_ms {
+        let late_s = now_ms().saturating_sub(scheduled_ms) as f64 / 1_000.0;
+        ctx.node.node_metrics().job_start_lateness_seconds.observe(late_s);
+    }
     let ran = execute(ctx, &job, &run_id).await;
     renewer.abort();
-    // The work is done: its slot goes to the next due job while the report is written. Reports
-    // in flight are bounded (a place is free once a report ends, each within its lease), and
-    // the semaphore is never closed.
+    // The work is done: its slot and place go to the next jobs while the report is written.
+    // Reports in flight are bounded (a place is free once a report ends, each within its
+    // lease), and the semaphore is never closed.
     let report_place = ctx.reports.clone().acquire_owned().await.ok();
     drop(slot);
+    drop(place);
     ctx.freed.notify_one();
     let report = RunReport {
         job_id: job.id.clone(),

@@ -158,9 +158,18 @@ pub struct PeerNetwork {
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, E>>;
 
-/// Transport-level failure: the peer may be down; openraft backs off.
-fn unreachable<E: std::error::Error>(status: &tonic::Status) -> RPCError<NodeId, NodeInfo, E> {
-    RPCError::Unreachable(Unreachable::new(status))
+/// A failed call. Only a connection that could not be made means the peer is unreachable,
+/// after which openraft stops replicating to it for 500 ms. A call that timed out or failed
+/// after it was sent is a network error, retried at the next heartbeat or entry: under load an
+/// AppendEntries can outlast its timeout (openraft's is the heartbeat interval), and treating
+/// that as "unreachable" stalled replication to a busy follower for 500 ms, and every write
+/// with it when both followers were busy (seen in the 10,000-jobs burst).
+fn failed<E: std::error::Error>(status: &tonic::Status) -> RPCError<NodeId, NodeInfo, E> {
+    if crate::proposer::never_sent(status) {
+        RPCError::Unreachable(Unreachable::new(status))
+    } else {
+        network(status)
+    }
 }
 
 fn network<E: std::error::Error, S: std::error::Error + 'static>(source: &S) -> RPCError<NodeId, NodeInfo, E> {
@@ -201,7 +210,7 @@ impl PeerNetwork {
             Method::Vote => client.vote(message).await,
             Method::InstallSnapshot => client.install_snapshot(message).await,
         };
-        let reply: RaftReply = reply.map_err(|status| unreachable(&status))?.into_inner();
+        let reply: RaftReply = reply.map_err(|status| failed(&status))?.into_inner();
         match reply.result {
             Some(ReplyResult::Ok(bytes)) => serde_json::from_slice(&bytes).map_err(|e| network(&e)),
             Some(ReplyResult::Error(bytes)) => {

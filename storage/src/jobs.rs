@@ -598,12 +598,20 @@ impl StateMachine {
     /// Both scans end at `now_ms`, so they never step over the index entries of jobs claimed
     /// or finished since (deleted, but in RocksDB until compacted) beyond it.
     pub fn claimable_at(&self, now_ms: u64) -> Result<bool, StorageError> {
-        for (start, end) in [keys::job_due_until(now_ms), keys::job_lease_until(now_ms)] {
-            if !self.scan_keys(&floor::start(self, &start)?, &end, 1)?.is_empty() {
-                return Ok(true);
+        Ok(self.next_claimable_ms(now_ms)?.is_some())
+    }
+
+    /// The earliest time up to `until_ms` at which a claim could take something (a job due or
+    /// a lease expiring then), if any; bounded scans like [`StateMachine::claimable_at`].
+    pub fn next_claimable_ms(&self, until_ms: u64) -> Result<Option<u64>, StorageError> {
+        let mut earliest = None;
+        for (start, end) in [keys::job_due_until(until_ms), keys::job_lease_until(until_ms)] {
+            if let Some(key) = self.scan_keys(&floor::start(self, &start)?, &end, 1)?.first() {
+                let at = keys::parse_timed(key).map_or(0, |(at, _)| at);
+                earliest = Some(earliest.map_or(at, |e: u64| e.min(at)));
             }
         }
-        Ok(false)
+        Ok(earliest)
     }
 }
 

@@ -160,9 +160,12 @@ fn patch_moves_the_next_run_and_runs_expire() {
     assert!(claim(&sm, 100, "w").is_empty(), "moved to 5 s");
     assert!(!sm.claimable_at(4_999).expect("peek"));
     assert!(sm.claimable_at(5_000).expect("peek"));
+    assert_eq!(sm.next_claimable_ms(4_999).expect("peek"), None, "nothing due by then");
+    assert_eq!(sm.next_claimable_ms(5_049).expect("peek"), Some(5_000), "the executor wakes at the due time");
     let claimed = claim(&sm, 5_000, "w");
     assert!(!sm.claimable_at(5_499).expect("peek"), "claimed, its lease runs");
     assert!(sm.claimable_at(5_500).expect("peek"), "its lease expired");
+    assert_eq!(sm.next_claimable_ms(6_000).expect("peek"), Some(5_500), "the lease's expiry");
     start(&sm, 5_000, "j", claimed[0].fence, "w");
     at(&sm, 5_001, report("j", claimed[0].fence, RunStatus::Succeeded, 0));
     assert_eq!(

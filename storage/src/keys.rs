@@ -122,7 +122,7 @@ fn timed(tag: u8, time_ms: u64, rest: &[u8]) -> Vec<u8> {
     key
 }
 
-/// Splits a [`superseded`] or [`orphan`] key into (time, rest).
+/// Splits a timed key ([`superseded`], [`orphan`], [`job_due`], [`job_lease`]) into (time, rest).
 pub fn parse_timed(key: &[u8]) -> Option<(u64, &[u8])> {
     let (time, rest) = key.get(1..)?.split_first_chunk::<8>()?;
     Some((u64::from_be_bytes(*time), rest))

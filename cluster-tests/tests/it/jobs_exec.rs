@@ -56,6 +56,59 @@ async fn webhooks_fire_once_retry_recur_cancel_and_survive_a_killed_worker() {
     cluster.conclude(result);
 }
 
+/// One attempt slot per node, and a webhook that takes longer than the lease: every job is
+/// called once (a job a node holds claimed while its slot is busy keeps its lease, so no other
+/// node re-claims it), and no node runs more attempts at once than it has slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_jobs_keep_their_lease_and_attempts_stay_within_the_slots() {
+    let seed = Seed::new("jobs_exec::held_jobs_keep_their_lease_and_attempts_stay_within_the_slots");
+    let extra_toml = format!("[jobs]\nlease_ms = {LEASE_MS}\nconcurrency = 1\n");
+    let cluster =
+        Cluster::start(ClusterOptions { extra_toml, ..ClusterOptions::default() }).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, held_jobs(&cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+async fn held_jobs(cluster: &Cluster, seed: &Seed) -> Result<()> {
+    const JOBS: usize = 6;
+    const WEBHOOK_MS: u64 = LEASE_MS + 500;
+    let receiver = Receiver::start().await?;
+    receiver.delay("held", WEBHOOK_MS);
+    let http = cluster.client();
+    let n1 = cluster.http_url(1);
+    let user = create_user(&http, &n1, cluster.admin_token(), &format!("held-{}", seed.value())).await?;
+    let user_id = user.body().and_then(|b| b["userId"].as_str()).context("user")?.to_owned();
+    let token = create_token(&http, &n1, cluster.admin_token(), &user_id, "t").await?;
+    let token = token.body().and_then(|b| b["token"].as_str()).context("token")?.to_owned();
+    let api = Api { http: http.clone(), url: cluster.http_url(3), token };
+    // Due together, a little ahead, so that each node's claim finds several due at once.
+    let run_at = rfc3339(now_ms() + 1_000);
+    let mut ids = Vec::new();
+    for _ in 0..JOBS {
+        ids.push(
+            api.create(json!({ "type": "webhook", "target": receiver.url("held"), "payload": {},
+                               "schedule": { "runAt": run_at }, "maxRetries": 3, "timeoutSeconds": 10 }))
+                .await?,
+        );
+    }
+    for id in &ids {
+        api.wait_status(id, "SUCCEEDED").await?;
+    }
+    let calls = receiver.calls("held");
+    for id in &ids {
+        let fences: Vec<&String> = calls
+            .iter()
+            .filter(|c| c.headers.get("x-raftbox-job-id") == Some(id))
+            .filter_map(|c| c.headers.get("x-raftbox-fence-token"))
+            .collect();
+        ensure!(fences.len() == 1, "job {id} called {} times (fences {fences:?})", fences.len());
+    }
+    let most = receiver.max_in_flight("held");
+    ensure!(most <= 3, "{most} webhooks at once from 3 nodes with one slot each");
+    eprintln!("{JOBS} jobs of {WEBHOOK_MS} ms on 3 one-slot nodes: each called once, at most {most} at once");
+    Ok(())
+}
+
 struct Api {
     http: reqwest::Client,
     url: String,
