@@ -47,6 +47,9 @@ const CLAIMS_IN_FLIGHT_MAX: usize = 2;
 /// In a burst, a finished job starts a claim once this share of the places to hold claimed
 /// jobs is free (1/N), so claims stay large; the next tick claims whatever is free.
 const CLAIM_SHARE_MIN: usize = 4;
+/// Jobs one claim takes, at most: a claim's entry is applied on every node, and a large one
+/// holds up the claims of the other nodes queued behind it.
+const CLAIM_JOBS_MAX: usize = 256;
 /// Jobs a node holds claimed, per attempt slot. In a burst every slot runs a job while as many
 /// more wait on this node for the next free slot (their leases renewed from the claim on), so
 /// a freed slot starts its next job at once instead of waiting out a claim's commit.
@@ -138,7 +141,7 @@ pub async fn run(
             continue;
         }
         let Ok(place) = ctx.claims.clone().try_acquire_owned() else { continue };
-        let free = ctx.held.available_permits();
+        let free = ctx.held.available_permits().min(CLAIM_JOBS_MAX);
         let enough = if freed {
             (ctx.config.concurrency.max(1) as usize).saturating_mul(HELD_PER_SLOT).div_ceil(CLAIM_SHARE_MIN)
         } else {
