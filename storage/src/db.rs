@@ -36,6 +36,14 @@ pub const MEMTABLES_BYTES_MAX: usize = 128 << 20;
 /// family).
 pub const BLOCK_CACHE_BYTES: usize = 32 << 20;
 
+/// Bloom filter bits per key in every table file (about 1 % false positives): a point read
+/// of an absent key (most of a new file's lookups) skips the file instead of reading its
+/// index and data blocks.
+const BLOOM_BITS_PER_KEY: f64 = 10.0;
+/// Share of a memtable's size given to a whole-key bloom filter, so a point read skips a
+/// memtable that does not hold the key instead of searching its skip list.
+const MEMTABLE_BLOOM_RATIO: f64 = 0.05;
+
 pub(crate) fn write_options(sync: bool) -> WriteOptions {
     let mut options = WriteOptions::default();
     options.set_sync(sync);
@@ -53,10 +61,13 @@ impl Db {
         options.set_db_write_buffer_size(MEMTABLES_BYTES_MAX);
         let mut table = BlockBasedOptions::default();
         table.set_block_cache(&Cache::new_lru_cache(BLOCK_CACHE_BYTES));
+        table.set_bloom_filter(BLOOM_BITS_PER_KEY, false);
         options.set_block_based_table_factory(&table);
         let descriptors = cf::ALL.iter().map(|name| {
             let mut cf_options = Options::default();
             cf_options.set_block_based_table_factory(&table);
+            cf_options.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO);
+            cf_options.set_memtable_whole_key_filtering(true);
             ColumnFamilyDescriptor::new(*name, cf_options)
         });
         let inner = DB::open_cf_descriptors(&options, path, descriptors)?;
@@ -215,6 +226,31 @@ mod tests {
         db.log_purge(4, b"p".to_vec()).expect("purge");
         assert_eq!(db.log_range(0, 100).expect("range").first().map(|e| e.0), Some(5));
         assert_eq!(db.meta_get(keys::meta::PURGED).expect("meta"), Some(b"p".to_vec()));
+    }
+
+    /// Reads `key` in `[section]` of the newest OPTIONS file RocksDB wrote for this database.
+    fn option(dir: &Path, section: &str, key: &str) -> Option<String> {
+        let newest = std::fs::read_dir(dir)
+            .expect("read_dir")
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .filter(|name| name.starts_with("OPTIONS-"))
+            .max()
+            .expect("an OPTIONS file");
+        let text = std::fs::read_to_string(dir.join(newest)).expect("read OPTIONS");
+        let header = format!("[{section}]");
+        let body = text.split(&header).nth(1)?.split("\n[").next()?;
+        body.lines().find_map(|line| line.trim().strip_prefix(&format!("{key}=")).map(str::to_string))
+    }
+
+    #[test]
+    fn every_column_family_has_bloom_filters_on_disk_and_in_memory() {
+        let (dir, _db) = open();
+        for name in cf::ALL {
+            let filter = option(dir.path(), &format!("TableOptions/BlockBasedTable \"{name}\""), "filter_policy");
+            assert_eq!(filter.as_deref(), Some("bloomfilter"), "table filter of {name}");
+            let memtable = option(dir.path(), &format!("CFOptions \"{name}\""), "memtable_whole_key_filtering");
+            assert_eq!(memtable.as_deref(), Some("true"), "memtable filter of {name}");
+        }
     }
 
     #[test]
