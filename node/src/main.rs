@@ -30,6 +30,10 @@ mod sync_client;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc for every Rust allocation: see README "Benchmarks".
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// raftbox: a Raft-replicated file store, job scheduler and rate limiter.
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
