@@ -279,7 +279,7 @@ async fn get(api: &Api, remote: &str, local: &Path) -> anyhow::Result<()> {
     while let Some(piece) = pieces.try_next().await? {
         let bytes = match piece {
             Piece::Fetched(bytes) => bytes,
-            Piece::Local(chunk) => read_at(old.as_mut().context("the local copy vanished")?, &chunk)?,
+            Piece::Local(chunk) => read_at(old.as_mut().context("the local copy vanished")?, &chunk)?.into(),
         };
         out.write_all(&bytes).with_context(|| format!("write {}", tmp.display()))?;
         written += bytes.len() as u64;
@@ -301,7 +301,7 @@ async fn get(api: &Api, remote: &str, local: &Path) -> anyhow::Result<()> {
 
 /// A chunk of the file being assembled: downloaded, or to be read from the old local copy.
 enum Piece {
-    Fetched(Vec<u8>),
+    Fetched(bytes::Bytes),
     Local(Chunk),
 }
 
@@ -315,13 +315,13 @@ pub(crate) fn read_at(file: &mut File, chunk: &Chunk) -> anyhow::Result<Vec<u8>>
     Ok(bytes)
 }
 
-/// One block, hash-checked.
-pub(crate) async fn download(api: &Api, hash: &str) -> anyhow::Result<Vec<u8>> {
+/// One block, hash-checked (the body as received: no copy).
+pub(crate) async fn download(api: &Api, hash: &str) -> anyhow::Result<bytes::Bytes> {
     let response = api.send_raw(api.request(reqwest::Method::GET, &format!("/v1/blocks/{hash}"))).await?;
     if response.status() != StatusCode::OK {
         bail!("download chunk {hash}: {}", response.status());
     }
-    let bytes = response.bytes().await?.to_vec();
+    let bytes = response.bytes().await?;
     if blake3::hash(&bytes).to_hex().as_str() != hash {
         bail!("chunk {hash} arrived corrupted");
     }

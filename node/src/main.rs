@@ -95,7 +95,17 @@ fn main() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     // ring is the one rustls provider of this build; installed before anything uses TLS.
     raftbox_raft::tls::install_default_provider();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = match cli.command {
+        // A node, the benchmark and the folder sync (hashing while it transfers) use every
+        // core. The other clients wait on the network: one thread serves them, so a buffer
+        // is freed on the thread that allocated it, which keeps mimalloc's per-thread heaps
+        // and the client's RSS small (`raftbox files get` of 1 GiB: peak 101-105 MB on
+        // the multi-threaded runtime, 72-74 MB on one thread; big_file cluster test).
+        Commands::Serve(_) | Commands::Bench(_) | Commands::Sync(_) => {
+            tokio::runtime::Builder::new_multi_thread().enable_all().build()?
+        }
+        _ => tokio::runtime::Builder::new_current_thread().enable_all().build()?,
+    };
     match cli.command {
         Commands::Serve(args) => {
             let config = config::Config::load(args)?;

@@ -179,9 +179,20 @@ impl Engine {
         reuse: &ReuseIndex,
     ) -> anyhow::Result<()> {
         let target = local_path(&self.root, path);
-        match transfer::write_file(&self.remote, reuse, &target, chunks, expected).await? {
+        let pending = |content: &Content| self.db.put_pending(path, &content.entry(version));
+        let written = transfer::write_file(&self.remote, reuse, &target, chunks, expected, pending).await;
+        let written = match written {
+            Ok(written) => written,
+            Err(e) => {
+                // Not renamed into place (or not known to be): a pending entry the file does
+                // not show is dropped when the client starts again, and the file re-examined.
+                let _ = self.db.drop_pending(path).map_err(|_| ());
+                return Err(e);
+            }
+        };
+        match written {
             Some((content, fetched)) => {
-                self.db.put(path, &content.entry(version))?;
+                self.db.settle(path, &content.entry(version))?;
                 eprintln!(
                     "sync: ↓ {path} v{version} ({} of {} chunks fetched, {} bytes)",
                     fetched.chunks,

@@ -90,6 +90,9 @@ pub async fn run(args: SyncArgs) -> anyhow::Result<()> {
         None => remote.personal_namespace().await.context("find your personal namespace")?,
     };
     db.bind_namespace(&namespace)?;
+    for path in db.resolve_pending(|path| scan::Meta::read(&scan::local_path(&root, path)))? {
+        eprintln!("sync: {path}: the download cut short by the last stop had completed");
+    }
     let mut engine = Engine::new(root.clone(), db, remote.clone(), namespace.clone())?;
     eprintln!("sync: {} ⇄ namespace {namespace} via {}", root.display(), urls.join(", "));
     if args.once {

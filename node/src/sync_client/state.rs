@@ -3,6 +3,14 @@
 //! last synced with the local size and modification time seen then. Every change is one redb
 //! write transaction (fsynced at commit), so a crash or `kill -9` leaves either the state
 //! before or after it: a file is re-examined, never re-uploaded blindly nor overwritten.
+//!
+//! A download is recorded twice: as *pending* (the entry the file will have) before its
+//! temporary file is renamed into place, and as synced after. A client killed between the
+//! rename and the second record finds, when it opens the state again, the file showing the
+//! pending entry's size and modification time (a rename keeps both): that version is then
+//! what it holds, not a local edit to send back (which would become a conflicted copy of a
+//! file nobody edited). A pending entry the file does not match was never renamed in; it is
+//! dropped.
 
 use std::path::Path;
 
@@ -10,8 +18,12 @@ use anyhow::{bail, Context};
 use redb::{Database, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use super::scan::Meta;
+
 /// Remote path (`/a/b.txt`) → [`Entry`] as JSON.
 const FILES: TableDefinition<&str, &[u8]> = TableDefinition::new("files");
+/// Remote path → the [`Entry`] a download is about to rename into place, as JSON.
+const PENDING: TableDefinition<&str, &[u8]> = TableDefinition::new("pending");
 /// `namespace`, `cursor`.
 const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 
@@ -53,9 +65,49 @@ impl StateDb {
         };
         let txn = db.begin_write()?;
         txn.open_table(FILES)?;
+        txn.open_table(PENDING)?;
         txn.open_table(META)?;
         txn.commit()?;
         Ok(StateDb { db })
+    }
+
+    /// Settles the downloads a killed client left pending: a file under `root` that shows its
+    /// pending entry's size and mtime holds that entry's version; any other pending entry is
+    /// dropped. Answers the paths that were settled as downloaded.
+    pub fn resolve_pending(
+        &self,
+        local_meta: impl Fn(&str) -> anyhow::Result<Option<Meta>>,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut settled = Vec::new();
+        for (path, entry) in self.entries(PENDING)? {
+            if local_meta(&path)? == Some(Meta { size: entry.size, mtime_ns: entry.mtime_ns }) {
+                self.settle(&path, &entry)?;
+                settled.push(path);
+            } else {
+                self.drop_pending(&path)?;
+            }
+        }
+        Ok(settled)
+    }
+
+    /// Records that a download of `path` is about to be renamed into place as `entry`.
+    pub fn put_pending(&self, path: &str, entry: &Entry) -> anyhow::Result<()> {
+        self.insert(PENDING, path, entry)
+    }
+
+    /// `path` holds `entry` (and no download of it is pending), in one transaction.
+    pub fn settle(&self, path: &str, entry: &Entry) -> anyhow::Result<()> {
+        let bytes = serde_json::to_vec(entry)?;
+        let txn = self.db.begin_write()?;
+        txn.open_table(FILES)?.insert(path, bytes.as_slice())?;
+        txn.open_table(PENDING)?.remove(path)?;
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Forgets a pending download of `path` (it was not renamed into place).
+    pub fn drop_pending(&self, path: &str) -> anyhow::Result<()> {
+        self.delete(PENDING, path)
     }
 
     fn meta(&self, key: &str) -> anyhow::Result<Option<String>> {
@@ -102,8 +154,13 @@ impl StateDb {
 
     /// Every entry, by path.
     pub fn all(&self) -> anyhow::Result<Vec<(String, Entry)>> {
+        self.entries(FILES)
+    }
+
+    /// Every entry of `table` ([`FILES`] or [`PENDING`]), by path.
+    fn entries(&self, definition: TableDefinition<&str, &[u8]>) -> anyhow::Result<Vec<(String, Entry)>> {
         let txn = self.db.begin_read()?;
-        let table = txn.open_table(FILES)?;
+        let table = txn.open_table(definition)?;
         let mut out = Vec::new();
         for row in table.iter()? {
             let (key, value) = row?;
@@ -113,16 +170,26 @@ impl StateDb {
     }
 
     pub fn put(&self, path: &str, entry: &Entry) -> anyhow::Result<()> {
+        self.insert(FILES, path, entry)
+    }
+
+    pub fn remove(&self, path: &str) -> anyhow::Result<()> {
+        self.delete(FILES, path)
+    }
+
+    /// `path` → `entry` in `table`, in a transaction of its own.
+    fn insert(&self, table: TableDefinition<&str, &[u8]>, path: &str, entry: &Entry) -> anyhow::Result<()> {
         let bytes = serde_json::to_vec(entry)?;
         let txn = self.db.begin_write()?;
-        txn.open_table(FILES)?.insert(path, bytes.as_slice())?;
+        txn.open_table(table)?.insert(path, bytes.as_slice())?;
         txn.commit()?;
         Ok(())
     }
 
-    pub fn remove(&self, path: &str) -> anyhow::Result<()> {
+    /// `path` gone from `table`, in a transaction of its own.
+    fn delete(&self, table: TableDefinition<&str, &[u8]>, path: &str) -> anyhow::Result<()> {
         let txn = self.db.begin_write()?;
-        txn.open_table(FILES)?.remove(path)?;
+        txn.open_table(table)?.remove(path)?;
         txn.commit()?;
         Ok(())
     }
@@ -170,5 +237,31 @@ mod tests {
         db.bind_namespace("ns-1").expect("same namespace");
         assert_eq!(db.get("/a.txt").expect("get"), None);
         assert_eq!(db.all().expect("all"), vec![("/c.txt".to_string(), entry(2))]);
+    }
+
+    #[test]
+    fn a_pending_download_settles_only_where_the_file_shows_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = StateDb::open(&dir.path().join("state.redb")).expect("open");
+        db.put("/renamed.txt", &entry(1)).expect("put");
+        db.put("/not-renamed.txt", &entry(1)).expect("put");
+        let newer = Entry { version: 2, size: 7, mtime_ns: 99, ..entry(2) };
+        db.put_pending("/renamed.txt", &newer).expect("pending");
+        db.put_pending("/not-renamed.txt", &newer).expect("pending");
+        // Killed here: one file was renamed into place (it shows the new size and mtime), the
+        // other still is the old one.
+        let settled = db
+            .resolve_pending(|path| {
+                Ok(Some(match path {
+                    "/renamed.txt" => Meta { size: 7, mtime_ns: 99 },
+                    _ => Meta { size: 5, mtime_ns: 42 },
+                }))
+            })
+            .expect("resolve");
+        assert_eq!(settled, vec!["/renamed.txt".to_string()]);
+        assert_eq!(db.get("/renamed.txt").expect("get"), Some(newer));
+        assert_eq!(db.get("/not-renamed.txt").expect("get"), Some(entry(1)));
+        // Nothing stays pending.
+        assert!(db.resolve_pending(|_| Ok(None)).expect("resolve").is_empty());
     }
 }

@@ -129,13 +129,15 @@ pub struct Fetched {
 /// Writes the content `chunks` to `target` atomically, provided the local file there still
 /// is as `expected` says (`None`: absent) when the new content is complete; otherwise leaves
 /// it alone and answers `None` (a local edit made meanwhile is never overwritten). Answers
-/// the written file's content.
+/// the written file's content. `before_rename` is told that content (its size and mtime are
+/// the file's once renamed) just before the rename, so the caller can record it first.
 pub async fn write_file(
     remote: &Remote,
     reuse: &ReuseIndex,
     target: &Path,
     chunks: &[String],
     expected: Option<Meta>,
+    before_rename: impl FnOnce(&Content) -> anyhow::Result<()>,
 ) -> anyhow::Result<Option<(Content, Fetched)>> {
     let dir = target.parent().context("a file without a folder")?;
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -153,10 +155,16 @@ pub async fn write_file(
         let _ = std::fs::remove_file(&temp);
         return Ok(None);
     }
+    // A rename keeps the file's size and mtime: the temporary file's are the target's to be.
+    let meta = Meta::read(&temp)?.context("the file just written vanished")?;
+    let content = Content { chunks: chunks.to_vec(), lengths, meta };
+    if let Err(e) = before_rename(&content) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(e);
+    }
     std::fs::rename(&temp, target).with_context(|| format!("move into {}", target.display()))?;
     File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("fsync {}", dir.display()))?;
-    let meta = Meta::read(target)?.context("the file just written vanished")?;
-    Ok(Some((Content { chunks: chunks.to_vec(), lengths, meta }, fetched)))
+    Ok(Some((content, fetched)))
 }
 
 /// The content `chunks` in the new file `temp`, fsynced; each chunk's length.
@@ -171,7 +179,7 @@ async fn assemble(
     let mut lengths = Vec::with_capacity(chunks.len());
     let mut pieces = stream::iter(chunks.iter().map(|hash| async move {
         if let Some(bytes) = reuse.read(hash) {
-            return anyhow::Ok((bytes, true));
+            return anyhow::Ok((bytes::Bytes::from(bytes), true));
         }
         let bytes = remote.read(|api| async move { files_client::download(&api, hash).await }).await?;
         Ok((bytes, false))
