@@ -5,7 +5,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto/raft.proto");
     tonic_build::configure()
-        .bytes([".raftbox.raft.BlockData.data"])
+        .bytes([".raftbox.raft.BlockData.data", ".raftbox.raft.AppendEntriesFrame"])
         .compile_protos(&["proto/raft.proto"], &["proto"])?;
     Ok(())
 }

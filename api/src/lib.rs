@@ -41,9 +41,14 @@ use tokio::net::TcpListener;
 
 pub use error::ApiError;
 
-/// What every handler can reach.
+/// What every handler can reach. Cloned for every request by each middleware and
+/// extractor, so it is one shared pointer (cloning the fields one by one was about 2 % of a
+/// node's CPU under the 256-client commit load).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+/// The fields of [`AppState`].
+pub struct Shared {
     pub node: RaftNode,
     pub config: Arc<ApiConfig>,
     /// Open notification channels (long polls and WebSockets), for their limits.
@@ -52,10 +57,19 @@ pub struct AppState {
     pub http_metrics: metrics::HttpMetrics,
 }
 
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 impl AppState {
     pub fn new(node: RaftNode, config: ApiConfig) -> AppState {
         let http_metrics = metrics::HttpMetrics::new(node.node_metrics().registry());
-        AppState { node, config: Arc::new(config), channels: routes::sync::Channels::default(), http_metrics }
+        let channels = routes::sync::Channels::default();
+        AppState(Arc::new(Shared { node, config: Arc::new(config), channels, http_metrics }))
     }
 }
 

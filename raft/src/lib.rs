@@ -1,7 +1,8 @@
 //! raftbox-raft: consensus for a raftbox node.
 //!
 //! - [`types`]: the openraft type configuration.
-//! - [`log_store`], [`state_machine`]: openraft's storage traits over `raftbox-storage`.
+//! - [`log_store`], [`state_machine`]: openraft's storage traits over `raftbox-storage`;
+//!   [`log_cache`]: the newest entries in memory, so an entry is encoded and decoded once.
 //! - [`snapshot`]: snapshot files (openraft's snapshot data is an open file, streamed).
 //! - [`network`], [`service`]: the tonic/prost node-to-node protocol (client and server).
 //! - [`proposer`]: client-write batching and leader forwarding.
@@ -17,6 +18,7 @@ pub mod blocks;
 pub mod clock;
 pub mod error;
 pub mod limiter;
+pub mod log_cache;
 pub mod log_store;
 pub mod membership;
 pub mod metrics;

@@ -10,15 +10,20 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, OptionalSend, RaftLogReader, StorageIOError};
 use raftbox_storage::{keys, Db};
 
+use bytes::Bytes;
+
+use crate::log_cache::LogCache;
 use crate::metrics::NodeMetrics;
 
 use crate::types::{Entry, LogId, RaftStorageError, TypeConfig, Vote};
 
-/// The log store; cloning it yields a reader over the same database.
+/// The log store; cloning it yields a reader over the same database (and cache).
 #[derive(Clone)]
 pub struct LogStore {
     db: Db,
     metrics: NodeMetrics,
+    /// The newest entries, decoded and encoded; every change to the log goes through it.
+    cache: LogCache,
 }
 
 impl Debug for LogStore {
@@ -29,7 +34,12 @@ impl Debug for LogStore {
 
 impl LogStore {
     pub fn new(db: Db, metrics: NodeMetrics) -> LogStore {
-        LogStore { db, metrics }
+        LogStore { db, metrics, cache: LogCache::default() }
+    }
+
+    /// The cache of the newest entries, for the network and the gRPC service.
+    pub fn cache(&self) -> LogCache {
+        self.cache.clone()
     }
 
     /// Runs blocking RocksDB work off the async workers.
@@ -80,6 +90,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry>, RaftStorageError> {
         let (start, end) = range_to_indexes(&range);
+        if let Some(entries) = self.cache.range(start, end) {
+            return Ok(entries);
+        }
         let raw = self.db.log_range(start, end).map_err(|e| StorageIOError::read_logs(&e))?;
         raw.iter().map(|(_, bytes)| decode_entry(bytes)).collect()
     }
@@ -132,21 +145,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut encoded = Vec::new();
+        let mut encoded: Vec<(Entry, Bytes)> = Vec::new();
         for entry in entries {
-            let bytes = serde_json::to_vec(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
-            encoded.push((entry.log_id.index, bytes));
+            // A follower writes the bytes the leader sent (the same encoding).
+            let bytes = match self.cache.encoded(&entry.log_id) {
+                Some(bytes) => bytes,
+                None => serde_json::to_vec(&entry).map_err(|e| StorageIOError::write_logs(&e))?.into(),
+            };
+            encoded.push((entry, bytes));
         }
         self.metrics.log_append_entries.observe(encoded.len() as f64);
         let fsync = self.metrics.log_fsync_seconds.clone();
         let result = self
             .blocking(move |db| {
                 let _timer = fsync.start_timer();
-                db.log_append(encoded).map_err(|e| StorageIOError::write_logs(&e).into())
+                let writes = encoded.iter().map(|(entry, bytes)| (entry.log_id.index, bytes.as_ref()));
+                db.log_append(writes).map_err(|e| StorageIOError::write_logs(&e).into()).map(|()| encoded)
             })
             .await;
         match result {
-            Ok(()) => {
+            Ok(encoded) => {
+                self.cache.appended(encoded);
                 callback.log_io_completed(Ok(()));
                 Ok(())
             }
@@ -158,11 +177,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
+        // The cache first: while the two differ it lacks entries the log has, never the reverse.
+        self.cache.truncated(log_id.index);
         self.blocking(move |db| db.log_truncate(log_id.index).map_err(|e| StorageIOError::write_logs(&e).into())).await
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
         let bytes = serde_json::to_vec(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
+        self.cache.purged(log_id.index);
         self.blocking(move |db| db.log_purge(log_id.index, bytes).map_err(|e| StorageIOError::write_logs(&e).into()))
             .await
     }

@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -26,9 +28,10 @@ use serde::Serialize;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::log_cache::LogCache;
 use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_client::RaftServiceClient;
-use crate::pb::{RaftMessage, RaftReply};
+use crate::pb::{AppendEntriesFrame, RaftMessage, RaftReply};
 use crate::secret::ClusterSecret;
 use crate::tls::NodeTls;
 use crate::types::{NodeId, NodeInfo, TypeConfig};
@@ -135,25 +138,42 @@ impl Peers {
 }
 
 /// Builds one [`PeerNetwork`] per replication target.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct NetworkFactory {
     pub peers: Peers,
+    /// The log store's cache: AppendEntries sends the encodings written to the log.
+    pub cache: LogCache,
+}
+
+impl std::fmt::Debug for NetworkFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetworkFactory").field("peers", &self.peers).finish_non_exhaustive()
+    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerNetwork;
 
     async fn new_client(&mut self, target: NodeId, node: &NodeInfo) -> PeerNetwork {
-        PeerNetwork { target, addr: node.grpc_addr.clone(), peers: self.peers.clone() }
+        PeerNetwork {
+            target,
+            addr: node.grpc_addr.clone(),
+            peers: self.peers.clone(),
+            cache: self.cache.clone(),
+            framed: true,
+        }
     }
 }
 
 /// openraft's connection to one peer.
-#[derive(Debug)]
 pub struct PeerNetwork {
     target: NodeId,
     addr: String,
     peers: Peers,
+    cache: LogCache,
+    /// Whether the peer serves `AppendEntriesFramed` (a node of an earlier version does not;
+    /// it then gets the whole request as one JSON document).
+    framed: bool,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, E>>;
@@ -210,6 +230,42 @@ impl PeerNetwork {
             Method::Vote => client.vote(message).await,
             Method::InstallSnapshot => client.install_snapshot(message).await,
         };
+        self.answer(reply)
+    }
+
+    /// The request without its entries, and each entry's encoding: the one the log store
+    /// wrote (or received), else made here.
+    fn frame(
+        &self,
+        rpc: &AppendEntriesRequest<TypeConfig>,
+    ) -> Result<AppendEntriesFrame, RPCError<NodeId, NodeInfo, RaftError<NodeId>>> {
+        let header = AppendEntriesRequest::<TypeConfig> {
+            vote: rpc.vote,
+            prev_log_id: rpc.prev_log_id,
+            leader_commit: rpc.leader_commit,
+            entries: Vec::new(),
+        };
+        let header = serde_json::to_vec(&header).map_err(|e| network(&e))?.into();
+        let entries = rpc
+            .entries
+            .iter()
+            .map(|entry| match self.cache.encoded(&entry.log_id) {
+                Some(bytes) => Ok(bytes),
+                None => serde_json::to_vec(entry).map(Bytes::from).map_err(|e| network(&e)),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(AppendEntriesFrame { header, entries })
+    }
+
+    /// The peer's answer to a call, or the error it stands for.
+    fn answer<Resp, E>(
+        &self,
+        reply: Result<tonic::Response<RaftReply>, tonic::Status>,
+    ) -> RpcResult<Resp, RaftError<NodeId, E>>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
         let reply: RaftReply = reply.map_err(|status| failed(&status))?.into_inner();
         match reply.result {
             Some(ReplyResult::Ok(bytes)) => serde_json::from_slice(&bytes).map_err(|e| network(&e)),
@@ -235,10 +291,27 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, RaftError<NodeId>> {
+        let too_large = |bytes: usize, entries: usize| {
+            (bytes > APPEND_BYTES_MAX && entries > 1)
+                .then(|| RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint((entries / 2) as u64)))
+        };
+        if self.framed {
+            let frame = self.frame(&rpc)?;
+            let bytes = frame.header.len() + frame.entries.iter().map(Bytes::len).sum::<usize>();
+            if let Some(error) = too_large(bytes, rpc.entries.len()) {
+                return Err(error);
+            }
+            let mut client = self.peers.client(&self.addr).map_err(|e| network(&e))?;
+            let mut message = tonic::Request::new(frame);
+            message.set_timeout(option.hard_ttl());
+            match client.append_entries_framed(message).await {
+                Err(status) if status.code() == tonic::Code::Unimplemented => self.framed = false,
+                reply => return self.answer(reply),
+            }
+        }
         let json = serde_json::to_vec(&rpc).map_err(|e| network(&e))?;
-        if json.len() > APPEND_BYTES_MAX && rpc.entries.len() > 1 {
-            let fewer = (rpc.entries.len() / 2) as u64;
-            return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(fewer)));
+        if let Some(error) = too_large(json.len(), rpc.entries.len()) {
+            return Err(error);
         }
         self.call_encoded(Method::AppendEntries, json, option.hard_ttl()).await
     }

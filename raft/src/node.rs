@@ -15,6 +15,7 @@ use crate::blocks::Blocks;
 use crate::clock::{watch_clock, ClockHealth};
 use crate::error::{StartError, WriteError};
 use crate::limiter::{Limiter, LimiterContext};
+use crate::log_cache::LogCache;
 use crate::log_store::LogStore;
 use crate::membership::{self, Member, MembershipAnswer, MembershipChange, MembershipError, VoteRight};
 use crate::metrics::NodeMetrics;
@@ -90,6 +91,7 @@ struct Inner {
     clock: watch::Receiver<ClockHealth>,
     settings: RaftSettings,
     node_metrics: NodeMetrics,
+    log_cache: LogCache,
 }
 
 /// A cheap, cloneable handle to the node.
@@ -137,10 +139,11 @@ impl RaftNode {
         let state = StateMachine::new(db.clone());
         let sm_store = StateMachineStore::new(state.clone())?;
         let peers = Peers::with_tls(secret.clone(), tls.clone());
-        let network = NetworkFactory { peers: peers.clone() };
         let node_metrics = NodeMetrics::new(id);
         node_metrics.set_snapshot_dir(db.path().join(crate::state_machine::SNAPSHOT_DIR));
         let log_store = LogStore::new(db.clone(), node_metrics.clone());
+        let log_cache = log_store.cache();
+        let network = NetworkFactory { peers: peers.clone(), cache: log_cache.clone() };
         let raft = Raft::new(id, Arc::new(config), network, log_store, sm_store).await?;
         let (clock_tx, clock) = watch::channel(ClockHealth {
             ok: None,
@@ -194,6 +197,7 @@ impl RaftNode {
             clock,
             settings,
             node_metrics,
+            log_cache,
         };
         Ok(RaftNode { inner: Arc::new(inner) })
     }
@@ -323,6 +327,12 @@ impl RaftNode {
 
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// The newest log entries, shared with the log store (the gRPC service keeps the
+    /// encodings it receives there).
+    pub(crate) fn log_cache(&self) -> &LogCache {
+        &self.inner.log_cache
     }
 
     /// This node's blocks and their transfer to and from peers.

@@ -1,6 +1,7 @@
 //! The server side of the node-to-node gRPC protocol, and [`serve`], which runs it behind
 //! the cluster-secret check with bounded message sizes.
 
+use openraft::raft::AppendEntriesRequest;
 use raftbox_storage::blocks::{BlockHash, VerifiedBlock};
 use raftbox_storage::Command;
 use serde::Serialize;
@@ -19,10 +20,11 @@ use crate::pb::raft_service_server::{RaftService, RaftServiceServer};
 use crate::pb::rate_check_reply::Result as RateCheckResult;
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{
-    BlockData, BlockRequest, ConfirmLeaderReply, ConfirmLeaderRequest, FillBlocksReply, FillBlocksRequest,
-    ForwardReply, ForwardRequest, PutBlockReply, RaftMessage, RaftReply, RateCheckReply, RateCheckRequest,
-    ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
+    AppendEntriesFrame, BlockData, BlockRequest, ConfirmLeaderReply, ConfirmLeaderRequest, FillBlocksReply,
+    FillBlocksRequest, ForwardReply, ForwardRequest, PutBlockReply, RaftMessage, RaftReply, RateCheckReply,
+    RateCheckRequest, ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
 };
+use crate::types::{Entry, TypeConfig};
 
 /// Serves the `RaftService` of one node.
 #[derive(Clone)]
@@ -58,6 +60,21 @@ fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<Ra
 impl RaftService for RaftGrpc {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
         let rpc = decode(request.get_ref())?;
+        reply(self.node.raft().append_entries(rpc).await)
+    }
+
+    async fn append_entries_framed(&self, request: Request<AppendEntriesFrame>) -> Result<Response<RaftReply>, Status> {
+        let frame = request.into_inner();
+        let mut rpc: AppendEntriesRequest<TypeConfig> = serde_json::from_slice(&frame.header)
+            .map_err(|e| Status::invalid_argument(format!("decode request: {e}")))?;
+        rpc.entries.reserve(frame.entries.len());
+        for bytes in frame.entries {
+            let entry: Entry =
+                serde_json::from_slice(&bytes).map_err(|e| Status::invalid_argument(format!("decode entry: {e}")))?;
+            // The append writes these bytes rather than encoding the entry again.
+            self.node.log_cache().received(entry.log_id, bytes);
+            rpc.entries.push(entry);
+        }
         reply(self.node.raft().append_entries(rpc).await)
     }
 

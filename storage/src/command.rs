@@ -17,7 +17,9 @@ use crate::records::{Grantee, IdempotencyResult, Role, SavedResponse};
 pub struct Batch {
     /// The leader's wall clock when it proposed this batch, Unix milliseconds.
     pub now_ms: u64,
-    pub commands: Vec<Command>,
+    /// Shared, so a copy of the entry (openraft keeps several: the append, replication to
+    /// each follower, apply) costs a reference count, not the commands. Encoded as a list.
+    pub commands: std::sync::Arc<[Command]>,
 }
 
 /// A state change. Each variant is applied atomically with the rest of its batch.

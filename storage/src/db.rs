@@ -124,9 +124,10 @@ impl Db {
     }
 
     /// Appends encoded log entries and syncs the WAL before returning.
-    pub fn log_append<I>(&self, entries: I) -> Result<(), StorageError>
+    pub fn log_append<I, V>(&self, entries: I) -> Result<(), StorageError>
     where
-        I: IntoIterator<Item = (u64, Vec<u8>)>,
+        I: IntoIterator<Item = (u64, V)>,
+        V: AsRef<[u8]>,
     {
         let mut batch = WriteBatch::default();
         let log = self.cf(cf::LOG);

@@ -12,7 +12,7 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn apply(sm: &StateMachine, command: Command) -> Outcome {
-    let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command] })).expect("apply");
+    let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command].into() })).expect("apply");
     out.pop().expect("one outcome")
 }
 
@@ -289,7 +289,8 @@ fn retention_counts_from_when_a_version_was_superseded() {
     let (_dir, sm) = open();
     with_chunks(&sm, &["a", "b"]);
     apply(&sm, commit("/f", &["a"], 0, "d", "1"));
-    sm.apply(b"m", Some(&Batch { now_ms: 5_000, commands: vec![commit("/f", &["b"], 1, "d", "2")] })).expect("apply");
+    sm.apply(b"m", Some(&Batch { now_ms: 5_000, commands: vec![commit("/f", &["b"], 1, "d", "2")].into() }))
+        .expect("apply");
     let expire = |before| Command::ExpireVersions { superseded_before_ms: before, max_versions: 10 };
     assert_eq!(apply(&sm, expire(4_999)), Outcome::Collected { removed: 0, more: false });
     assert_eq!(apply(&sm, expire(5_000)), Outcome::Collected { removed: 1, more: false });

@@ -15,7 +15,7 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn at(sm: &StateMachine, now_ms: u64, command: Command) -> Outcome {
-    let mut out = sm.apply(b"m", Some(&Batch { now_ms, commands: vec![command] })).expect("apply");
+    let mut out = sm.apply(b"m", Some(&Batch { now_ms, commands: vec![command].into() })).expect("apply");
     out.pop().expect("one outcome")
 }
 
@@ -350,7 +350,7 @@ fn claim_and_start_takes_at_most_one_job_per_run_id_in_due_order() {
         run_ttl_ms: RUN_TTL_MS,
     };
     let commands = vec![claim_one("w1"), claim_one("w2"), claim_one("w3"), claim_one("w4")];
-    let outcomes = sm.apply(b"m", Some(&Batch { now_ms: 100, commands })).expect("apply");
+    let outcomes = sm.apply(b"m", Some(&Batch { now_ms: 100, commands: commands.into() })).expect("apply");
     let taken: Vec<Vec<String>> = outcomes
         .iter()
         .map(|o| match o {
@@ -423,7 +423,8 @@ fn claims_start_at_the_floor_and_no_due_job_is_ever_left_below_it() {
                 commands: vec![
                     Command::CreateJob(Box::new(job("same", Schedule::Once { run_at_ms: 1_500 }, 0))),
                     Command::ClaimJobs { worker: "w".into(), lease_ms: 500, max_jobs: 10 },
-                ],
+                ]
+                .into(),
             }),
         )
         .expect("apply");

@@ -14,7 +14,7 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn apply(sm: &StateMachine, command: Command) -> Outcome {
-    let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command] })).expect("apply");
+    let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command].into() })).expect("apply");
     out.pop().expect("one outcome")
 }
 
@@ -146,7 +146,7 @@ fn the_last_owner_stays() {
     // Two owners demoting each other in one entry: the second finds the last owner.
     let both = Batch {
         now_ms: 2,
-        commands: vec![set("ann", user("bob"), Some(Role::Editor)), set("bob", user("ann"), Some(Role::Editor))],
+        commands: vec![set("ann", user("bob"), Some(Role::Editor)), set("bob", user("ann"), Some(Role::Editor))].into(),
     };
     let outcomes = sm.apply(b"m", Some(&both)).expect("apply");
     assert_eq!(outcomes[0], Outcome::Done);
@@ -186,7 +186,8 @@ fn writes_are_judged_in_apply_with_their_actor() {
     // Promoted in the log before the commit: the commit is allowed.
     let batch = Batch {
         now_ms: 3,
-        commands: vec![set("ann", user("bob"), Some(Role::Editor)), commit("bob", "team", "/y", &["b"], 0, "phone")],
+        commands: vec![set("ann", user("bob"), Some(Role::Editor)), commit("bob", "team", "/y", &["b"], 0, "phone")]
+            .into(),
     };
     let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
     assert!(matches!(outcomes[1], Outcome::FileCommitted { .. }), "{outcomes:?}");
@@ -233,7 +234,8 @@ fn deleting_a_folder_drops_everything_in_it() {
     assert!(matches!(apply(&sm, delete("bob")), Outcome::Rejected(Rejection::Forbidden(_))));
     assert!(matches!(apply(&sm, delete("cat")), Outcome::Rejected(Rejection::NotFound(_))));
     // A commit and the deletion in one entry: the new file goes too.
-    let batch = Batch { now_ms: 5, commands: vec![commit("bob", "team", "/late", &["a"], 0, "d"), delete("ann")] };
+    let batch =
+        Batch { now_ms: 5, commands: vec![commit("bob", "team", "/late", &["a"], 0, "d"), delete("ann")].into() };
     let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
     assert_eq!(outcomes[1], Outcome::Done, "{outcomes:?}");
     assert_eq!(sm.namespace("team").expect("ns"), None);
