@@ -6,6 +6,7 @@
 //! - [`snapshot`]: snapshot files (openraft's snapshot data is an open file, streamed).
 //! - [`network`], [`service`]: the tonic/prost node-to-node protocol (client and server).
 //! - [`proposer`]: client-write batching and leader forwarding.
+//! - [`limiter`], [`lease`]: rate-limit decisions in memory on the leader, under a lease.
 //! - [`blocks`]: block transfer between nodes (majority-durable puts, fetch from peers).
 //! - [`node`]: a running node: write, linearizable read barrier, bootstrap.
 //! - [`metrics`]: the node's Prometheus series (write path, Raft state), one registry.
@@ -17,6 +18,7 @@
 pub mod blocks;
 pub mod clock;
 pub mod error;
+pub mod lease;
 pub mod limiter;
 pub mod log_cache;
 pub mod log_store;

@@ -1,7 +1,9 @@
 //! Rate-limit decisions taken in memory on the leader, replicated in batches.
 //!
 //! A check is decided by the leader alone, from the states it holds in memory, and answered
-//! once a quorum has confirmed (one heartbeat round, shared by every check waiting for one)
+//! at once while the leader holds a lease (`lease.rs`: the voters of a confirmation round
+//! promised to elect no other leader for a while, and rounds renew it while checks come in),
+//! otherwise once a quorum has confirmed (one round, shared by every check waiting for one)
 //! that it was still the leader after the decision. The new states reach the log afterwards,
 //! many keys per `RateSet` command. Followers forward their checks to the leader (`RateCheck`
 //! RPC), every request that arrived while the previous call was in flight in one call. The safety argument — why no more than a limit's own allowance is ever admitted,
@@ -15,10 +17,12 @@
 //!   earlier term decided it in memory, as admissions that leader may have given that no log
 //!   holds; a key's record outlives any such admission's effect, so a key without one owes
 //!   nothing;
-//! - an admission is answered only after a quorum confirmed the leadership of the term it
-//!   was decided in, so every answered admission precedes the election of any later leader.
+//! - an admission is answered only if it was decided under a lease, or after a quorum
+//!   confirmed the leadership of its term in a round that began after the decision; either
+//!   way it precedes the election of any later leader.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,6 +35,7 @@ use tokio::time::Instant;
 
 use crate::clock::ClockHealth;
 use crate::error::WriteError;
+use crate::lease::{usable, Promises};
 use crate::network::Peers;
 use crate::pb::rate_check_reply::Result as RateCheckResult;
 use crate::pb::RateCheckRequest;
@@ -111,6 +116,8 @@ pub(crate) struct LimiterContext {
     pub peers: Peers,
     pub clock: watch::Receiver<ClockHealth>,
     pub write_timeout: Duration,
+    /// This node's promises as a voter; a round's leader promises itself too.
+    pub promises: Arc<Promises>,
 }
 
 struct Inner {
@@ -124,6 +131,11 @@ struct Inner {
     takeover: tokio::sync::Mutex<()>,
     confirm: mpsc::Sender<Confirm>,
     outgoing: mpsc::Sender<Outgoing>,
+    /// Until when this node may answer admissions of a term without a round of their own:
+    /// the start of the last round that confirmed the term, plus the usable lease.
+    lease: Mutex<Option<(u64, Instant)>>,
+    /// A round to renew the lease is queued or running.
+    renewing: AtomicBool,
 }
 
 /// Handle to the node's limiter.
@@ -144,6 +156,8 @@ impl Limiter {
             takeover: tokio::sync::Mutex::new(()),
             confirm,
             outgoing,
+            lease: Mutex::new(None),
+            renewing: AtomicBool::new(false),
         });
         tokio::spawn(forward_batches(inner.ctx.peers.clone(), outgoings));
         tokio::spawn(replicate(Arc::downgrade(&inner)));
@@ -225,6 +239,11 @@ impl Limiter {
                 Some(answer) if !answer.allowed => return Ok(answer),
                 Some(answer) => {
                     self.inner.dirty.notify_one();
+                    // Decided above, before this look at the clock: under a running lease no
+                    // other leader can have taken over yet.
+                    if self.under_lease(term) {
+                        return Ok(answer);
+                    }
                     return match self.confirm(term, deadline).await {
                         true => Ok(answer),
                         false => Err(Undecided::Failed(WriteError::Unavailable(
@@ -349,6 +368,27 @@ impl Limiter {
             table.keys.insert(entry.key, slot);
         }
         Ok(())
+    }
+
+    /// Whether this node holds a lease on `term` now; queues a round to renew it once half of
+    /// it is used, so a steady stream of admissions never waits for one.
+    fn under_lease(&self, term: u64) -> bool {
+        let now = Instant::now();
+        let lease = *self.inner.lease.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((leased, until)) = lease else { return false };
+        if leased != term || now >= until {
+            return false;
+        }
+        if until - now < usable(self.inner.ctx.promises.lease()) / 2
+            && !self.inner.renewing.swap(true, Ordering::AcqRel)
+        {
+            // Nobody waits for this round's answer; it only moves the lease on.
+            let (reply, _) = oneshot::channel();
+            if self.inner.confirm.try_send(Confirm { term, reply }).is_err() {
+                self.inner.renewing.store(false, Ordering::Release);
+            }
+        }
+        true
     }
 
     /// Waits for a quorum to confirm, after this call, that this node leads `term`.
@@ -479,10 +519,17 @@ async fn confirm_rounds(inner: std::sync::Weak<Inner>, mut confirms: mpsc::Recei
         terms.dedup();
         let mut confirmed = Vec::new();
         for term in terms {
+            let started = Instant::now();
             if quorum_holds(&inner.ctx, term).await {
                 confirmed.push(term);
+                let until = started + usable(inner.ctx.promises.lease());
+                let mut lease = inner.lease.lock().unwrap_or_else(|e| e.into_inner());
+                if lease.is_none_or(|(leased, before)| leased < term || (leased == term && before < until)) {
+                    *lease = Some((term, until));
+                }
             }
         }
+        inner.renewing.store(false, Ordering::Release);
         for confirm in waiting {
             let _ = confirm.reply.send(confirmed.contains(&confirm.term));
         }
@@ -499,6 +546,8 @@ async fn quorum_holds(ctx: &LimiterContext, term: u64) -> bool {
     if !mine {
         return false;
     }
+    // This node's own vote counts in the quorum: it refuses other candidates for the lease too.
+    ctx.promises.promise(term, me, Instant::now());
     let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
     let asks = voters.iter().filter(|id| **id != me).filter_map(|id| {
         let addr = membership.get_node(id)?.grpc_addr.clone();

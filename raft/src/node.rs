@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::blocks::Blocks;
 use crate::clock::{watch_clock, ClockHealth};
 use crate::error::{StartError, WriteError};
+use crate::lease::{lease_for, Promises};
 use crate::limiter::{Limiter, LimiterContext};
 use crate::log_cache::LogCache;
 use crate::log_store::LogStore;
@@ -92,6 +93,8 @@ struct Inner {
     settings: RaftSettings,
     node_metrics: NodeMetrics,
     log_cache: LogCache,
+    /// What this node promised leaders as a voter (leases for the rate limiter).
+    promises: Arc<Promises>,
 }
 
 /// A cheap, cloneable handle to the node.
@@ -171,6 +174,8 @@ impl RaftNode {
             clock: clock.clone(),
             metrics: node_metrics.clone(),
         });
+        let lease = lease_for(Duration::from_millis(settings.election_timeout_min_ms));
+        let promises = Arc::new(Promises::new(lease, tokio::time::Instant::now()));
         let limiter = Limiter::spawn(LimiterContext {
             node_id: id,
             db: db.clone(),
@@ -180,6 +185,7 @@ impl RaftNode {
             peers: peers.clone(),
             clock: clock.clone(),
             write_timeout: Duration::from_millis(settings.write_timeout_ms),
+            promises: promises.clone(),
         });
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
         let inner = Inner {
@@ -198,6 +204,7 @@ impl RaftNode {
             settings,
             node_metrics,
             log_cache,
+            promises,
         };
         Ok(RaftNode { inner: Arc::new(inner) })
     }
@@ -349,10 +356,21 @@ impl RaftNode {
         &self.inner.limiter
     }
 
-    /// Whether the vote this node saved last is for `leader_id` in `term`.
-    pub fn vote_holds(&self, term: u64, leader_id: NodeId) -> bool {
-        crate::log_store::stored_vote(&self.inner.db)
-            .is_some_and(|vote| vote.leader_id.term == term && vote.leader_id.node_id == leader_id)
+    /// Whether the vote this node saved last is for `leader_id` in `term`; if so, this node
+    /// promises that leader not to help elect another for a lease (see [`crate::lease`]).
+    pub fn confirm_leader(&self, term: u64, leader_id: NodeId) -> bool {
+        let holds = crate::log_store::stored_vote(&self.inner.db)
+            .is_some_and(|vote| vote.leader_id.term == term && vote.leader_id.node_id == leader_id);
+        if holds {
+            self.inner.promises.promise(term, leader_id, tokio::time::Instant::now());
+        }
+        holds
+    }
+
+    /// Why this node must refuse its vote to `candidate` now, if it must: a lease it promised
+    /// another leader is still running.
+    pub fn vote_refusal(&self, candidate: NodeId) -> Option<String> {
+        self.inner.promises.refusal(candidate, tokio::time::Instant::now())
     }
 
     /// How long a write, read barrier or forwarded call may take.

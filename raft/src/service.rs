@@ -1,7 +1,7 @@
 //! The server side of the node-to-node gRPC protocol, and [`serve`], which runs it behind
 //! the cluster-secret check with bounded message sizes.
 
-use openraft::raft::AppendEntriesRequest;
+use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use raftbox_storage::blocks::{BlockHash, VerifiedBlock};
 use raftbox_storage::Command;
 use serde::Serialize;
@@ -24,7 +24,7 @@ use crate::pb::{
     FillBlocksRequest, ForwardReply, ForwardRequest, PutBlockReply, RaftMessage, RaftReply, RateCheckReply,
     RateCheckRequest, ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
 };
-use crate::types::{Entry, TypeConfig};
+use crate::types::{Entry, NodeId, TypeConfig};
 
 /// Serves the `RaftService` of one node.
 #[derive(Clone)]
@@ -86,7 +86,10 @@ impl RaftService for RaftGrpc {
                 self.node.id()
             )));
         }
-        let rpc = decode(request.get_ref())?;
+        let rpc: VoteRequest<NodeId> = decode(request.get_ref())?;
+        if let Some(why) = self.node.vote_refusal(rpc.vote.leader_id.node_id) {
+            return Err(Status::failed_precondition(why));
+        }
         reply(self.node.raft().vote(rpc).await)
     }
 
@@ -143,7 +146,7 @@ impl RaftService for RaftGrpc {
         request: Request<ConfirmLeaderRequest>,
     ) -> Result<Response<ConfirmLeaderReply>, Status> {
         let ConfirmLeaderRequest { term, leader_id } = request.into_inner();
-        Ok(Response::new(ConfirmLeaderReply { holds: self.node.vote_holds(term, leader_id) }))
+        Ok(Response::new(ConfirmLeaderReply { holds: self.node.confirm_leader(term, leader_id) }))
     }
 
     /// The leader's read index, after it confirmed its leadership with a quorum (bounded by
