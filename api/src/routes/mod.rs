@@ -27,9 +27,11 @@ pub(crate) fn page_limit(requested: Option<usize>, default: usize, max: usize) -
     }
 }
 
-/// A new identifier (uuid v4), generated before proposing so apply stays deterministic.
+/// A new identifier, generated before proposing so apply stays deterministic: a uuid v7
+/// (time-ordered, 74 random bits), so the records keyed by new ids land next to each other
+/// in RocksDB's memtable and files instead of at random places.
 pub(crate) fn new_id() -> String {
-    uuid::Uuid::new_v4().to_string()
+    uuid::Uuid::now_v7().to_string()
 }
 
 /// Every route of the API but the notification channels ([`notify_router`]).
