@@ -21,10 +21,14 @@ use bytes::Bytes;
 
 use crate::types::{Entry, LogId};
 
-/// Entries kept, at most: several seconds of entries at the highest commit rates measured.
-pub const ENTRIES_MAX: usize = 4_096;
-/// Encoded bytes kept, at most (entries are up to `ENTRY_BYTES_MAX` each).
-pub const BYTES_MAX: usize = 64 << 20;
+/// Entries kept, at most: about a second of entries at the highest commit rates measured
+/// (a follower further behind reads from RocksDB). Each is kept twice, decoded and encoded,
+/// and a decoded batch of a few dozen commands takes tens of KiB: 4,096 entries held 150 MiB
+/// or more of a leader's memory under 256 writers.
+pub const ENTRIES_MAX: usize = 1_024;
+/// Encoded bytes kept, at most (entries are up to `ENTRY_BYTES_MAX` each; the decoded copies
+/// take about as much again).
+pub const BYTES_MAX: usize = 16 << 20;
 /// Received encodings kept until their append, at most (more arrive only when a follower's
 /// appends fail; the oldest are dropped).
 pub const RECEIVED_MAX: usize = 1_024;

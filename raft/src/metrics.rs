@@ -46,6 +46,9 @@ pub struct NodeMetrics {
     replication_lag: IntGaugeVec,
     /// Where the snapshot files are (for `raftbox_raft_snapshot_bytes`).
     snapshot_dir: Arc<std::sync::Mutex<Option<PathBuf>>>,
+    /// RocksDB's memory by `kind` (memtables, table_readers, block_cache), read at each scrape.
+    rocksdb_memory: IntGaugeVec,
+    db: Arc<std::sync::Mutex<Option<raftbox_storage::Db>>>,
     /// Block files on this node and their bytes (set by the node's maintenance rounds).
     pub blocks_stored: IntGauge,
     pub blocks_stored_bytes: IntGauge,
@@ -93,6 +96,15 @@ impl NodeMetrics {
         )
         .expect("valid gauge");
         registry.register(Box::new(replication_lag.clone())).expect("registered once");
+        let rocksdb_memory = IntGaugeVec::new(
+            Opts::new(
+                "raftbox_rocksdb_memory_bytes",
+                "RocksDB's memory by kind: memtables, table_readers (index and filter blocks outside the cache), block_cache.",
+            ),
+            &["kind"],
+        )
+        .expect("valid gauge");
+        registry.register(Box::new(rocksdb_memory.clone())).expect("registered once");
         let role = IntGaugeVec::new(Opts::new("raftbox_raft_role", "1 for the role this node is in."), &["role"])
             .expect("valid gauge");
         registry.register(Box::new(role.clone())).expect("registered once");
@@ -135,6 +147,8 @@ impl NodeMetrics {
             ),
             replication_lag,
             snapshot_dir: Arc::default(),
+            rocksdb_memory,
+            db: Arc::default(),
             blocks_stored: gauge("raftbox_blocks_stored", "Block files on this node's disk."),
             blocks_stored_bytes: gauge("raftbox_blocks_stored_bytes", "Bytes of block files on this node's disk."),
             blocks_repaired: counter_vec(
@@ -154,6 +168,11 @@ impl NodeMetrics {
     /// Where the snapshot files are kept, for `raftbox_raft_snapshot_bytes`.
     pub fn set_snapshot_dir(&self, dir: PathBuf) {
         *self.snapshot_dir.lock().unwrap_or_else(|p| p.into_inner()) = Some(dir);
+    }
+
+    /// The database whose memory `raftbox_rocksdb_memory_bytes` reports.
+    pub fn set_db(&self, db: raftbox_storage::Db) {
+        *self.db.lock().unwrap_or_else(|p| p.into_inner()) = Some(db);
     }
 
     /// Bytes of the files in the snapshot directory.
@@ -184,6 +203,14 @@ impl NodeMetrics {
         self.apply_lag.set(last_log.saturating_sub(applied).max(0));
         self.snapshot_index.set(index(raft.snapshot.map(|id| id.index)));
         self.snapshot_bytes.set(i64::try_from(self.snapshot_bytes()).unwrap_or(i64::MAX));
+        if let Some(db) = self.db.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let usage = db.memory_usage();
+            for (kind, bytes) in
+                [("memtables", usage.memtables), ("table_readers", usage.table_readers), ("block_cache", usage.block_cache)]
+            {
+                self.rocksdb_memory.with_label_values(&[kind]).set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        }
         self.replication_lag.reset();
         for (peer, matched) in raft.replication.iter().flatten() {
             if *peer != raft.id {

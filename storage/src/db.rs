@@ -50,6 +50,17 @@ pub(crate) fn write_options(sync: bool) -> WriteOptions {
     options
 }
 
+/// RocksDB's memory, in bytes (for the node's metrics).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Active and immutable memtables (bounded together by [`MEMTABLES_BYTES_MAX`]).
+    pub memtables: u64,
+    /// Index and filter blocks of open table files, held outside the block cache.
+    pub table_readers: u64,
+    /// The shared block cache (bounded by [`BLOCK_CACHE_BYTES`]).
+    pub block_cache: u64,
+}
+
 impl Db {
     /// Opens (creating if needed) the database at `path` with every column family of [`cf::ALL`].
     pub fn open(path: &Path) -> Result<Db, StorageError> {
@@ -116,6 +127,20 @@ impl Db {
         self.inner.write_opt(batch, &write_options(true))?;
         self.live_state.store(spare, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// What RocksDB holds in memory now, over every column family.
+    pub fn memory_usage(&self) -> MemoryUsage {
+        let mut usage = MemoryUsage::default();
+        for name in cf::ALL {
+            let cf = self.cf(name);
+            let property = |p: &str| self.inner.property_int_value_cf(cf, p).ok().flatten().unwrap_or(0);
+            usage.memtables += property("rocksdb.cur-size-all-mem-tables");
+            usage.table_readers += property("rocksdb.estimate-table-readers-mem");
+            // One cache serves every column family: each reports the same usage.
+            usage.block_cache = usage.block_cache.max(property("rocksdb.block-cache-usage"));
+        }
+        usage
     }
 
     pub(crate) fn cf(&self, name: &'static str) -> &ColumnFamily {
