@@ -205,9 +205,11 @@ impl NodeMetrics {
         self.snapshot_bytes.set(i64::try_from(self.snapshot_bytes()).unwrap_or(i64::MAX));
         if let Some(db) = self.db.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             let usage = db.memory_usage();
-            for (kind, bytes) in
-                [("memtables", usage.memtables), ("table_readers", usage.table_readers), ("block_cache", usage.block_cache)]
-            {
+            for (kind, bytes) in [
+                ("memtables", usage.memtables),
+                ("table_readers", usage.table_readers),
+                ("block_cache", usage.block_cache),
+            ] {
                 self.rocksdb_memory.with_label_values(&[kind]).set(i64::try_from(bytes).unwrap_or(i64::MAX));
             }
         }
