@@ -104,6 +104,12 @@ mod tests {
 
     const LEASE: Duration = Duration::from_millis(200);
 
+    /// A node's promises, and the first instant its start no longer refuses every vote.
+    fn started() -> (Promises, Instant) {
+        let t0 = Instant::now();
+        (Promises::new(LEASE, t0), t0 + LEASE)
+    }
+
     #[test]
     fn a_new_node_refuses_every_vote_for_one_lease() {
         let t0 = Instant::now();
@@ -114,9 +120,7 @@ mod tests {
 
     #[test]
     fn a_promise_refuses_other_candidates_until_it_ends() {
-        let t0 = Instant::now();
-        let promises = Promises::new(LEASE, t0);
-        let t1 = t0 + LEASE;
+        let (promises, t1) = started();
         promises.promise(3, 1, t1);
         assert!(promises.refusal(2, t1).is_some(), "another candidate is refused");
         assert_eq!(promises.refusal(1, t1), None, "the promised leader may stand again");
@@ -128,9 +132,7 @@ mod tests {
 
     #[test]
     fn every_promise_runs_to_its_end() {
-        let t0 = Instant::now();
-        let promises = Promises::new(LEASE, t0);
-        let t1 = t0 + LEASE;
+        let (promises, t1) = started();
         promises.promise(4, 1, t1);
         let t2 = t1 + LEASE / 2;
         promises.promise(5, 2, t2);

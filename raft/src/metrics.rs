@@ -6,7 +6,6 @@
 //! its metrics when the registry is rendered. The API registers its HTTP series in the same
 //! registry ([`NodeMetrics::registry`]) and serves [`NodeMetrics::render`] on `/metrics`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use prometheus::{
@@ -44,10 +43,9 @@ pub struct NodeMetrics {
     snapshot_bytes: IntGauge,
     /// Leader only: per follower, entries of the leader's log not yet replicated to it.
     replication_lag: IntGaugeVec,
-    /// Where the snapshot files are (for `raftbox_raft_snapshot_bytes`).
-    snapshot_dir: Arc<std::sync::Mutex<Option<PathBuf>>>,
     /// RocksDB's memory by `kind` (memtables, table_readers, block_cache), read at each scrape.
     rocksdb_memory: IntGaugeVec,
+    /// The node's database: its memory and, in its directory, the snapshot files.
     db: Arc<std::sync::Mutex<Option<raftbox_storage::Db>>>,
     /// Block files on this node and their bytes (set by the node's maintenance rounds).
     pub blocks_stored: IntGauge,
@@ -146,7 +144,6 @@ impl NodeMetrics {
                 "Bytes of snapshot files on disk: the current snapshot (and one being received).",
             ),
             replication_lag,
-            snapshot_dir: Arc::default(),
             rocksdb_memory,
             db: Arc::default(),
             blocks_stored: gauge("raftbox_blocks_stored", "Block files on this node's disk."),
@@ -165,20 +162,14 @@ impl NodeMetrics {
         }
     }
 
-    /// Where the snapshot files are kept, for `raftbox_raft_snapshot_bytes`.
-    pub fn set_snapshot_dir(&self, dir: PathBuf) {
-        *self.snapshot_dir.lock().unwrap_or_else(|p| p.into_inner()) = Some(dir);
-    }
-
-    /// The database whose memory `raftbox_rocksdb_memory_bytes` reports.
+    /// The database this node's storage series describe.
     pub fn set_db(&self, db: raftbox_storage::Db) {
         *self.db.lock().unwrap_or_else(|p| p.into_inner()) = Some(db);
     }
 
     /// Bytes of the files in the snapshot directory.
-    fn snapshot_bytes(&self) -> u64 {
-        let dir = self.snapshot_dir.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let Some(Ok(entries)) = dir.map(std::fs::read_dir) else { return 0 };
+    fn snapshot_bytes(db: &raftbox_storage::Db) -> u64 {
+        let Ok(entries) = std::fs::read_dir(db.path().join(crate::state_machine::SNAPSHOT_DIR)) else { return 0 };
         entries.filter_map(Result::ok).filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
     }
 
@@ -202,8 +193,8 @@ impl NodeMetrics {
         self.applied_index.set(applied);
         self.apply_lag.set(last_log.saturating_sub(applied).max(0));
         self.snapshot_index.set(index(raft.snapshot.map(|id| id.index)));
-        self.snapshot_bytes.set(i64::try_from(self.snapshot_bytes()).unwrap_or(i64::MAX));
         if let Some(db) = self.db.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            self.snapshot_bytes.set(i64::try_from(Self::snapshot_bytes(db)).unwrap_or(i64::MAX));
             let usage = db.memory_usage();
             for (kind, bytes) in [
                 ("memtables", usage.memtables),

@@ -143,7 +143,6 @@ impl RaftNode {
         let sm_store = StateMachineStore::new(state.clone())?;
         let peers = Peers::with_tls(secret.clone(), tls.clone());
         let node_metrics = NodeMetrics::new(id);
-        node_metrics.set_snapshot_dir(db.path().join(crate::state_machine::SNAPSHOT_DIR));
         node_metrics.set_db(db.clone());
         let log_store = LogStore::new(db.clone(), node_metrics.clone());
         let log_cache = log_store.cache();

@@ -331,8 +331,8 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             Ok(mut file) => {
                 let padded = bytes.len().div_ceil(DIRECT_ALIGN) * DIRECT_ALIGN;
                 let mut buffer = AlignedBuffer::zeroed(padded);
-                buffer.as_mut()[..bytes.len()].copy_from_slice(bytes);
-                match file.write_all(buffer.as_ref()) {
+                buffer.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+                match file.write_all(buffer.bytes()) {
                     Ok(()) => {
                         file.set_len(bytes.len() as u64)?;
                         return file.sync_all();
@@ -370,11 +370,11 @@ impl AlignedBuffer {
         AlignedBuffer { storage, start, len }
     }
 
-    fn as_ref(&self) -> &[u8] {
+    fn bytes(&self) -> &[u8] {
         &self.storage[self.start..self.start + self.len]
     }
 
-    fn as_mut(&mut self) -> &mut [u8] {
+    fn bytes_mut(&mut self) -> &mut [u8] {
         &mut self.storage[self.start..self.start + self.len]
     }
 }
