@@ -1,14 +1,17 @@
 //! What every test needs before it talks to a node: the `raftbox` binary, free ports,
 //! tokens, the harness's HTTP client, the seed of a run and deadlines.
 
+use std::collections::BTreeSet;
 use std::env;
 use std::future::Future;
-use std::io;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
 
@@ -43,39 +46,51 @@ pub fn raftbox_bin() -> Result<PathBuf> {
         })
 }
 
-/// `n` distinct free loopback ports. All listeners are held until every port is chosen, so
-/// the ports are distinct; they are released on return for the nodes to bind.
+/// Where test ports are drawn from: below 32768, the start of the kernel's ephemeral range,
+/// so no outgoing connection can take a port between the harness choosing it and a node
+/// binding it.
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_768;
+
+/// Ports this process has handed out. A port is handed out once per process, so two nodes
+/// (of one cluster or of two tests running side by side) never get the same port, even after
+/// the first has stopped.
+static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// `n` distinct free loopback ports from [`TEST_PORTS`], none handed out before by this
+/// process. A port counts as free when it can be bound on loopback now; it is released on
+/// return for the node to bind.
 pub fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<io::Result<Vec<_>>>()
-        .context("bind a free loopback port")?;
-    listeners.iter().map(|listener| Ok(listener.local_addr().context("read a bound port")?.port())).collect()
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut rng = rand::thread_rng();
+    let mut ports = Vec::with_capacity(n);
+    let mut tries = 0;
+    while ports.len() < n {
+        tries += 1;
+        ensure!(
+            tries <= FREE_PORT_TRIES,
+            "no free loopback port in {TEST_PORTS:?} after {FREE_PORT_TRIES} tries ({} handed out \
+             by this process)",
+            handed_out.len()
+        );
+        let port = rng.gen_range(TEST_PORTS);
+        if handed_out.contains(&port) || TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_err() {
+            continue;
+        }
+        handed_out.insert(port);
+        ports.push(port);
+    }
+    Ok(ports)
 }
+
+/// How many random ports [`free_ports`] tries before it gives up.
+const FREE_PORT_TRIES: usize = 10_000;
 
 /// A fresh admin token: `rbx_` and base64url (no padding) of 32 random bytes, the same shape
 /// `scripts/cluster up` writes.
 pub fn generate_token() -> String {
     let mut bytes = [0u8; 32];
     rand::thread_rng().fill(&mut bytes[..]);
-    format!("rbx_{}", base64url(&bytes))
-}
-
-fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b0 = u32::from(chunk[0]);
-        let b1 = u32::from(chunk.get(1).copied().unwrap_or(0));
-        let b2 = u32::from(chunk.get(2).copied().unwrap_or(0));
-        let triple = (b0 << 16) | (b1 << 8) | b2;
-        // 1 byte → 2 characters, 2 → 3, 3 → 4.
-        for i in 0..=chunk.len() {
-            let sextet = (triple >> (18 - 6 * i)) & 63;
-            out.push(char::from(ALPHABET[sextet as usize]));
-        }
-    }
-    out
+    format!("rbx_{}", URL_SAFE_NO_PAD.encode(bytes))
 }
 
 /// An HTTP client for talking to nodes: no proxy (nodes are on loopback), bounded connect
@@ -206,22 +221,7 @@ pub async fn within(limit: Duration, scenario: impl Future<Output = Result<()>>)
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
-
     use super::*;
-
-    #[test]
-    fn base64url_matches_rfc4648_vectors() {
-        let check = |input: &[u8], expected: &str| assert_eq!(base64url(input), expected);
-        check(b"", "");
-        check(b"f", "Zg");
-        check(b"fo", "Zm8");
-        check(b"foo", "Zm9v");
-        check(b"foob", "Zm9vYg");
-        check(b"fooba", "Zm9vYmE");
-        check(b"foobar", "Zm9vYmFy");
-        check(&[0xfb, 0xff], "-_8");
-    }
 
     #[test]
     fn token_has_prefix_and_43_characters() {
@@ -235,5 +235,16 @@ mod tests {
         let ports = free_ports(6).expect("bind ports");
         let distinct: BTreeSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), 6);
+    }
+
+    #[test]
+    fn free_ports_are_never_handed_out_twice_and_lie_below_the_ephemeral_range() {
+        let mut seen = BTreeSet::new();
+        for _ in 0..200 {
+            for port in free_ports(2).expect("bind ports") {
+                assert!(TEST_PORTS.contains(&port), "port {port} outside {TEST_PORTS:?}");
+                assert!(seen.insert(port), "port {port} handed out twice");
+            }
+        }
     }
 }
