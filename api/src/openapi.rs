@@ -139,6 +139,7 @@ pub struct FileView {
     chunks: Vec<String>,
     size: u64,
     mtime: String,
+    executable: bool,
 }
 
 /// A committed version; `unchanged` (200) when the content equalled the current version.
@@ -390,7 +391,7 @@ pub struct GroupDetail {
         ops::list_folder,
         ops::create_job, ops::list_jobs, ops::get_job, ops::patch_job, ops::cancel_job, ops::job_runs,
         ops::sync, ops::notify, ops::notify_ws,
-        ops::create_namespace, ops::list_namespaces, ops::delete_namespace, ops::get_acl, ops::grant,
+        ops::create_namespace, ops::list_namespaces, ops::get_namespace, ops::delete_namespace, ops::get_acl, ops::grant,
         ops::revoke_user, ops::revoke_group, ops::leave,
         ops::create_group, ops::list_groups, ops::get_group, ops::add_group_member, ops::remove_group_member,
     ),
@@ -722,6 +723,12 @@ mod ops {
 
     #[utoipa::path(get, path = "/v1/namespaces", tag = "sharing", responses((status = 200, description = "The caller's namespaces, personal first.", body = NamespaceList)))]
     fn list_namespaces() {}
+
+    #[utoipa::path(get, path = "/v1/namespaces/{namespace_id}", tag = "sharing", params(("namespace_id" = String, Path)), responses(
+        (status = 200, description = "The namespace, with the caller's role in it.", body = NamespaceView),
+        (status = 404, description = "No such namespace the caller can read.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_namespace() {}
 
     #[utoipa::path(delete, path = "/v1/namespaces/{namespace_id}", tag = "sharing", params(("namespace_id" = String, Path)), responses(
         (status = 204, description = "Deleted with everything in it."),

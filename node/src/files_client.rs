@@ -172,7 +172,8 @@ async fn put(api: &Api, local: &Path, remote: &str) -> anyhow::Result<()> {
     let hashes: Vec<String> = chunks.iter().map(|c| c.hash.clone()).collect();
     let missing = missing(api, &hashes).await?;
     let bytes: u64 = chunks.iter().filter(|c| missing.contains(&c.hash)).map(|c| c.length as u64).sum();
-    let uploaded = upload(api, local, &missing, progress(bytes, "upload")).await?;
+    let file = File::open(local).with_context(|| format!("open {}", local.display()))?;
+    let uploaded = upload(api, file, &local.display().to_string(), &missing, progress(bytes, "upload"), None).await?;
     let after = std::fs::metadata(local)?;
     if after.len() != before.len() || after.modified()? != before.modified()? {
         bail!("{} changed while it was uploaded; nothing was committed", local.display());
@@ -201,20 +202,21 @@ async fn put(api: &Api, local: &Path, remote: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Uploads the chunks of `local` whose hash is in `wanted`, each once: a reader thread chunks
-/// the file again and hands over at most [`CHUNKS_QUEUED`] chunks ahead of the
-/// [`TRANSFERS_IN_FLIGHT`] uploads. Returns how many chunks went up.
+/// Uploads the chunks of `file` (named `label` in messages) whose hash is in `wanted`, each
+/// once: a reader thread chunks the file again and hands over at most [`CHUNKS_QUEUED`]
+/// chunks ahead of the [`TRANSFERS_IN_FLIGHT`] uploads, each taken from `throttle` first when
+/// there is one. Returns how many chunks went up.
 pub(crate) async fn upload(
     api: &Api,
-    local: &Path,
+    file: File,
+    label: &str,
     wanted: &HashSet<String>,
     bar: ProgressBar,
+    throttle: Option<&Throttle>,
 ) -> anyhow::Result<usize> {
     let (tx, rx) = tokio::sync::mpsc::channel::<(String, Vec<u8>)>(CHUNKS_QUEUED);
-    let path = local.to_path_buf();
     let wanted_by_reader = wanted.clone();
     let reader = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let file = File::open(&path).with_context(|| format!("open {}", path.display()))?;
         let mut sent = HashSet::new();
         chunks_of(std::io::BufReader::new(file), |chunk, data| {
             if wanted_by_reader.contains(&chunk.hash) && sent.insert(chunk.hash.clone()) {
@@ -230,6 +232,9 @@ pub(crate) async fn upload(
             let bar = bar.clone();
             async move {
                 let length = data.len() as u64;
+                if let Some(throttle) = throttle {
+                    throttle.take(data.len()).await;
+                }
                 let request = api.request(reqwest::Method::PUT, &format!("/v1/blocks/{hash}")).body(data);
                 let (status, answer) = api.send(request).await?;
                 if status != StatusCode::CREATED {
@@ -247,7 +252,7 @@ pub(crate) async fn upload(
     read?;
     bar.finish_and_clear();
     if uploaded != wanted.len() {
-        bail!("{} changed while it was uploaded: {uploaded} of {} chunks found", local.display(), wanted.len());
+        bail!("{label} changed while it was uploaded: {uploaded} of {} chunks found", wanted.len());
     }
     Ok(uploaded)
 }
@@ -270,7 +275,7 @@ async fn get(api: &Api, remote: &str, local: &Path) -> anyhow::Result<()> {
         async move {
             match local_copy {
                 Some(chunk) => anyhow::Ok(Piece::Local(chunk)),
-                None => download(api, hash).await.map(Piece::Fetched),
+                None => download(api, hash, None).await.map(Piece::Fetched),
             }
         }
     }))
@@ -315,17 +320,80 @@ pub(crate) fn read_at(file: &mut File, chunk: &Chunk) -> anyhow::Result<Vec<u8>>
     Ok(bytes)
 }
 
-/// One block, hash-checked (the body as received: no copy).
-pub(crate) async fn download(api: &Api, hash: &str) -> anyhow::Result<bytes::Bytes> {
+/// One block, hash-checked; read as it arrives through `throttle` when there is one (else
+/// the body as received: no copy).
+pub(crate) async fn download(api: &Api, hash: &str, throttle: Option<&Throttle>) -> anyhow::Result<bytes::Bytes> {
     let response = api.send_raw(api.request(reqwest::Method::GET, &format!("/v1/blocks/{hash}"))).await?;
     if response.status() != StatusCode::OK {
         bail!("download chunk {hash}: {}", response.status());
     }
-    let bytes = response.bytes().await?;
+    let bytes = match throttle {
+        None => response.bytes().await?,
+        Some(throttle) => {
+            let mut body = bytes::BytesMut::with_capacity(response.content_length().unwrap_or(0) as usize);
+            let mut stream = response.bytes_stream();
+            while let Some(piece) = stream.next().await {
+                let piece = piece?;
+                throttle.take(piece.len()).await;
+                body.extend_from_slice(&piece);
+            }
+            body.freeze()
+        }
+    };
     if blake3::hash(&bytes).to_hex().as_str() != hash {
         bail!("chunk {hash} arrived corrupted");
     }
     Ok(bytes)
+}
+
+/// A bandwidth limit in bytes per second, shared by every transfer it is given to
+/// (`raftbox sync --limit-up/--limit-down`): the GCRA of the `governor` crate, with a
+/// second's worth of burst.
+pub struct Throttle {
+    limiter: governor::DefaultDirectRateLimiter,
+    burst: u32,
+}
+
+impl Throttle {
+    pub fn new(bytes_per_s: u64) -> Throttle {
+        let rate = u32::try_from(bytes_per_s).unwrap_or(u32::MAX).max(1);
+        let rate = std::num::NonZeroU32::new(rate).unwrap_or(std::num::NonZeroU32::MIN);
+        Throttle { limiter: governor::RateLimiter::direct(governor::Quota::per_second(rate)), burst: rate.get() }
+    }
+
+    /// Waits until `bytes` may pass.
+    pub async fn take(&self, bytes: usize) {
+        let mut left = bytes;
+        while left > 0 {
+            let step = left.min(self.burst as usize);
+            let n = std::num::NonZeroU32::new(step as u32).unwrap_or(std::num::NonZeroU32::MIN);
+            // `step` never exceeds the burst, so the capacity is always there eventually.
+            let _ = self.limiter.until_n_ready(n).await;
+            left -= step;
+        }
+    }
+}
+
+/// A rate such as `500K`, `2M` or `1.5G` (powers of 1024; a bare number is bytes) per second.
+pub fn parse_rate(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (number, unit) = match text.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => (&text[..i], text[i..].trim_end_matches(['B', 'b', '/', 's'])),
+        None => (text, ""),
+    };
+    let factor: f64 = match unit.to_ascii_uppercase().as_str() {
+        "" => 1.0,
+        "K" | "KI" => 1024.0,
+        "M" | "MI" => 1024.0 * 1024.0,
+        "G" | "GI" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown unit {other:?}: use K, M or G")),
+    };
+    let value: f64 = number.trim().parse().map_err(|_| format!("{text:?} is not a rate such as 500K or 2M"))?;
+    let bytes = value * factor;
+    if !(1.0..=1e12).contains(&bytes) {
+        return Err(format!("{text:?}: a rate is 1 byte to 1 TB per second"));
+    }
+    Ok(bytes as u64)
 }
 
 async fn ls(api: &Api, folder: &str) -> anyhow::Result<()> {
@@ -385,6 +453,28 @@ mod tests {
 
     fn chunks(data: &[u8]) -> Vec<Chunk> {
         chunks_of(data, |_, _| Ok(())).expect("chunk")
+    }
+
+    #[test]
+    fn rates_parse_with_units() {
+        assert_eq!(parse_rate("500K"), Ok(500 * 1024));
+        assert_eq!(parse_rate("2M"), Ok(2 * 1024 * 1024));
+        assert_eq!(parse_rate("1.5G"), Ok(1_610_612_736));
+        assert_eq!(parse_rate("4096"), Ok(4096));
+        assert_eq!(parse_rate("3MB/s"), Ok(3 * 1024 * 1024));
+        assert!(parse_rate("0").is_err());
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("5X").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_throttle_holds_its_rate() {
+        let throttle = Throttle::new(100_000);
+        let started = std::time::Instant::now();
+        // The first second's burst passes at once; the next 100,000 bytes take a second.
+        throttle.take(200_000).await;
+        let took = started.elapsed();
+        assert!(took >= std::time::Duration::from_millis(900), "{took:?}");
     }
 
     #[test]

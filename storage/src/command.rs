@@ -228,6 +228,10 @@ pub struct FileCommit {
     pub chunks: Vec<BlockHash>,
     pub size: u64,
     pub mtime_ms: u64,
+    /// The file is executable (the owner's execute bit travels with the content). Absent in
+    /// entries from before it existed: not executable.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub executable: bool,
     pub base_version: u64,
     /// A tombstone: the file is deleted in this version.
     pub deleted: bool,

@@ -33,6 +33,7 @@ fn commit(path: &str, chunks: &[&str], base: u64, device: &str, ids: &str) -> Co
         chunks: chunks.iter().map(|c| h(c)).collect(),
         size: chunks.len() as u64,
         mtime_ms: 5,
+        executable: false,
         base_version: base,
         deleted: false,
         device: device.into(),

@@ -234,6 +234,7 @@ fn a_curable_rejection_is_not_saved_under_the_key() {
             chunks: vec![chunk],
             size: 1,
             mtime_ms: 0,
+            executable: false,
             base_version: 0,
             deleted: false,
             device: "d".into(),

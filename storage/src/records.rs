@@ -211,6 +211,9 @@ pub struct VersionRecord {
     pub chunks: Vec<crate::blocks::BlockHash>,
     pub size: u64,
     pub mtime_ms: u64,
+    /// See [`crate::command::FileCommit::executable`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub executable: bool,
     pub device: String,
     pub created_ms: u64,
     pub deleted: bool,

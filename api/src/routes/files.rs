@@ -89,6 +89,7 @@ fn empty_commit(
         chunks: Vec::new(),
         size: 0,
         mtime_ms: 0,
+        executable: false,
         base_version,
         deleted: false,
         device,
@@ -110,6 +111,9 @@ pub(crate) struct CommitRequest {
     namespace_id: Option<String>,
     #[serde(default)]
     deleted: bool,
+    /// The file is executable (its owner's execute bit); default false.
+    #[serde(default)]
+    executable: bool,
 }
 
 /// The answer to a commit, from its outcome (also on an idempotent replay).
@@ -163,6 +167,7 @@ pub async fn commit(
         chunks,
         size: request.size,
         mtime_ms: parse_mtime(&request.mtime)?,
+        executable: request.executable && !request.deleted,
         deleted: request.deleted,
         ..empty_commit(
             &principal,
@@ -192,6 +197,10 @@ pub(crate) struct VersionView {
     chunks: Vec<String>,
     size: u64,
     mtime: String,
+    /// The file is executable; absent when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
+    executable: bool,
     device: String,
     created_at: String,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -206,6 +215,7 @@ impl From<&VersionRecord> for VersionView {
             chunks: v.chunks.iter().map(BlockHash::to_hex).collect(),
             size: v.size,
             mtime: format_utc(v.mtime_ms),
+            executable: v.executable,
             device: v.device.clone(),
             created_at: format_utc(v.created_ms),
             deleted: v.deleted,
@@ -237,7 +247,7 @@ pub async fn get(
     let view = VersionView::from(&version);
     Ok(Json(json!({
         "fileId": file.id, "namespaceId": file.namespace_id, "path": file.path.as_str(), "version": view.version,
-        "chunks": view.chunks, "size": view.size, "mtime": view.mtime,
+        "chunks": view.chunks, "size": view.size, "mtime": view.mtime, "executable": view.executable,
     })))
 }
 
@@ -306,6 +316,7 @@ pub async fn restore(
         chunks: old.chunks,
         size: old.size,
         mtime_ms: old.mtime_ms,
+        executable: old.executable,
         ..empty_commit(&principal, namespace_id, path, file.current_version, device(&headers, &principal)?)
     };
     propose_commit(&state, &principal, keyed, commit).await

@@ -66,7 +66,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/jobs/{job_id}/runs", get(jobs::runs))
         .route("/v1/sync", get(sync::sync))
         .route("/v1/namespaces", post(sharing::create).get(sharing::list))
-        .route("/v1/namespaces/{namespace_id}", delete(sharing::delete))
+        .route("/v1/namespaces/{namespace_id}", get(sharing::get_one).delete(sharing::delete))
         .route("/v1/namespaces/{namespace_id}/acl", get(sharing::acl).put(sharing::grant))
         .route("/v1/namespaces/{namespace_id}/acl/users/{user_id}", delete(sharing::revoke_user))
         .route("/v1/namespaces/{namespace_id}/acl/groups/{group_id}", delete(sharing::revoke_group))

@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `POST /v1/namespaces` | any user | create a shared folder (the caller is its owner); keyed |
 //! | `GET /v1/namespaces` | any user | the namespaces the caller can access, with their role |
+//! | `GET /v1/namespaces/{id}` | readers | one namespace with the caller's role |
 //! | `GET /v1/namespaces/{id}/acl` | readers | the folder's ACL |
 //! | `PUT /v1/namespaces/{id}/acl` | owners | grant or change: `{userId\|userName\|groupId\|groupName, role}`; keyed |
 //! | `DELETE /v1/namespaces/{id}/acl/users/{userId}` | owners | revoke a user's entry |
@@ -77,6 +78,24 @@ pub async fn list(State(state): State<AppState>, principal: Principal) -> Result
         })
         .collect();
     Ok(Json(json!({ "namespaces": namespaces })))
+}
+
+/// `GET /v1/namespaces/{id}`: one namespace the caller can read, with their role (404 for
+/// one they cannot): a point read, as a sync client asks it before each pass.
+pub async fn get_one(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(namespace_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let role = access::read(&state, &principal, &namespace_id).await?;
+    let namespace = state
+        .node
+        .state()
+        .namespace(&namespace_id)?
+        .ok_or_else(|| ApiError::NotFound(format!("namespace {namespace_id}")))?;
+    Ok(Json(json!({
+        "namespaceId": namespace.id, "kind": kind(namespace.kind), "name": namespace.name, "role": role.as_str(),
+    })))
 }
 
 /// `GET /v1/namespaces/{id}/acl`: every entry, with user and group names.

@@ -113,6 +113,10 @@ pub(crate) struct ChangeView<'a> {
     chunks: Vec<BlockHash>,
     size: u64,
     mtime: String,
+    /// The file is executable; absent when not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
+    executable: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     #[schema(required = false)]
     deleted: bool,
@@ -159,6 +163,7 @@ pub async fn sync(
                 chunks: change.version.chunks,
                 size: change.version.size,
                 mtime: format_utc(change.version.mtime_ms),
+                executable: change.version.executable,
                 deleted: change.version.deleted,
             }));
         }

@@ -15,15 +15,18 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use futures::StreamExt as _;
 use reqwest::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::client::{problem, Api};
+use crate::files_client::Throttle;
 
 /// Time to open a connection to a node.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Longest one request may take (a block is at most 4 MiB).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest a request may go without a byte arriving: an idle limit, not a total one, so a
+/// large chunk on a slow link takes as long as it takes while a dead node is found within
+/// this. Above the long poll's wait.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 /// Long-poll wait asked of the server, and the request's own limit beyond it.
 const LONG_POLL_S: u64 = 25;
 const LONG_POLL_SLACK: Duration = Duration::from_secs(10);
@@ -34,12 +37,17 @@ pub struct Remote {
     apis: Vec<Api>,
     /// The endpoint in use: the last one that answered.
     at: AtomicUsize,
+    /// `--limit-up`, `--limit-down`.
+    pub up: Option<Throttle>,
+    pub down: Option<Throttle>,
 }
 
-/// A change of the feed.
-#[derive(Debug, Deserialize)]
+/// A change of the feed (and the current version of a file, read alone): a file's latest
+/// state. Kept with a failed download, to apply when it is tried again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Change {
+    #[serde(default)]
     pub namespace_id: String,
     #[serde(default)]
     pub path: String,
@@ -48,9 +56,34 @@ pub struct Change {
     #[serde(default)]
     pub chunks: Vec<String>,
     #[serde(default)]
-    pub deleted: bool,
+    pub size: u64,
+    /// RFC 3339, as the server writes it.
     #[serde(default)]
+    pub mtime: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub executable: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub namespace_removed: bool,
+}
+
+impl Change {
+    /// The modification time in ms since the epoch (0 if the server sent none).
+    pub fn mtime_ms(&self) -> u64 {
+        chrono::DateTime::parse_from_rfc3339(&self.mtime).map_or(0, |t| t.timestamp_millis().max(0) as u64)
+    }
+}
+
+/// What the caller may do in a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Read and write (editor, owner).
+    ReadWrite,
+    /// Read only (viewer).
+    ReadOnly,
+    /// Not at all any more: revoked, left or deleted.
+    Gone,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,18 +101,16 @@ pub enum Written {
     Done(u64),
     /// 409: the file changed meanwhile; a commit's content was kept as `copy`.
     Conflict { copy: Option<String> },
-    /// 404: no file there (deleted meanwhile).
+    /// 404: no file there (deleted meanwhile), or (for a commit) no namespace.
     Gone,
-}
-
-/// The current version of a file: version and chunks.
-pub struct Current {
-    pub version: u64,
-    pub chunks: Vec<String>,
+    /// 403: this user may only read here now.
+    Forbidden,
+    /// Any other refusal (400, 413, 422, …): this file cannot go up as it is; why.
+    Refused(String),
 }
 
 /// Whether `error` is a failure to talk to the node (rather than an answer).
-fn unreachable(error: &anyhow::Error) -> bool {
+pub fn unreachable(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| cause.downcast_ref::<reqwest::Error>().is_some())
 }
 
@@ -98,13 +129,31 @@ impl Remote {
     ) -> anyhow::Result<Remote> {
         let mut apis = Vec::new();
         for url in urls {
-            let builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).timeout(REQUEST_TIMEOUT);
+            let builder = reqwest::Client::builder().connect_timeout(CONNECT_TIMEOUT).read_timeout(IDLE_TIMEOUT);
             apis.push(Api::connect(connection, device.clone(), url, builder)?.in_namespace(namespace.clone()));
         }
         if apis.is_empty() {
             bail!("no endpoint: give --endpoint URL (or --url)");
         }
-        Ok(Remote { apis, at: AtomicUsize::new(0) })
+        Ok(Remote { apis, at: AtomicUsize::new(0), up: None, down: None })
+    }
+
+    /// What the caller may do in `namespace` now.
+    pub async fn access(&self, namespace: &str) -> anyhow::Result<Access> {
+        let route = format!("/v1/namespaces/{namespace}");
+        let route = &route;
+        self.read(|api| async move {
+            let (status, body) = api.send(api.request(reqwest::Method::GET, route)).await?;
+            match status {
+                StatusCode::OK => Ok(match body["role"].as_str() {
+                    Some("viewer") => Access::ReadOnly,
+                    _ => Access::ReadWrite,
+                }),
+                StatusCode::NOT_FOUND => Ok(Access::Gone),
+                _ => bail!("read namespace {namespace}: {}", problem(status, &body)),
+            }
+        })
+        .await
     }
 
     /// The client of the endpoint in use.
@@ -177,12 +226,9 @@ impl Remote {
     }
 
     /// The current version of `path`, `None` if there is no live file.
-    pub async fn current_file(&self, path: &str) -> anyhow::Result<Option<Current>> {
+    pub async fn current_file(&self, path: &str) -> anyhow::Result<Option<Change>> {
         let found = self.read(|api| async move { api.current_version(path).await }).await?;
-        Ok(found.map(|file| Current {
-            version: file["version"].as_u64().unwrap_or(0),
-            chunks: serde_json::from_value(file["chunks"].clone()).unwrap_or_default(),
-        }))
+        found.map(|file| serde_json::from_value(file).context("read a file's version")).transpose()
     }
 
     /// A write: POST `body` to `route`, its answer read by `judge`. When the outcome is
@@ -224,9 +270,13 @@ impl Remote {
         chunks: &[String],
         size: u64,
         mtime_ms: u64,
+        executable: bool,
         base: u64,
     ) -> anyhow::Result<Written> {
-        let body = json!({ "path": path, "chunks": chunks, "baseVersion": base, "size": size, "mtime": mtime_ms });
+        let body = json!({
+            "path": path, "chunks": chunks, "baseVersion": base, "size": size, "mtime": mtime_ms,
+            "executable": executable,
+        });
         let settled = || async move {
             Ok(match self.current_file(path).await? {
                 Some(now) if now.chunks == chunks && now.version > base => Some(Written::Done(now.version)),
@@ -305,6 +355,10 @@ fn judge_commit(path: &str, status: StatusCode, answer: &Value) -> anyhow::Resul
             Ok(Written::Conflict { copy: answer["conflictedCopy"]["path"].as_str().map(str::to_string) })
         }
         StatusCode::NOT_FOUND => Ok(Written::Gone),
+        StatusCode::FORBIDDEN => Ok(Written::Forbidden),
+        status if status.is_client_error() && status != StatusCode::TOO_MANY_REQUESTS => {
+            Ok(Written::Refused(problem(status, answer)))
+        }
         _ => bail!("{path}: {}", problem(status, answer)),
     }
 }

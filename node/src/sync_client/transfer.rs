@@ -1,62 +1,82 @@
-//! Moving content: a local file's chunks (FastCDC, as `raftbox files put`), uploading only
-//! those the cluster lacks; and a remote version written locally, atomically (a temporary
-//! file beside it, fsynced, renamed over it, the folder fsynced), each chunk read from a
-//! local file that holds it when one does ([`ReuseIndex`]) and downloaded otherwise.
+//! Moving content. Up: a local file's chunks (FastCDC, as `raftbox files put`), read through
+//! the folder's descriptors and never while the file is being written, uploading only those
+//! the cluster lacks. Down: a remote version assembled in a temporary file beside its target,
+//! each chunk read from a local file that holds it when one does ([`ReuseIndex`]) and
+//! downloaded otherwise; a download cut short is resumed from the chunks its temporary file
+//! already holds.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::io::{Seek as _, SeekFrom, Write as _};
+use std::os::fd::OwnedFd;
 
 use anyhow::Context;
 use futures::stream::{self, StreamExt as _, TryStreamExt as _};
+use rustix::fs::{self as rfs, Mode, OFlags};
 
-use super::ignore_rules::TEMP_SUFFIX;
+use super::folder::{now_ns, Folder, Meta, Node};
+use super::names::Rel;
 use super::remote::Remote;
-use super::scan::{local_path, Meta};
-use super::state::Entry;
+use super::state::{Entry, Partial};
 use crate::files_client::{self, Chunk};
 
 /// Chunks downloaded at once for one file.
 const DOWNLOADS_IN_FLIGHT: usize = 8;
 
-/// A local file's content: its chunks and lengths, and the size and mtime it had when read.
+/// A local file's content: its chunks and lengths, its metadata before it was read, and when
+/// the read ended.
 #[derive(Debug, Clone)]
 pub struct Content {
     pub chunks: Vec<String>,
     pub lengths: Vec<u64>,
     pub meta: Meta,
+    pub read_ns: u64,
 }
 
 impl Content {
+    /// The entry recording that the local file holds `version` with this content.
     pub fn entry(&self, version: u64) -> Entry {
         Entry {
             version,
             chunks: self.chunks.clone(),
             lengths: self.lengths.clone(),
-            size: self.meta.size,
-            mtime_ns: self.meta.mtime_ns,
+            executable: self.meta.executable,
+            meta: self.meta,
+            recorded_ns: self.read_ns,
             stale: false,
+            local: None,
+            unverified: false,
         }
     }
 }
 
-/// The chunks of the file at `path`, with its size and mtime as they were before it was
-/// read; `None` if it vanished or changed while it was read.
-pub async fn read_content(path: &Path) -> anyhow::Result<Option<Content>> {
-    let Some(before) = Meta::read(path)? else { return Ok(None) };
-    let chunks = match files_client::chunk_file(path).await {
-        Ok(chunks) => chunks,
-        Err(_) if Meta::read(path)?.is_none() => return Ok(None),
+/// The chunks of the file `rel`, or `None` if it is not ready to be read: it changed while
+/// it was read (or was replaced), or changed so recently that a write may still be under way
+/// within the file system's timestamp granularity (`window_ns`). What is answered is never a
+/// torn read.
+pub async fn read_content(folder: &Folder, rel: &Rel, window_ns: u64) -> anyhow::Result<Option<Content>> {
+    let (file, before) = match folder.open_file(rel) {
+        Ok(opened) => opened,
+        Err(_) if !matches!(folder.node(rel)?, Node::File(_)) => return Ok(None),
         Err(e) => return Err(e),
     };
-    if Meta::read(path)? != Some(before) {
+    if now_ns() < before.mtime_ns.max(before.ctime_ns).saturating_add(window_ns) {
+        return Ok(None);
+    }
+    let probe = file.try_clone().context("duplicate a descriptor")?;
+    let chunks =
+        tokio::task::spawn_blocking(move || files_client::chunks_of(std::io::BufReader::new(file), |_, _| Ok(())))
+            .await??;
+    let after = Meta::of(&rfs::fstat(&probe).map_err(std::io::Error::from)?);
+    let read_ns = now_ns();
+    if after != before || folder.node(rel)? != Node::File(before) {
         return Ok(None);
     }
     Ok(Some(Content {
         chunks: chunks.iter().map(|c| c.hash.clone()).collect(),
         lengths: chunks.iter().map(|c| c.length as u64).collect(),
         meta: before,
+        read_ns,
     }))
 }
 
@@ -67,8 +87,8 @@ pub struct Sent {
     pub bytes: u64,
 }
 
-/// Uploads the chunks of `content` (read from `path`) the cluster lacks.
-pub async fn upload(remote: &Remote, path: &Path, content: &Content) -> anyhow::Result<Sent> {
+/// Uploads the chunks of `content` (the file `rel`) the cluster lacks.
+pub async fn upload(remote: &Remote, folder: &Folder, rel: &Rel, content: &Content) -> anyhow::Result<Sent> {
     let hashes = &content.chunks;
     let missing = remote.read(|api| async move { files_client::missing(&api, hashes).await }).await?;
     if missing.is_empty() {
@@ -82,37 +102,48 @@ pub async fn upload(remote: &Remote, path: &Path, content: &Content) -> anyhow::
         .map(|(_, length)| length)
         .sum::<u64>();
     let missing = &missing;
+    let label = rel.to_string();
+    let label = &label;
     let uploaded = remote
-        .read(|api| async move { files_client::upload(&api, path, missing, indicatif::ProgressBar::hidden()).await })
+        .read(|api| async move {
+            let (file, _) = folder.open_file(rel)?;
+            let bar = indicatif::ProgressBar::hidden();
+            files_client::upload(&api, file, label, missing, bar, remote.up.as_ref()).await
+        })
         .await?;
     Ok(Sent { chunks: uploaded as u64, bytes })
 }
 
 /// Where chunks already lie in local files: hash → (file, offset, length), from the sync
-/// state's chunk lists. A hit is checked against its hash when read (the file may have
-/// changed since).
+/// state's entries. A hit is checked against its hash when read (the file may have changed
+/// since).
 #[derive(Default)]
 pub struct ReuseIndex {
-    at: HashMap<String, (PathBuf, u64, usize)>,
+    at: HashMap<String, (Rel, u64, usize)>,
 }
 
 impl ReuseIndex {
-    pub fn new(root: &Path, entries: &[(String, Entry)]) -> ReuseIndex {
-        let mut at = HashMap::new();
-        for (path, entry) in entries {
-            let mut offset = 0u64;
-            for (hash, length) in entry.chunks.iter().zip(&entry.lengths) {
-                at.entry(hash.clone()).or_insert_with(|| (local_path(root, path), offset, *length as usize));
-                offset += length;
-            }
+    pub fn new<'a>(entries: impl Iterator<Item = (Rel, &'a Entry)>) -> ReuseIndex {
+        let mut index = ReuseIndex::default();
+        for (rel, entry) in entries {
+            index.add(&rel, entry);
         }
-        ReuseIndex { at }
+        index
+    }
+
+    /// The chunks of `entry` (the file `rel`) can be read from it.
+    pub fn add(&mut self, rel: &Rel, entry: &Entry) {
+        let mut offset = 0u64;
+        for (hash, length) in entry.chunks.iter().zip(&entry.lengths) {
+            self.at.entry(hash.clone()).or_insert_with(|| (rel.clone(), offset, *length as usize));
+            offset += length;
+        }
     }
 
     /// The bytes of chunk `hash` from a local file, if one still holds them.
-    fn read(&self, hash: &str) -> Option<Vec<u8>> {
-        let (path, offset, length) = self.at.get(hash)?;
-        let mut file = File::open(path).ok()?;
+    fn read(&self, folder: &Folder, hash: &str) -> Option<Vec<u8>> {
+        let (rel, offset, length) = self.at.get(hash)?;
+        let (mut file, _) = folder.open_file(rel).ok()?;
         let chunk = Chunk { hash: hash.to_string(), offset: *offset, length: *length };
         files_client::read_at(&mut file, &chunk).ok()
     }
@@ -124,69 +155,56 @@ pub struct Fetched {
     pub chunks: u64,
     pub bytes: u64,
     pub reused: u64,
+    /// Chunks found already written by a download cut short.
+    pub resumed: u64,
 }
 
-/// Writes the content `chunks` to `target` atomically, provided the local file there still
-/// is as `expected` says (`None`: absent) when the new content is complete; otherwise leaves
-/// it alone and answers `None` (a local edit made meanwhile is never overwritten). Answers
-/// the written file's content. `before_rename` is told that content (its size and mtime are
-/// the file's once renamed) just before the rename, so the caller can record it first.
-pub async fn write_file(
+/// A version assembled in a temporary file beside its target, durable and with the server's
+/// mtime and execute bit, ready to be swapped in.
+pub struct Assembled {
+    pub dir: OwnedFd,
+    pub temp: String,
+    pub lengths: Vec<u64>,
+    pub fetched: Fetched,
+}
+
+/// Assembles `chunks` for the file `rel` in a temporary file: `partial`'s, resumed, when it
+/// was cutting the same chunks short, else a new one (recorded through `record` first, so a
+/// download cut short now is resumed later). On an error the temporary file stays, for the
+/// next attempt.
+pub async fn assemble(
+    folder: &Folder,
     remote: &Remote,
     reuse: &ReuseIndex,
-    target: &Path,
+    rel: &Rel,
     chunks: &[String],
-    expected: Option<Meta>,
-    before_rename: impl FnOnce(&Content) -> anyhow::Result<()>,
-) -> anyhow::Result<Option<(Content, Fetched)>> {
-    let dir = target.parent().context("a file without a folder")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    let name = target.file_name().context("a file without a name")?.to_string_lossy();
-    let temp = dir.join(format!(".{name}{TEMP_SUFFIX}"));
-    let result = assemble(remote, reuse, &temp, chunks).await;
-    let (lengths, fetched) = match result {
-        Ok(done) => done,
-        Err(e) => {
-            let _ = std::fs::remove_file(&temp);
-            return Err(e);
+    mtime_ms: u64,
+    executable: bool,
+    partial: Option<Partial>,
+    record: impl FnOnce(&Partial) -> anyhow::Result<()>,
+) -> anyhow::Result<Assembled> {
+    let resumable = partial.filter(|p| p.dir == rel.parent() && p.chunks == chunks);
+    let (dir, mut out, temp, mut lengths) = match resumable.and_then(|p| reopen(folder, &p, chunks).ok()) {
+        Some(found) => found,
+        None => {
+            let (dir, file, temp) = folder.create_temp(rel.parent())?;
+            record(&Partial { dir: rel.parent().to_string(), temp: temp.clone(), chunks: chunks.to_vec() })?;
+            (dir, file, temp, Vec::new())
         }
     };
-    if Meta::read(target)? != expected {
-        let _ = std::fs::remove_file(&temp);
-        return Ok(None);
-    }
-    // A rename keeps the file's size and mtime: the temporary file's are the target's to be.
-    let meta = Meta::read(&temp)?.context("the file just written vanished")?;
-    let content = Content { chunks: chunks.to_vec(), lengths, meta };
-    if let Err(e) = before_rename(&content) {
-        let _ = std::fs::remove_file(&temp);
-        return Err(e);
-    }
-    std::fs::rename(&temp, target).with_context(|| format!("move into {}", target.display()))?;
-    File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("fsync {}", dir.display()))?;
-    Ok(Some((content, fetched)))
-}
-
-/// The content `chunks` in the new file `temp`, fsynced; each chunk's length.
-async fn assemble(
-    remote: &Remote,
-    reuse: &ReuseIndex,
-    temp: &Path,
-    chunks: &[String],
-) -> anyhow::Result<(Vec<u64>, Fetched)> {
-    let mut out = File::create(temp).with_context(|| format!("create {}", temp.display()))?;
-    let mut fetched = Fetched::default();
-    let mut lengths = Vec::with_capacity(chunks.len());
-    let mut pieces = stream::iter(chunks.iter().map(|hash| async move {
-        if let Some(bytes) = reuse.read(hash) {
+    let mut fetched = Fetched { resumed: lengths.len() as u64, ..Fetched::default() };
+    let rest = &chunks[lengths.len()..];
+    let mut pieces = stream::iter(rest.iter().map(|hash| async move {
+        if let Some(bytes) = reuse.read(folder, hash) {
             return anyhow::Ok((bytes::Bytes::from(bytes), true));
         }
-        let bytes = remote.read(|api| async move { files_client::download(&api, hash).await }).await?;
+        let bytes =
+            remote.read(|api| async move { files_client::download(&api, hash, remote.down.as_ref()).await }).await?;
         Ok((bytes, false))
     }))
     .buffered(DOWNLOADS_IN_FLIGHT);
     while let Some((bytes, local)) = pieces.try_next().await? {
-        out.write_all(&bytes).with_context(|| format!("write {}", temp.display()))?;
+        out.write_all(&bytes).with_context(|| format!("write the download of {rel}"))?;
         lengths.push(bytes.len() as u64);
         if local {
             fetched.reused += 1;
@@ -195,8 +213,29 @@ async fn assemble(
             fetched.bytes += bytes.len() as u64;
         }
     }
-    out.sync_all().with_context(|| format!("fsync {}", temp.display()))?;
-    Ok((lengths, fetched))
+    Folder::finish_temp(&out, mtime_ms, executable).with_context(|| format!("finish the download of {rel}"))?;
+    Ok(Assembled { dir, temp, lengths, fetched })
+}
+
+/// The temporary file of a download cut short, cut back to the longest run of `chunks` it
+/// holds intact from its start (content-defined chunk boundaries of a prefix are those of
+/// the whole), positioned to go on from there.
+fn reopen(folder: &Folder, partial: &Partial, chunks: &[String]) -> anyhow::Result<(OwnedFd, File, String, Vec<u64>)> {
+    let dir = folder.open_dir(&partial.dir, false)?;
+    let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rfs::openat(&dir, partial.temp.as_str(), flags, Mode::empty()).map_err(std::io::Error::from)?;
+    let mut file = File::from(fd);
+    let found = files_client::chunks_of(std::io::BufReader::new(file.try_clone()?), |_, _| Ok(()))?;
+    let intact: Vec<u64> = found
+        .iter()
+        .zip(chunks)
+        .take_while(|(got, want)| &got.hash == *want)
+        .map(|(got, _)| got.length as u64)
+        .collect();
+    let keep: u64 = intact.iter().sum();
+    file.set_len(keep)?;
+    file.seek(SeekFrom::Start(keep))?;
+    Ok((dir, file, partial.temp.clone(), intact))
 }
 
 #[cfg(test)]
@@ -218,30 +257,56 @@ mod tests {
         assert_eq!(new.len(), 1, "{} of {} chunks changed", new.len(), after.len());
     }
 
+    fn random(bytes: usize, seed: &[u8]) -> Vec<u8> {
+        let mut data = vec![0u8; bytes];
+        blake3::Hasher::new().update(seed).finalize_xof().fill(&mut data);
+        data
+    }
+
     #[test]
     fn chunks_are_found_again_in_local_files() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut data = vec![0u8; 3_000_000];
-        blake3::Hasher::new().update(b"reuse").finalize_xof().fill(&mut data);
+        let mut data = random(3_000_000, b"reuse");
         std::fs::write(dir.path().join("old.bin"), &data).expect("write");
+        let folder = Folder::open(dir.path(), 30).expect("folder");
         let chunks = files_client::chunks_of(data.as_slice(), |_, _| Ok(())).expect("chunks");
         assert!(chunks.len() >= 2, "{} chunks", chunks.len());
-        let entry = Entry {
-            version: 1,
+        let content = Content {
             chunks: chunks.iter().map(|c| c.hash.clone()).collect(),
             lengths: chunks.iter().map(|c| c.length as u64).collect(),
-            size: data.len() as u64,
-            mtime_ns: 0,
-            stale: false,
+            meta: Meta::default(),
+            read_ns: 0,
         };
-        let index = ReuseIndex::new(dir.path(), &[("/old.bin".to_string(), entry)]);
+        let rel = Rel::parse("old.bin").expect("rel");
+        let index = ReuseIndex::new(std::iter::once((rel, &content.entry(1))));
         let last = chunks.last().expect("a chunk");
-        let bytes = index.read(&last.hash).expect("reused");
+        let bytes = index.read(&folder, &last.hash).expect("reused");
         assert_eq!(bytes, &data[last.offset as usize..]);
-        assert!(index.read(&"00".repeat(32)).is_none());
+        assert!(index.read(&folder, &"00".repeat(32)).is_none());
         // The file changed since: the stale hit is refused, not returned.
         data[last.offset as usize] ^= 1;
         std::fs::write(dir.path().join("old.bin"), &data).expect("rewrite");
-        assert!(index.read(&last.hash).is_none());
+        assert!(index.read(&folder, &last.hash).is_none());
+    }
+
+    #[test]
+    fn a_download_cut_short_resumes_from_its_intact_chunks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = random(6_000_000, b"resume");
+        let chunks = files_client::chunks_of(data.as_slice(), |_, _| Ok(())).expect("chunks");
+        assert!(chunks.len() >= 3, "{} chunks", chunks.len());
+        let hashes: Vec<String> = chunks.iter().map(|c| c.hash.clone()).collect();
+        std::fs::create_dir_all(dir.path().join("d")).expect("mkdir");
+        let folder = Folder::open(dir.path(), 30).expect("folder");
+        // Two whole chunks and half of the third were written before the cut.
+        let cut = chunks[2].offset as usize + chunks[2].length / 2;
+        let temp = crate::sync_client::names::temp_name();
+        std::fs::write(dir.path().join("d").join(&temp), &data[..cut]).expect("write");
+        let partial = Partial { dir: "d".into(), temp: temp.clone(), chunks: hashes.clone() };
+        let (_, _, name, intact) = reopen(&folder, &partial, &hashes).expect("reopen");
+        assert_eq!(name, temp);
+        assert_eq!(intact, vec![chunks[0].length as u64, chunks[1].length as u64]);
+        let kept = std::fs::metadata(dir.path().join("d").join(&temp)).expect("stat").len();
+        assert_eq!(kept, (chunks[0].length + chunks[1].length) as u64);
     }
 }

@@ -105,6 +105,7 @@ fn file_commit() -> impl Strategy<Value = FileCommit> {
                     chunks,
                     size,
                     mtime_ms: size,
+                    executable: size % 2 == 0,
                     base_version,
                     deleted,
                     device,

@@ -1,0 +1,194 @@
+//! What a running `raftbox sync` is doing, for `raftbox sync status DIR`: the client writes
+//! `status.json` beside its state database after every pass (atomically: a temporary file
+//! renamed over it), and the status command reads it, also when no client runs. The state
+//! database itself is held by the running client, so the status goes through this file.
+//! `raftbox sync confirm-deletes DIR` leaves `confirm-deletes` there, which the running client
+//! takes at its next pass.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::engine::{Report, Tally};
+use super::folder::now_ns;
+use super::state::{Direction, Failure};
+
+/// Failures listed in the status file, at most (the count is always whole).
+const FAILURES_LISTED_MAX: usize = 200;
+
+/// The status file's content.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub pid: u32,
+    pub folder: String,
+    pub namespace: String,
+    /// `starting`, `up to date`, `syncing`, `paused`, `offline`, `stopped`.
+    pub state: String,
+    /// Why, when paused, offline or stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub read_only: bool,
+    pub updated_ms: u64,
+    #[serde(default)]
+    pub last_pass: Option<Tally>,
+    #[serde(default)]
+    pub failures: Vec<FailureView>,
+    #[serde(default)]
+    pub failures_count: usize,
+    #[serde(default)]
+    pub report: Report,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureView {
+    pub path: String,
+    pub direction: Direction,
+    pub reason: String,
+    pub attempts: u32,
+    pub retry_at_ms: u64,
+}
+
+impl Status {
+    pub fn with_failures(mut self, failures: Vec<(String, Failure)>) -> Status {
+        self.failures_count = failures.len();
+        self.failures = failures
+            .into_iter()
+            .take(FAILURES_LISTED_MAX)
+            .map(|(path, f)| FailureView {
+                path,
+                direction: f.direction,
+                reason: f.reason,
+                attempts: f.attempts,
+                retry_at_ms: f.retry_at_ms,
+            })
+            .collect();
+        self
+    }
+}
+
+/// Where a state database's status file is.
+pub fn path_beside(state: &Path) -> PathBuf {
+    state.with_file_name("status.json")
+}
+
+/// Where a state database's confirmation of deletions is.
+pub fn confirm_path_beside(state: &Path) -> PathBuf {
+    state.with_file_name("confirm-deletes")
+}
+
+/// Writes `status` to `path` atomically.
+pub fn write(path: &Path, status: &Status) -> anyhow::Result<()> {
+    let status = Status { updated_ms: now_ns() / 1_000_000, pid: std::process::id(), ..status.clone() };
+    let temp = path.with_extension("json.tmp");
+    std::fs::write(&temp, serde_json::to_vec_pretty(&status)?).with_context(|| format!("write {}", temp.display()))?;
+    std::fs::rename(&temp, path).with_context(|| format!("write {}", path.display()))?;
+    Ok(())
+}
+
+pub fn read(path: &Path) -> anyhow::Result<Status> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("read {} (has `raftbox sync` ever run on this folder?)", path.display()))?;
+    serde_json::from_slice(&bytes).with_context(|| format!("{} is not a status file", path.display()))
+}
+
+/// Takes (and removes) the number of deletions the user confirmed, if any.
+pub fn take_confirmation(path: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let _ = std::fs::remove_file(path);
+    text.trim().parse().ok()
+}
+
+/// Whether process `pid` still runs (as the status file's writer).
+fn running(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The status as `raftbox sync status` prints it.
+pub fn render(status: &Status) -> String {
+    let mut out = String::new();
+    let age_s = (now_ns() / 1_000_000).saturating_sub(status.updated_ms) / 1000;
+    let alive = running(status.pid);
+    let state = if alive { status.state.as_str() } else { "not running" };
+    out.push_str(&format!("folder:    {}\nnamespace: {}\n", status.folder, status.namespace));
+    out.push_str(&format!(
+        "state:     {state}{} (as of {age_s} s ago{})\n",
+        if status.read_only { ", read-only (changes here are not sent)" } else { "" },
+        if alive { format!(", pid {}", status.pid) } else { format!("; last pid {}", status.pid) }
+    ));
+    if let Some(reason) = &status.reason {
+        out.push_str(&format!("why:       {reason}\n"));
+    }
+    if let Some(t) = &status.last_pass {
+        out.push_str(&format!(
+            "last pass: ↑ {} files, ↓ {} files, {} moved, {} deleted here, {} there, {} conflicts, {} busy\n",
+            t.up_files, t.down_files, t.moved, t.deleted_here, t.deleted_there, t.conflicts, t.busy
+        ));
+    }
+    let r = &status.report;
+    if !r.held_deletes.is_empty() {
+        out.push_str(&format!(
+            "held:      {}: run `raftbox sync confirm-deletes {}` if you meant it\n",
+            r.held_deletes[0], status.folder
+        ));
+        for path in r.held_deletes.iter().skip(1) {
+            out.push_str(&format!("           {path}\n"));
+        }
+    }
+    if !r.not_sent.is_empty() {
+        out.push_str(&format!("not sent:  {} local change(s) (read-only folder):\n", r.not_sent.len()));
+        for path in &r.not_sent {
+            out.push_str(&format!("           {path}\n"));
+        }
+    }
+    out.push_str(&format!("failed:    {} file(s)\n", status.failures_count));
+    for f in &status.failures {
+        let dir = match f.direction {
+            Direction::Up => "↑",
+            Direction::Down => "↓",
+        };
+        let retry_s = f.retry_at_ms.saturating_sub(now_ns() / 1_000_000) / 1000;
+        out.push_str(&format!("  {dir} {}: {} ({} attempt(s), next in {retry_s} s)\n", f.path, f.reason, f.attempts));
+    }
+    for (path, why) in r.blind.iter().chain(&r.skipped) {
+        out.push_str(&format!("skipped:   {path}: {why}\n"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_round_trips_and_renders_what_needs_attention() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("status.json");
+        let failure = Failure::next(None, Direction::Down, "the name is too long".into(), None, now_ns() / 1_000_000);
+        let status = Status {
+            folder: "/home/u/box".into(),
+            namespace: "ns".into(),
+            state: "up to date".into(),
+            report: Report {
+                held_deletes: vec!["1200 deletions held".into(), "/a".into()],
+                blind: vec![("link".into(), "a symbolic link".into())],
+                ..Report::default()
+            },
+            ..Status::default()
+        }
+        .with_failures(vec![("/x".into(), failure)]);
+        write(&path, &status).expect("write");
+        let read_back = read(&path).expect("read");
+        assert_eq!(read_back.pid, std::process::id());
+        let text = render(&read_back);
+        assert!(text.contains("up to date"), "{text}");
+        assert!(text.contains("/x: the name is too long"), "{text}");
+        assert!(text.contains("confirm-deletes"), "{text}");
+        assert!(text.contains("link: a symbolic link"), "{text}");
+        std::fs::write(dir.path().join("confirm-deletes"), "1200\n").expect("write");
+        assert_eq!(take_confirmation(&dir.path().join("confirm-deletes")), Some(1200));
+        assert_eq!(take_confirmation(&dir.path().join("confirm-deletes")), None);
+    }
+}
