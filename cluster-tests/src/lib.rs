@@ -15,6 +15,8 @@
 //!   replays it.
 //! - [`checker`] (linearizability) and [`guard_checks`] (rate limits, fires, keys): checkers
 //!   as pure functions over recorded histories.
+//! - [`sync_device`]: a device running `raftbox sync`, and the trees (local, server) the
+//!   sync tests judge.
 //! - [`Cluster::check_logs`] and [`Cluster::conclude`]: a panic or an ERROR line in any node
 //!   log fails the test; on failure the log tails and the cluster directory are printed
 //!   (`RAFTBOX_KEEP=1` keeps the directory).
@@ -28,6 +30,7 @@ pub mod net;
 pub mod receiver;
 pub mod register;
 mod support;
+pub mod sync_device;
 pub mod webdriver;
 mod workload;
 

@@ -5,13 +5,12 @@
 //! without sending again what it had synced; when the node one client uses is killed the
 //! client carries on through its next endpoint.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
-use raftbox_cluster_tests::{new_user, raftbox_bin, within, Cluster, ClusterOptions};
+use raftbox_cluster_tests::sync_device::{pseudo_bytes as bytes, tree, write_file as write, SyncDevice, Tree};
+use raftbox_cluster_tests::{new_user, within, Cluster, ClusterOptions};
 
 const TEST_DEADLINE: Duration = Duration::from_secs(100);
 /// How long two folders may take to agree after a change.
@@ -25,100 +24,6 @@ async fn two_sync_clients_converge_keep_conflicts_and_survive_a_dead_node() {
     cluster.conclude(result);
 }
 
-/// A running `raftbox sync`; killed when dropped.
-struct SyncClient {
-    child: Child,
-    dir: PathBuf,
-    log: PathBuf,
-    args: Vec<String>,
-}
-
-impl SyncClient {
-    fn start(dir: &Path, log: PathBuf, endpoints: &[String], token: &str, device: &str) -> Result<SyncClient> {
-        std::fs::create_dir_all(dir)?;
-        let args: Vec<String> =
-            ["--endpoint", &endpoints.join(","), "--token", token, "--device", device, "--interval", "2"]
-                .iter()
-                .map(|a| a.to_string())
-                .collect();
-        let child = SyncClient::spawn(dir, &log, &args)?;
-        Ok(SyncClient { child, dir: dir.to_path_buf(), log, args })
-    }
-
-    fn spawn(dir: &Path, log: &Path, args: &[String]) -> Result<Child> {
-        Command::new(raftbox_bin()?)
-            .arg("sync")
-            .arg(dir)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log)?)
-            .spawn()
-            .context("spawn raftbox sync")
-    }
-
-    /// SIGKILL, then the same client again on the same folder, logging to `log`.
-    fn kill9_and_restart(&mut self, log: PathBuf, meanwhile: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.child.kill()?;
-        self.child.wait()?;
-        meanwhile()?;
-        self.child = SyncClient::spawn(&self.dir, &log, &self.args)?;
-        self.log = log;
-        Ok(())
-    }
-
-    fn signal(&self, signal: &str) -> Result<()> {
-        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status()?;
-        ensure!(status.success(), "kill {signal} {}", self.child.id());
-        Ok(())
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(25)..].join("\n")
-    }
-
-    fn ensure_running(&mut self) -> Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!("raftbox sync {} exited ({status}):\n{}", self.dir.display(), self.log_tail());
-        }
-        Ok(())
-    }
-}
-
-impl Drop for SyncClient {
-    fn drop(&mut self) {
-        let _ = self.signal("-CONT");
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-type Tree = BTreeMap<String, Vec<u8>>;
-
-/// Every file under `dir` but the client's own `.raftbox/`, with its bytes.
-fn tree(dir: &Path) -> Result<Tree> {
-    fn visit(root: &Path, dir: &Path, out: &mut Tree) -> Result<()> {
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
-            let path = entry.path();
-            let relative = path.strip_prefix(root)?.to_string_lossy().into_owned();
-            if relative == ".raftbox" {
-                continue;
-            }
-            if entry.file_type()?.is_dir() {
-                visit(root, &path, out)?;
-            } else if let Ok(bytes) = std::fs::read(&path) {
-                out.insert(relative, bytes);
-            }
-        }
-        Ok(())
-    }
-    let mut out = Tree::new();
-    visit(dir, dir, &mut out)?;
-    Ok(out)
-}
-
 fn names(tree: &Tree) -> Vec<&str> {
     tree.keys().map(String::as_str).collect()
 }
@@ -126,8 +31,8 @@ fn names(tree: &Tree) -> Vec<&str> {
 /// Waits until both folders hold the same files with the same bytes and `expected` holds of
 /// that tree; the tree.
 async fn converge(
-    a: &mut SyncClient,
-    b: &mut SyncClient,
+    a: &mut SyncDevice,
+    b: &mut SyncDevice,
     what: &str,
     expected: impl Fn(&Tree) -> bool,
 ) -> Result<Tree> {
@@ -152,18 +57,6 @@ async fn converge(
     }
 }
 
-fn bytes(seed: &str, length: usize) -> Vec<u8> {
-    let mut out = vec![0u8; length];
-    blake3::Hasher::new().update(seed.as_bytes()).finalize_xof().fill(&mut out);
-    out
-}
-
-fn write(dir: &Path, path: &str, content: &[u8]) -> Result<()> {
-    let target = dir.join(path);
-    std::fs::create_dir_all(target.parent().context("a parent")?)?;
-    std::fs::write(&target, content).with_context(|| format!("write {}", target.display()))
-}
-
 fn exactly(expected: Tree) -> impl Fn(&Tree) -> bool {
     move |tree| *tree == expected
 }
@@ -172,15 +65,8 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     let (_, token) = new_user(cluster, 1, "sam", "sam-token").await?;
     let work = tempfile::tempdir()?;
     let (n1, n2, n3) = (cluster.http_url(1), cluster.http_url(2), cluster.http_url(3));
-    let mut a = SyncClient::start(
-        &work.path().join("a"),
-        work.path().join("a.log"),
-        &[n1.clone(), n3.clone()],
-        &token,
-        "alpha",
-    )?;
-    let mut b =
-        SyncClient::start(&work.path().join("b"), work.path().join("b.log"), &[n2, n3.clone()], &token, "beta")?;
+    let mut a = SyncDevice::start(&work.path().join("a"), &[n1.clone(), n3.clone()], &token, "alpha", &[])?;
+    let mut b = SyncDevice::start(&work.path().join("b"), &[n2, n3.clone()], &token, "beta", &[])?;
 
     // Creates on both sides, one of them large enough for several chunks.
     let report = bytes("report", 2_500_000);
@@ -232,11 +118,10 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     let fresh = bytes("fresh", 6_000_000);
     write(&b.dir, "big/fresh.bin", &fresh)?;
     let current_notes = expected["notes.txt"].clone();
-    let b_dir = b.dir.clone();
-    b.kill9_and_restart(work.path().join("b-restarted.log"), || {
-        write(&a.dir, "notes.txt", b"a's edit while b was down")?;
-        write(&b_dir, "offline.txt", b"written while b was down")
-    })?;
+    b.kill9()?;
+    write(&a.dir, "notes.txt", b"a's edit while b was down")?;
+    write(&b.dir, "offline.txt", b"written while b was down")?;
+    b.restart(&[])?;
     ensure!(current_notes != b"a's edit while b was down".to_vec());
     expected.insert("notes.txt".into(), b"a's edit while b was down".to_vec());
     expected.insert("big/fresh.bin".into(), fresh);

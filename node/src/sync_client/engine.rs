@@ -472,8 +472,9 @@ impl Engine {
             return Ok(Local::Busy);
         };
         match entry {
-            // Touched, not changed: the new metadata is remembered.
-            Some(e) if e.chunks == content.chunks && e.executable == content.meta.executable && !e.unverified => {
+            // Touched, not changed: the new metadata is remembered (after a reset too: the
+            // content is what was last synced here, whatever the server has now).
+            Some(e) if e.chunks == content.chunks && e.executable == content.meta.executable => {
                 let updated = Entry { meta: content.meta, recorded_ns: content.read_ns, ..e.clone() };
                 self.db.put(server, &updated)?;
                 Ok(Local::Unchanged(content.meta))
@@ -649,6 +650,13 @@ impl Engine {
                 Ok(true)
             }
             Swap::Changed => {
+                match self.folder.node(rel)? {
+                    Node::Dir => bail!("a folder is in the way at {rel}"),
+                    Node::Other(what) => bail!("{rel} is {what}"),
+                    Node::Blocked(why) => bail!("{why}"),
+                    // A file the user wrote meanwhile: theirs stays, and goes up.
+                    Node::File(_) | Node::Missing => {}
+                }
                 if let Some(e) = self.db.get(path)? {
                     self.db.put(path, &Entry { stale: true, ..e })?;
                 }

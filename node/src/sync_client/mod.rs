@@ -51,7 +51,7 @@ use crate::files_client::{parse_rate, Throttle};
 use engine::{Engine, Options, PassEnd, Tally};
 use remote::Remote;
 use state::StateDb;
-use status::Status;
+use status::{Status, StatusDir};
 
 /// Pause after a wake-up, gathering the rest of a burst of changes into one pass.
 const SETTLE: Duration = Duration::from_millis(200);
@@ -59,6 +59,8 @@ const SETTLE: Duration = Duration::from_millis(200);
 const RETRY_WAIT_MAX: Duration = Duration::from_secs(10);
 /// How often a paused folder is looked at again.
 const PAUSED_RECHECK: Duration = Duration::from_secs(5);
+/// Passes `--once` adds while files are being written.
+const ONCE_BUSY_RETRIES: usize = 5;
 /// The exit status when the namespace can no longer be read (a systemd unit's
 /// `RestartPreventExitStatus=3` keeps it stopped).
 const EXIT_REMOVED: i32 = 3;
@@ -158,6 +160,11 @@ struct RunArgs {
     /// …or more than this share of the synced files (once more than 10).
     #[arg(long, default_value_t = 50, value_name = "PERCENT", value_parser = clap::value_parser!(u64).range(1..=100))]
     max_delete_percent: u64,
+    /// Compare the whole folder with the server's tree by content before going on (what the
+    /// client does by itself after a cursor reset): what the server lacks goes up, nothing
+    /// is skipped by version number.
+    #[arg(long)]
+    rescan: bool,
     /// Adopt DIR as the folder even though it is not the one set up (restored from a backup,
     /// copied to a new disk); its files are compared with the server's by content.
     #[arg(long)]
@@ -314,6 +321,9 @@ async fn sync(args: RunArgs) -> anyhow::Result<()> {
     let db = StateDb::open(&state_path)?;
     let folder = folder::Folder::open(&root, args.trash_days)?;
     identity::setup(&folder, &db, args.accept_folder)?;
+    if args.rescan {
+        db.begin_reconcile()?;
+    }
     if folder.caps.folds_names {
         eprintln!(
             "sync: {} folds names (case-insensitive or normalising): colliding names are kept apart",
@@ -336,18 +346,18 @@ async fn sync(args: RunArgs) -> anyhow::Result<()> {
         engine.confirmed_deletes.store(usize::MAX, Ordering::Relaxed);
     }
     eprintln!("sync: {} ⇄ namespace {namespace} via {}", root.display(), urls.join(", "));
-    let status_path = status::path_beside(&state_path);
+    let status_dir = StatusDir::open(&state_path)?;
     let mut status = Status {
         folder: root.display().to_string(),
         namespace: namespace.clone(),
         state: "starting".into(),
         ..Status::default()
     };
-    let _ = status::write(&status_path, &status);
+    let _ = status_dir.write(&status);
     if args.once {
-        return once(&mut engine, &mut status, &status_path).await;
+        return once(&mut engine, &mut status, &status_dir).await;
     }
-    let result = keep_in_step(&mut engine, &mut status, &status_path, &remote, &args, &mut stop).await;
+    let result = keep_in_step(&mut engine, &mut status, &status_dir, &remote, &args, &mut stop).await;
     engine.db.flush()?;
     if let Err(removed) = &result {
         if removed.downcast_ref::<Removed>().is_some() {
@@ -363,10 +373,20 @@ async fn sync(args: RunArgs) -> anyhow::Result<()> {
 #[error("{0}")]
 struct Removed(String);
 
-async fn once(engine: &mut Engine, status: &mut Status, path: &Path) -> anyhow::Result<()> {
+async fn once(engine: &mut Engine, status: &mut Status, status_dir: &StatusDir) -> anyhow::Result<()> {
     let started = Instant::now();
-    let end = engine.pass().await?;
-    record(engine, status, path, &end);
+    let mut end = engine.pass().await?;
+    // Files being written are looked at again once they have been still for a moment.
+    for _ in 0..ONCE_BUSY_RETRIES {
+        match &end {
+            PassEnd::Synced(tally) if tally.busy > 0 => {
+                tokio::time::sleep(Duration::from_nanos(engine.folder.caps.racy_window_ns) + SETTLE).await;
+                end = engine.pass().await?;
+            }
+            _ => break,
+        }
+    }
+    record(engine, status, status_dir, &end);
     match end {
         PassEnd::Synced(tally) => {
             eprintln!("{}", progress_line(&tally, started.elapsed()));
@@ -392,7 +412,7 @@ async fn once(engine: &mut Engine, status: &mut Status, path: &Path) -> anyhow::
 }
 
 /// Updates and writes the status after a pass.
-fn record(engine: &Engine, status: &mut Status, path: &Path, end: &PassEnd) {
+fn record(engine: &Engine, status: &mut Status, status_dir: &StatusDir, end: &PassEnd) {
     let (state, reason) = match end {
         PassEnd::Synced(_) => ("up to date", None),
         PassEnd::Paused(why) => ("paused", Some(why.clone())),
@@ -407,7 +427,7 @@ fn record(engine: &Engine, status: &mut Status, path: &Path, end: &PassEnd) {
     status.report = engine.report();
     let failures = engine.db.failures().unwrap_or_default();
     *status = std::mem::take(status).with_failures(failures);
-    if let Err(e) = status::write(path, status) {
+    if let Err(e) = status_dir.write(status) {
         eprintln!("sync: cannot write the status: {e:#}");
     }
 }
@@ -415,7 +435,7 @@ fn record(engine: &Engine, status: &mut Status, path: &Path, end: &PassEnd) {
 async fn keep_in_step(
     engine: &mut Engine,
     status: &mut Status,
-    status_path: &Path,
+    status_dir: &StatusDir,
     remote: &Arc<Remote>,
     args: &RunArgs,
     stop: &mut Stop,
@@ -428,14 +448,13 @@ async fn keep_in_step(
         tokio::spawn(async move { remote.notifications(cursor_rx, wake_tx).await })
     };
     let interval = Duration::from_secs(args.interval.max(1));
-    let confirm_path = status::confirm_path_beside(&status_path.with_file_name("state.redb"));
     let mut failures = 0u32;
     let mut paused: Option<String> = None;
     let result = loop {
         if stop.requested() {
             break Ok(());
         }
-        if let Some(n) = status::take_confirmation(&confirm_path) {
+        if let Some(n) = status_dir.take_confirmation() {
             engine.confirmed_deletes.store(n, Ordering::Relaxed);
         }
         let started = Instant::now();
@@ -446,7 +465,7 @@ async fn keep_in_step(
         let wait = match pass {
             Ok(end) => {
                 failures = 0;
-                record(engine, status, status_path, &end);
+                record(engine, status, status_dir, &end);
                 match end {
                     PassEnd::Synced(tally) => {
                         if paused.take().is_some() {
@@ -478,7 +497,7 @@ async fn keep_in_step(
                 eprintln!("sync: {error:#}; trying again in {:.1} s", wait.as_secs_f64());
                 status.state = "offline".into();
                 status.reason = Some(format!("{error:#}"));
-                let _ = status::write(status_path, status);
+                let _ = status_dir.write(status);
                 wait
             }
         };
@@ -497,7 +516,7 @@ async fn keep_in_step(
     };
     notifier.abort();
     status.state = "stopped".into();
-    let _ = status::write(status_path, status);
+    let _ = status_dir.write(status);
     eprintln!("sync: stopped");
     result
 }

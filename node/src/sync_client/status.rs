@@ -5,9 +5,12 @@
 //! `raftbox sync confirm-deletes DIR` leaves `confirm-deletes` there, which the running client
 //! takes at its next pass.
 
+use std::io::{Read as _, Write as _};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 
 use super::engine::{Report, Tally};
@@ -71,34 +74,59 @@ impl Status {
 
 /// Where a state database's status file is.
 pub fn path_beside(state: &Path) -> PathBuf {
-    state.with_file_name("status.json")
+    state.with_file_name(STATUS_FILE)
 }
 
 /// Where a state database's confirmation of deletions is.
 pub fn confirm_path_beside(state: &Path) -> PathBuf {
-    state.with_file_name("confirm-deletes")
+    state.with_file_name(CONFIRM_FILE)
 }
 
-/// Writes `status` to `path` atomically.
-pub fn write(path: &Path, status: &Status) -> anyhow::Result<()> {
-    let status = Status { updated_ms: now_ns() / 1_000_000, pid: std::process::id(), ..status.clone() };
-    let temp = path.with_extension("json.tmp");
-    std::fs::write(&temp, serde_json::to_vec_pretty(&status)?).with_context(|| format!("write {}", temp.display()))?;
-    std::fs::rename(&temp, path).with_context(|| format!("write {}", path.display()))?;
-    Ok(())
+/// The folder of the status file and the confirmation, held open: while the synced folder
+/// is moved away (and the state with it), the status still reaches the moved folder.
+pub struct StatusDir(OwnedFd);
+
+const STATUS_FILE: &str = "status.json";
+const CONFIRM_FILE: &str = "confirm-deletes";
+
+impl StatusDir {
+    /// The folder holding the state database `state`.
+    pub fn open(state: &Path) -> anyhow::Result<StatusDir> {
+        let dir = state.parent().context("a state file without a folder")?;
+        let fd = rfs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(std::io::Error::from)
+            .with_context(|| format!("open {}", dir.display()))?;
+        Ok(StatusDir(fd))
+    }
+
+    /// Writes `status` atomically (a temporary file renamed over the old one).
+    pub fn write(&self, status: &Status) -> anyhow::Result<()> {
+        let status = Status { updated_ms: now_ns() / 1_000_000, pid: std::process::id(), ..status.clone() };
+        let temp = "status.json.tmp";
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rfs::openat(&self.0, temp, flags, Mode::from_raw_mode(0o644))
+            .map_err(std::io::Error::from)
+            .context("write the status")?;
+        std::fs::File::from(fd).write_all(&serde_json::to_vec_pretty(&status)?).context("write the status")?;
+        rfs::renameat(&self.0, temp, &self.0, STATUS_FILE).map_err(std::io::Error::from).context("write the status")?;
+        Ok(())
+    }
+
+    /// Takes (and removes) the number of deletions the user confirmed, if any.
+    pub fn take_confirmation(&self) -> Option<usize> {
+        let fd = rfs::openat(&self.0, CONFIRM_FILE, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+            .ok()?;
+        let mut text = String::new();
+        std::fs::File::from(fd).read_to_string(&mut text).ok()?;
+        let _ = rfs::unlinkat(&self.0, CONFIRM_FILE, AtFlags::empty());
+        text.trim().parse().ok()
+    }
 }
 
 pub fn read(path: &Path) -> anyhow::Result<Status> {
     let bytes = std::fs::read(path)
         .with_context(|| format!("read {} (has `raftbox sync` ever run on this folder?)", path.display()))?;
     serde_json::from_slice(&bytes).with_context(|| format!("{} is not a status file", path.display()))
-}
-
-/// Takes (and removes) the number of deletions the user confirmed, if any.
-pub fn take_confirmation(path: &Path) -> Option<usize> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let _ = std::fs::remove_file(path);
-    text.trim().parse().ok()
 }
 
 /// Whether process `pid` still runs (as the status file's writer).
@@ -166,6 +194,7 @@ mod tests {
     fn a_status_round_trips_and_renders_what_needs_attention() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("status.json");
+        let status_dir = StatusDir::open(&dir.path().join("state.redb")).expect("status dir");
         let failure = Failure::next(None, Direction::Down, "the name is too long".into(), None, now_ns() / 1_000_000);
         let status = Status {
             folder: "/home/u/box".into(),
@@ -179,7 +208,7 @@ mod tests {
             ..Status::default()
         }
         .with_failures(vec![("/x".into(), failure)]);
-        write(&path, &status).expect("write");
+        status_dir.write(&status).expect("write");
         let read_back = read(&path).expect("read");
         assert_eq!(read_back.pid, std::process::id());
         let text = render(&read_back);
@@ -188,7 +217,7 @@ mod tests {
         assert!(text.contains("confirm-deletes"), "{text}");
         assert!(text.contains("link: a symbolic link"), "{text}");
         std::fs::write(dir.path().join("confirm-deletes"), "1200\n").expect("write");
-        assert_eq!(take_confirmation(&dir.path().join("confirm-deletes")), Some(1200));
-        assert_eq!(take_confirmation(&dir.path().join("confirm-deletes")), None);
+        assert_eq!(status_dir.take_confirmation(), Some(1200));
+        assert_eq!(status_dir.take_confirmation(), None);
     }
 }
