@@ -24,6 +24,8 @@ pub struct SyncDevice {
     child: Option<Child>,
     pub dir: PathBuf,
     pub log: PathBuf,
+    /// Where its status file is (`DIR/.raftbox/status.json` unless the test moves it).
+    pub status_file: PathBuf,
     args: Vec<String>,
     starts: usize,
 }
@@ -38,7 +40,9 @@ impl SyncDevice {
             .collect();
         args.extend(["--interval", "2"].iter().map(|a| a.to_string()));
         args.extend(extra.iter().map(|a| a.to_string()));
-        let mut device = SyncDevice { child: None, dir: dir.to_path_buf(), log: PathBuf::new(), args, starts: 0 };
+        let status_file = dir.join(".raftbox/status.json");
+        let mut device =
+            SyncDevice { child: None, dir: dir.to_path_buf(), log: PathBuf::new(), status_file, args, starts: 0 };
         device.spawn(&[])?;
         Ok(device)
     }
@@ -130,8 +134,8 @@ impl SyncDevice {
 
     /// The status file the client writes after each pass.
     pub fn status(&self) -> Result<Value> {
-        let path = self.dir.join(".raftbox/status.json");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        let path = &self.status_file;
+        let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
         Ok(serde_json::from_str(&text)?)
     }
 
@@ -165,14 +169,20 @@ pub fn sync_command(args: &[&str]) -> Result<Output> {
 /// are not followed.
 pub fn tree(dir: &Path) -> Result<Tree> {
     fn visit(root: &Path, dir: &Path, out: &mut Tree) -> Result<()> {
-        for entry in std::fs::read_dir(dir)? {
-            let entry = entry?;
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            // Not made yet, or removed as it was read: nothing there.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
             let path = entry.path();
             let relative = path.strip_prefix(root)?.to_string_lossy().into_owned();
             if relative == ".raftbox" {
                 continue;
             }
-            let kind = entry.file_type()?;
+            let Ok(kind) = entry.file_type() else { continue };
             if kind.is_dir() {
                 visit(root, &path, out)?;
             } else if kind.is_file() {

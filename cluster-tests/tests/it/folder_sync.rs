@@ -5,10 +5,9 @@
 //! without sending again what it had synced; when the node one client uses is killed the
 //! client carries on through its next endpoint.
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{bail, ensure, Result};
 use raftbox_cluster_tests::sync_device::{pseudo_bytes as bytes, tree, write_file as write, SyncDevice, Tree};
 use raftbox_cluster_tests::{new_user, within, Cluster, ClusterOptions};
 

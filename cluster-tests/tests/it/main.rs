@@ -12,6 +12,11 @@
 //! - `folder_sync`: two `raftbox sync` clients through two nodes converge through creates,
 //!   edits, renames and deletes; a simultaneous edit keeps both versions; a killed node is
 //!   survived through the next endpoint.
+//! - `sync_accidents`: `raftbox sync` through the accidents of a real laptop (a folder moved
+//!   away, a linked subfolder, a name that cannot be written, an edit keeping size and mtime,
+//!   a missing, replaced or stale folder, mass deletes, an edit during a download, a cursor
+//!   reset, ignore rules, mtime and execute bit, a viewer's and a removed folder, Ctrl-C):
+//!   every byte survives somewhere findable, nothing is written outside the folder.
 //! - `maintenance`: orphan blocks reclaimed, old versions expired, missed blocks replicated.
 //! - `jobs_exec`: webhooks fire once and on time, retry, recur, cancel, survive a killed worker.
 //! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
@@ -68,6 +73,7 @@ mod restart_durability;
 mod shared_folder;
 mod shared_rate_limit;
 mod snapshot_rejoin;
+mod sync_accidents;
 mod system_jobs;
 mod tls;
 mod token_revocation;

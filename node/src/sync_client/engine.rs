@@ -15,7 +15,7 @@
 //! - after a cursor reset the server's whole tree is compared by content, never by version
 //!   number, so local content the server lacks goes up.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
@@ -201,6 +201,8 @@ pub struct Engine {
     pub confirmed_deletes: AtomicUsize,
     /// `--revert`, still to do (on the first pass).
     revert: AtomicBool,
+    /// Deletions sent lately, for the mass-delete guard: when, how many.
+    recent_deletes: Mutex<VecDeque<(std::time::Instant, usize)>>,
     /// The namespace went away during the pass (a commit answered 404).
     removed: Mutex<Option<String>>,
 }
@@ -229,6 +231,7 @@ impl Engine {
             report: Mutex::new(Report::default()),
             confirmed_deletes: AtomicUsize::new(0),
             revert: AtomicBool::new(options.revert),
+            recent_deletes: Mutex::new(VecDeque::new()),
             removed: Mutex::new(None),
         })
     }

@@ -458,6 +458,10 @@ async fn keep_in_step(
             engine.confirmed_deletes.store(n, Ordering::Relaxed);
         }
         let started = Instant::now();
+        if status.state != "syncing" {
+            status.state = "syncing".into();
+            let _ = status_dir.write(status);
+        }
         let pass = tokio::select! {
             pass = engine.pass() => pass,
             _ = stop.wait() => break Ok(()),

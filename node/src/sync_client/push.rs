@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use futures::stream::{self, StreamExt as _};
@@ -20,6 +21,8 @@ use crate::sync_client::transfer::{self, Content};
 const HASHES_IN_FLIGHT: usize = 4;
 /// Paths named in the log and the status for held deletions and unsent changes, at most.
 const REPORTED_PATHS_MAX: usize = 50;
+/// The deletions sent this long ago still count towards the mass-delete guard.
+const DELETE_WINDOW: Duration = Duration::from_secs(60);
 
 /// A local file to send: new, or changed since `entry`.
 struct Edit {
@@ -134,7 +137,7 @@ impl Engine {
         for (path, result) in results {
             self.judge(&path, result)?;
         }
-        let total = self.db.all()?.len() + plan.gone.len();
+        let total = self.db.all()?.len();
         let gone = self.guard(std::mem::take(&mut plan.gone), total);
         for g in gone {
             let path = g.server.clone();
@@ -155,33 +158,51 @@ impl Engine {
     }
 
     /// The mass-delete guard: `gone` if it is within the limits (or the user confirmed as
-    /// many), else nothing, the deletions held and reported.
+    /// many), else nothing, the deletions held and reported. The deletions sent in the last
+    /// [`DELETE_WINDOW`] count too, so a folder emptied a little at a time (a slow `rm -r`, a
+    /// folder moved away file by file) trips it as surely as one emptied at once.
     fn guard(&self, gone: Vec<Gone>, total: usize) -> Vec<Gone> {
         let n = gone.len();
-        let o = &self.options;
-        let too_many = n > o.max_deletes
-            || (n > super::DELETE_SHARE_FILES_MIN && (n as u64) * 100 > o.max_delete_percent * total as u64);
-        if !too_many {
+        if n == 0 {
             return gone;
         }
-        if self.confirmed_deletes.load(Ordering::Relaxed) >= n {
-            self.confirmed_deletes.store(0, Ordering::Relaxed);
-            eprintln!("sync: deleting {n} files on the server, as confirmed");
+        let now = Instant::now();
+        let mut recent = self.recent_deletes.lock().unwrap_or_else(|e| e.into_inner());
+        while recent.front().is_some_and(|(at, _)| now.duration_since(*at) > DELETE_WINDOW) {
+            recent.pop_front();
+        }
+        let before: usize = recent.iter().map(|(_, count)| count).sum();
+        let (deleting, out_of) = (before + n, total + before);
+        let o = &self.options;
+        let too_many = deleting > o.max_deletes
+            || (deleting > super::DELETE_SHARE_FILES_MIN
+                && (deleting as u64) * 100 > o.max_delete_percent * out_of as u64);
+        let confirmed = self.confirmed_deletes.load(Ordering::Relaxed) >= n;
+        if !too_many || confirmed {
+            if too_many {
+                self.confirmed_deletes.store(0, Ordering::Relaxed);
+                eprintln!("sync: deleting {n} files on the server, as confirmed");
+            }
+            recent.push_back((now, n));
             return gone;
         }
         let paths: Vec<String> = gone.iter().map(|g| g.server.clone()).collect();
         eprintln!(
-            "sync: {n} of {total} synced files are gone from this folder; their deletion on the server is held \
+            "sync: {n} of {total} synced files are gone from this folder{}; their deletion on the server is held \
              (more than the guard allows: --max-deletes {}, --max-delete-percent {}). If you meant it: `raftbox \
              sync confirm-deletes {}`; if not, put them back (`raftbox sync trash ls` lists what the client moved \
              there). First ones: {}",
+            if before > 0 { format!(" ({before} more deleted in the last minute)") } else { String::new() },
             o.max_deletes,
             o.max_delete_percent,
             self.folder.path().display(),
             paths.iter().take(5).cloned().collect::<Vec<_>>().join(", ")
         );
-        self.with_report(|r| r.held_deletes = paths.into_iter().take(REPORTED_PATHS_MAX).collect());
-        self.with_report(|r| r.held_deletes.insert(0, format!("{n} deletions held")));
+        self.with_report(|r| {
+            r.held_deletes = std::iter::once(format!("{n} deletions held"))
+                .chain(paths.into_iter().take(REPORTED_PATHS_MAX))
+                .collect();
+        });
         Vec::new()
     }
 
