@@ -17,6 +17,9 @@
 //!   a missing, replaced or stale folder, mass deletes, an edit during a download, a cursor
 //!   reset, ignore rules, mtime and execute bit, a viewer's and a removed folder, Ctrl-C):
 //!   every byte survives somewhere findable, nothing is written outside the folder.
+//! - `sync_fuzz`: three sync devices and the API doing random creates, edits, renames,
+//!   deletes, long names, links and kills (seeded); everything converges and every last
+//!   write is findable.
 //! - `maintenance`: orphan blocks reclaimed, old versions expired, missed blocks replicated.
 //! - `jobs_exec`: webhooks fire once and on time, retry, recur, cancel, survive a killed worker.
 //! - `failover`: SIGKILL of the leader under write load; election time, no lost ack.
@@ -74,6 +77,7 @@ mod shared_folder;
 mod shared_rate_limit;
 mod snapshot_rejoin;
 mod sync_accidents;
+mod sync_fuzz;
 mod system_jobs;
 mod tls;
 mod token_revocation;
