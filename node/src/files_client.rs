@@ -28,6 +28,8 @@ const CHUNK_MAX_BYTES: usize = 4 * 1024 * 1024;
 const TRANSFERS_IN_FLIGHT: usize = 8;
 /// Chunks read ahead of the uploads, at most.
 const CHUNKS_QUEUED: usize = 2;
+/// The largest block the service stores (DESIGN.md §4): 8 MiB.
+const BLOCK_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Hashes asked about in one status call (well under the API's request limits).
 const STATUS_BATCH_HASHES: usize = 5_000;
 
@@ -327,19 +329,23 @@ pub(crate) async fn download(api: &Api, hash: &str, throttle: Option<&Throttle>)
     if response.status() != StatusCode::OK {
         bail!("download chunk {hash}: {}", response.status());
     }
-    let bytes = match throttle {
-        None => response.bytes().await?,
-        Some(throttle) => {
-            let mut body = bytes::BytesMut::with_capacity(response.content_length().unwrap_or(0) as usize);
-            let mut stream = response.bytes_stream();
-            while let Some(piece) = stream.next().await {
-                let piece = piece?;
-                throttle.take(piece.len()).await;
-                body.extend_from_slice(&piece);
-            }
-            body.freeze()
+    // A block is at most BLOCK_BYTES_MAX: a longer answer is refused as it arrives.
+    if response.content_length().is_some_and(|n| n > BLOCK_BYTES_MAX as u64) {
+        bail!("chunk {hash}: the answer is longer than a block can be");
+    }
+    let mut body = bytes::BytesMut::with_capacity(response.content_length().unwrap_or(0) as usize);
+    let mut stream = response.bytes_stream();
+    while let Some(piece) = stream.next().await {
+        let piece = piece?;
+        if body.len() + piece.len() > BLOCK_BYTES_MAX {
+            bail!("chunk {hash}: the answer is longer than a block can be");
         }
-    };
+        if let Some(throttle) = throttle {
+            throttle.take(piece.len()).await;
+        }
+        body.extend_from_slice(&piece);
+    }
+    let bytes = body.freeze();
     if blake3::hash(&bytes).to_hex().as_str() != hash {
         bail!("chunk {hash} arrived corrupted");
     }

@@ -16,7 +16,7 @@
 //!   number, so local content the server lacks goes up.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
@@ -32,6 +32,11 @@ use super::transfer::{self, Content, ReuseIndex};
 
 /// Files transferred at once.
 pub const FILES_IN_FLIGHT: usize = 8;
+/// Cursor resets (410) taken in one pass before it gives up.
+const RESETS_PER_PASS_MAX: usize = 2;
+/// Local files remembered as read and changed (not yet sent: receive-only, held, failed),
+/// so they are not read again while their metadata stays the same.
+const EXAMINED_FILES_MAX: usize = 100_000;
 
 /// What a pass did, for the progress line and the status.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize, serde::Deserialize)]
@@ -71,8 +76,11 @@ pub struct Report {
     pub blind: Vec<(String, String)>,
     /// Local names not synced, with why.
     pub skipped: Vec<(String, String)>,
-    /// Deletions held by the mass-delete guard.
+    /// Deletions held by the mass-delete guard: a count line, then the first paths.
     pub held_deletes: Vec<String>,
+    /// Names the held set, for `raftbox sync confirm-deletes` to confirm exactly it.
+    #[serde(default)]
+    pub held_fingerprint: String,
     /// Local changes not sent because the folder is read-only here.
     pub not_sent: Vec<String>,
 }
@@ -100,6 +108,15 @@ pub struct Options {
     /// …or more than this share (percent) of the synced files, once above
     /// [`DELETE_SHARE_FILES_MIN`], stops and asks.
     pub max_delete_percent: u64,
+}
+
+/// What the user confirmed of the deletions the guard holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Confirmation {
+    /// Any deletions (`--confirm-deletes`, for the first pass).
+    Any,
+    /// Exactly the held set with this fingerprint (`raftbox sync confirm-deletes`).
+    Held(String),
 }
 
 /// The guard's share rule applies from this many deletions on.
@@ -140,12 +157,21 @@ pub(crate) enum Act {
 }
 
 /// What `change` does to the local file in state `local`, last synced as `entry`. Pure.
-pub(crate) fn decide(entry: Option<&Entry>, local: &Local, c: &Change, receive_only: bool) -> Act {
+/// `server_had_local` matters after a cursor reset only: whether the server's history of the
+/// file holds the content this device last synced (if not, the server never had it, or lost
+/// it, and it must go up rather than be replaced).
+pub(crate) fn decide(
+    entry: Option<&Entry>,
+    local: &Local,
+    c: &Change,
+    receive_only: bool,
+    server_had_local: bool,
+) -> Act {
+    // A version this device would send as a conflict: on a base just below the server's,
+    // which the server refuses as stale and keeps as a conflicted copy.
+    let as_conflict = Act::SendOver(c.version.saturating_sub(1));
     match local {
-        Local::Other(why) if c.deleted => {
-            let _ = why;
-            Act::Forget
-        }
+        Local::Other(_) if c.deleted => Act::Forget,
         Local::Other(why) => Act::Fail(why.clone()),
         Local::Missing if c.deleted => Act::Forget,
         Local::Missing => Act::Download(None),
@@ -156,10 +182,13 @@ pub(crate) fn decide(entry: Option<&Entry>, local: &Local, c: &Change, receive_o
                 let same = !c.deleted && e.chunks == c.chunks && e.executable == c.executable;
                 match () {
                     _ if same => Act::Record,
-                    _ if e.version < c.version && c.deleted => Act::Remove(*meta),
-                    _ if e.version < c.version => Act::Download(Some(*meta)),
-                    // The server is behind what this device synced: it lacks this content.
-                    _ => Act::SendOver(c.version),
+                    // The server had this content and moved on from it.
+                    _ if server_had_local && c.deleted => Act::Remove(*meta),
+                    _ if server_had_local => Act::Download(Some(*meta)),
+                    // The server never had it, or lost it: it goes up.
+                    _ if c.deleted => Act::SendOver(c.version),
+                    _ if receive_only => Act::Download(Some(*meta)),
+                    _ => as_conflict,
                 }
             }
             _ if c.deleted => Act::Remove(*meta),
@@ -175,9 +204,9 @@ pub(crate) fn decide(entry: Option<&Entry>, local: &Local, c: &Change, receive_o
             } else if entry.is_some_and(|e| !e.unverified) {
                 Act::Stale
             } else {
-                // Never synced here (or not since a reset): sent as a new file, which the
-                // server keeps as a conflicted copy of its own.
-                Act::Forget
+                // Never synced here (or not since a reset): sent as a conflict, so the
+                // server keeps it as a conflicted copy and its own version stays current.
+                as_conflict
             }
         }
     }
@@ -197,12 +226,14 @@ pub struct Engine {
     reuse: tokio::sync::RwLock<Option<ReuseIndex>>,
     tally: Mutex<Tally>,
     report: Mutex<Report>,
-    /// Deletions the user confirmed, usable once.
-    pub confirmed_deletes: AtomicUsize,
+    /// Deletions the user confirmed, for the next pass only.
+    pub confirmed: Mutex<Option<Confirmation>>,
     /// `--revert`, still to do (on the first pass).
     revert: AtomicBool,
     /// Deletions sent lately, for the mass-delete guard: when, how many.
     recent_deletes: Mutex<VecDeque<(std::time::Instant, usize)>>,
+    /// Local files read and found changed, by server path (see [`EXAMINED_FILES_MAX`]).
+    examined: Mutex<HashMap<String, Content>>,
     /// The namespace went away during the pass (a commit answered 404).
     removed: Mutex<Option<String>>,
 }
@@ -229,9 +260,10 @@ impl Engine {
             reuse: tokio::sync::RwLock::new(None),
             tally: Mutex::new(Tally::default()),
             report: Mutex::new(Report::default()),
-            confirmed_deletes: AtomicUsize::new(0),
+            confirmed: Mutex::new(None),
             revert: AtomicBool::new(options.revert),
             recent_deletes: Mutex::new(VecDeque::new()),
+            examined: Mutex::new(HashMap::new()),
             removed: Mutex::new(None),
         })
     }
@@ -278,7 +310,7 @@ impl Engine {
         }
         let entries = self.db.all()?;
         *self.names.lock().unwrap_or_else(|e| e.into_inner()) =
-            LocalNames::new(self.folder.caps.folds_names, entries.iter().map(|(s, e)| (s, e)));
+            LocalNames::new(self.folder.caps, entries.iter().map(|(s, e)| (s, e)));
         drop(entries);
         if !self.pull().await? {
             return Ok(PassEnd::Removed(self.removed_message()));
@@ -297,6 +329,8 @@ impl Engine {
         if self.tally().sent_anything() && !self.pull().await? {
             return Ok(PassEnd::Removed(self.removed_message()));
         }
+        // A confirmation is for the pass it was given to, used or not.
+        *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let purged = self.folder.trash.purge()?;
         if purged > 0 {
             eprintln!("sync: {purged} file(s) older than the kept days removed from the trash");
@@ -335,10 +369,14 @@ impl Engine {
             report.blind = walk.blind.clone();
             report.skipped = walk.skipped.clone();
         }
-        let resumable: HashSet<(String, String)> =
-            self.db.partials()?.into_iter().map(|(_, p)| (p.dir, p.temp)).collect();
+        let resumable: HashMap<(String, String), u64> =
+            self.db.partials()?.into_iter().map(|(_, p)| ((p.dir, p.temp), p.ino)).collect();
         for stray in &walk.strays {
-            if !resumable.contains(&(stray.parent().to_string(), stray.name().to_string())) {
+            let key = (stray.parent().to_string(), stray.name().to_string());
+            let ours = resumable.get(&key).is_some_and(
+                |ino| matches!(self.folder.node(stray), Ok(Node::File(meta)) if meta.ino == *ino && *ino != 0),
+            );
+            if !ours {
                 if let Err(e) = self.folder.trash_stray(stray) {
                     eprintln!("sync: {stray}: {e:#}");
                 }
@@ -350,9 +388,14 @@ impl Engine {
     /// Reads the change feed to its end, applying each change. `false`: the namespace is
     /// gone.
     async fn pull(&self) -> anyhow::Result<bool> {
+        let mut resets = 0;
         loop {
             let cursor = self.db.cursor()?;
             let Some(page) = self.remote.changes(&cursor).await? else {
+                resets += 1;
+                if resets > RESETS_PER_PASS_MAX {
+                    bail!("the server keeps refusing the cursor (410), even from the start");
+                }
                 eprintln!(
                     "sync: the server cannot continue from the saved cursor; comparing the whole tree by content"
                 );
@@ -464,16 +507,25 @@ impl Engine {
         meta: Meta,
     ) -> anyhow::Result<Local> {
         let window = self.folder.caps.racy_window_ns;
-        if let Some(e) = entry {
-            // Recorded well after its last change, and showing the same metadata: unchanged.
-            if e.meta == meta && e.recorded_ns > meta.mtime_ns.saturating_add(window) {
-                return Ok(Local::Unchanged(meta));
-            }
+        if entry.is_some_and(|e| e.unchanged(&meta, window)) {
+            return Ok(Local::Unchanged(meta));
+        }
+        // Read before and not changed since (a change not sent yet): not read again.
+        let known = self.examined.lock().unwrap_or_else(|e| e.into_inner()).get(server).cloned();
+        if let Some(content) = known.filter(|k| k.meta == meta && k.read_ns.abs_diff(meta.mtime_ns) >= window) {
+            return Ok(Local::Edited(content));
         }
         let Some(content) = transfer::read_content(&self.folder, rel, window).await? else {
             self.count(|t| t.busy += 1);
             return Ok(Local::Busy);
         };
+        {
+            let mut examined = self.examined.lock().unwrap_or_else(|e| e.into_inner());
+            if examined.len() >= EXAMINED_FILES_MAX {
+                examined.clear();
+            }
+            examined.insert(server.to_string(), content.clone());
+        }
         match entry {
             // Touched, not changed: the new metadata is remembered (after a reset too: the
             // content is what was last synced here, whatever the server has now).
@@ -496,7 +548,13 @@ impl Engine {
             return Ok(());
         }
         let local = self.examine(&c.path, &rel, entry.as_ref()).await?;
-        let act = decide(entry.as_ref(), &local, c, self.receive_only());
+        let server_had_local = match (&entry, &local) {
+            (Some(e), Local::Unchanged(_)) if e.unverified && e.chunks != c.chunks => {
+                self.remote.history_holds(&c.path, &e.chunks).await?
+            }
+            _ => false,
+        };
+        let act = decide(entry.as_ref(), &local, c, self.receive_only(), server_had_local);
         self.act(c, &rel, entry, local, act).await
     }
 
@@ -601,22 +659,17 @@ impl Engine {
             let reuse = reuse.as_ref().context("the reuse index")?;
             let partial = self.db.partial(path)?;
             let record = |p: &super::state::Partial| self.db.set_partial(path, Some(p));
-            transfer::assemble(
-                &self.folder,
-                &self.remote,
-                reuse,
-                rel,
-                &c.chunks,
-                c.mtime_ms(),
-                c.executable,
-                partial,
-                record,
-            )
-            .await?
+            // A modification time in the future is taken as now (a skewed clock elsewhere
+            // must not make the file look as if it were being written for years).
+            let mtime_ms = c.mtime_ms().min(now_ns() / 1_000_000);
+            let (chunks, executable) = (&c.chunks, c.executable);
+            transfer::assemble(&self.folder, &self.remote, reuse, rel, chunks, mtime_ms, executable, partial, record)
+                .await?
         };
+        // From the swap on, the temporary name may hold something else: not resumable.
+        self.db.set_partial(path, None)?;
         let swapped = self.folder.swap_in(&assembled.dir, &assembled.temp, rel, expected, why);
         self.db.add_dirs(&self.folder.take_made())?;
-        self.db.set_partial(path, None)?;
         match swapped? {
             Swap::Done(meta) => {
                 let entry = Entry {
@@ -657,6 +710,11 @@ impl Engine {
                     Node::Dir => bail!("a folder is in the way at {rel}"),
                     Node::Other(what) => bail!("{rel} is {what}"),
                     Node::Blocked(why) => bail!("{why}"),
+                    // Another server path's file has this name here: this one is placed apart
+                    // when tried again.
+                    Node::File(_) if self.names().taken_by_other(path, rel) => {
+                        bail!("{rel} is taken here by another file of a name the file system sees as the same")
+                    }
                     // A file the user wrote meanwhile: theirs stays, and goes up.
                     Node::File(_) | Node::Missing => {}
                 }

@@ -36,7 +36,12 @@ fn content(chunks: &[&str]) -> Content {
 }
 
 fn check(entry: Option<Entry>, local: Local, c: Change, receive_only: bool, expected: Act) {
-    assert_eq!(decide(entry.as_ref(), &local, &c, receive_only), expected, "{entry:?} / {local:?} / {c:?}");
+    check_known(entry, local, c, receive_only, false, expected);
+}
+
+fn check_known(entry: Option<Entry>, local: Local, c: Change, receive_only: bool, had: bool, expected: Act) {
+    let act = decide(entry.as_ref(), &local, &c, receive_only, had);
+    assert_eq!(act, expected, "{entry:?} / {local:?} / {c:?} / server had it: {had}");
 }
 
 #[test]
@@ -53,8 +58,10 @@ fn a_remote_change_never_overwrites_an_unsynced_local_edit() {
     check(Some(entry(1, &["a"])), Local::Edited(content(&["c"])), change(2, &["b"], false), false, Act::Stale);
     check(Some(entry(1, &["a"])), Local::Edited(content(&["b"])), change(2, &["b"], false), false, Act::Record);
     check(Some(entry(1, &["a"])), Local::Edited(content(&["c"])), change(2, &[], true), false, Act::Forget);
-    // Never synced, content differs: it goes up as a new file (a conflicted copy there).
-    check(None, Local::Edited(content(&["c"])), change(2, &["b"], false), false, Act::Forget);
+    // Never synced, content differs: it goes up as a conflict (a conflicted copy there), on
+    // a base just below the server's, so the server never takes it for a retry of its v1.
+    check(None, Local::Edited(content(&["c"])), change(2, &["b"], false), false, Act::SendOver(1));
+    check(None, Local::Edited(content(&["c"])), change(1, &["b"], false), false, Act::SendOver(0));
     // Being written: left for later.
     check(Some(entry(1, &["a"])), Local::Busy, change(2, &["b"], false), false, Act::Stale);
     // A folder or link in the way: this file fails, nothing else.
@@ -71,17 +78,19 @@ fn after_a_cursor_reset_content_decides_not_version_numbers() {
     let unverified = |version, chunks: &[&str]| Entry { unverified: true, ..entry(version, chunks) };
     // Same content: recorded at the server's version, whatever the numbers.
     check(Some(unverified(9, &["a"])), Local::Unchanged(meta), change(3, &["a"], false), false, Act::Record);
-    // The server is behind what was synced here (restored from a backup): ours goes up on top.
-    check(Some(unverified(9, &["a"])), Local::Unchanged(meta), change(3, &["x"], false), false, Act::SendOver(3));
+    // The server's history holds what was synced here: it moved on, its version comes down
+    // (or its deletion applies), whatever the version numbers say.
+    let down = Act::Download(Some(meta));
+    check_known(Some(unverified(9, &["a"])), Local::Unchanged(meta), change(3, &["x"], false), false, true, down);
+    let gone = Act::Remove(meta);
+    check_known(Some(unverified(2, &["a"])), Local::Unchanged(meta), change(5, &[], true), false, true, gone);
+    // The server never had it (restored from a backup taken before): it goes up — as a
+    // conflicted copy beside the server's version, or over a deletion — even where the
+    // server's version number is the larger one.
+    check(Some(unverified(2, &["a"])), Local::Unchanged(meta), change(5, &["x"], false), false, Act::SendOver(4));
+    check(Some(unverified(9, &["a"])), Local::Unchanged(meta), change(3, &["x"], false), false, Act::SendOver(2));
     check(Some(unverified(9, &["a"])), Local::Unchanged(meta), change(3, &[], true), false, Act::SendOver(3));
-    // The server moved on: its version comes down.
-    check(
-        Some(unverified(2, &["a"])),
-        Local::Unchanged(meta),
-        change(5, &["x"], false),
-        false,
-        Act::Download(Some(meta)),
-    );
-    // Edited locally since: a new file (conflicted copy there), never skipped.
-    check(Some(unverified(2, &["a"])), Local::Edited(content(&["c"])), change(5, &["x"], false), false, Act::Forget);
+    // Edited locally since: sent as a conflict, never skipped.
+    let edited = Local::Edited(content(&["c"]));
+    check(Some(unverified(2, &["a"])), edited, change(5, &["x"], false), false, Act::SendOver(4));
 }

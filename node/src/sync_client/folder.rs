@@ -98,9 +98,52 @@ pub enum Node {
 /// What this file system does to names and times (probed at start in `.raftbox/`).
 #[derive(Debug, Clone, Copy)]
 pub struct Caps {
-    /// `A` and `a` (or two Unicode forms of one name) are one name here.
-    pub folds_names: bool,
+    /// `A` and `a` are one name here.
+    pub folds_case: bool,
+    /// Two Unicode forms of one name (`é` composed or not) are one name here.
+    pub normalizes: bool,
     pub racy_window_ns: u64,
+}
+
+impl Caps {
+    /// Whether two different strings can be one name here.
+    pub fn folds_names(&self) -> bool {
+        self.folds_case || self.normalizes
+    }
+
+    /// The key under which this file system sees a name: two names are one name here
+    /// exactly when their keys are equal.
+    pub fn key(&self, name: &str) -> String {
+        match (self.folds_case, self.normalizes) {
+            (true, _) => names::fold(name),
+            (false, true) => names::nfc(name),
+            (false, false) => name.to_string(),
+        }
+    }
+}
+
+/// The names in one folder, by what they are here.
+#[derive(Debug, Default)]
+pub struct Listing {
+    by_key: HashMap<String, Vec<String>>,
+}
+
+impl Listing {
+    /// The name in the folder that is `name` here, preferring `name` itself.
+    pub fn matching(&self, caps: &Caps, name: &str) -> Option<String> {
+        let found = self.by_key.get(&caps.key(name))?;
+        Some(found.iter().find(|n| *n == name).unwrap_or(&found[0]).clone())
+    }
+}
+
+/// What a placement did.
+enum Placed {
+    /// The new version is in place.
+    Yes,
+    /// Not placed; the temporary file holds only the new version.
+    No,
+    /// Not placed, and the temporary name is gone (the user's file went back through it).
+    Kept,
 }
 
 /// The outcome of putting a new version in place.
@@ -129,7 +172,9 @@ pub struct Walk {
 impl Walk {
     /// Whether `rel` lies at or under a blind path.
     pub fn is_blind(&self, rel: &str) -> bool {
-        self.blind.iter().any(|(b, _)| rel == b || rel.strip_prefix(b.as_str()).is_some_and(|r| r.starts_with('/')))
+        self.blind
+            .iter()
+            .any(|(b, _)| b.is_empty() || rel == b || rel.strip_prefix(b.as_str()).is_some_and(|r| r.starts_with('/')))
     }
 }
 
@@ -139,7 +184,7 @@ pub struct Folder {
     pub caps: Caps,
     pub trash: Trash,
     /// Exact names in each folder, read once per pass (only where names fold).
-    listings: Mutex<HashMap<String, Arc<Vec<String>>>>,
+    listings: Mutex<HashMap<String, Arc<Listing>>>,
     /// Folders made by the client since last asked ([`Folder::take_made`]): only those are
     /// ever removed again when they fall empty, never a folder the user made.
     made: Mutex<Vec<String>>,
@@ -193,16 +238,28 @@ impl Folder {
         self.listings.lock().unwrap_or_else(|e| e.into_inner()).remove(dir);
     }
 
-    /// The exact names in folder `dir` (relative), read once per pass; empty if it cannot
-    /// be opened.
-    pub fn listing(&self, dir: &str) -> Arc<Vec<String>> {
+    /// The names in folder `dir` (relative), read once per pass; empty if it cannot be
+    /// opened.
+    pub fn listing(&self, dir: &str) -> Arc<Listing> {
         if let Some(found) = self.listings.lock().unwrap_or_else(|e| e.into_inner()).get(dir) {
             return found.clone();
         }
-        let names = self.open_dir(dir, false).ok().map(|fd| read_names(&fd)).unwrap_or_default();
-        let names = Arc::new(names);
-        self.listings.lock().unwrap_or_else(|e| e.into_inner()).insert(dir.to_string(), names.clone());
-        names
+        let mut listing = Listing::default();
+        for name in self.open_dir(dir, false).ok().map(|fd| read_names(&fd)).unwrap_or_default() {
+            listing.by_key.entry(self.caps.key(&name)).or_default().push(name);
+        }
+        let listing = Arc::new(listing);
+        self.listings.lock().unwrap_or_else(|e| e.into_inner()).insert(dir.to_string(), listing.clone());
+        listing
+    }
+
+    /// Whether the folder held open as `dir_fd` is still the one at `dir` (relative): a
+    /// folder moved out during a long download must not receive the new version.
+    fn still_at(&self, dir_fd: &OwnedFd, dir: &str) -> anyhow::Result<bool> {
+        let held = rfs::fstat(dir_fd).map_err(|e| io(e, "stat", dir))?;
+        let Ok(now) = self.open_dir(dir, false) else { return Ok(false) };
+        let now = rfs::fstat(&now).map_err(|e| io(e, "stat", dir))?;
+        Ok((held.st_dev, held.st_ino) == (now.st_dev, now.st_ino))
     }
 
     /// The folder `dir` (relative, `""` for the top), opened without following any link;
@@ -288,7 +345,9 @@ impl Folder {
 
     /// Puts the temporary file `temp` (in `dir_fd`, folder `rel`'s parent) in place as `rel`,
     /// if what is there now is `expected` (`None`: nothing). What it replaces goes to the
-    /// trash. See the module's comment.
+    /// trash. See the module's comment. Once an exchange has happened, the temporary name
+    /// may hold the user's file: it is never unlinked then, whatever fails (left there, it
+    /// is a stray, and goes to the trash at the next pass).
     pub fn swap_in(
         &self,
         dir_fd: &OwnedFd,
@@ -298,78 +357,115 @@ impl Folder {
         why: &str,
     ) -> anyhow::Result<Swap> {
         self.forget_listing(rel.parent());
-        let name = rel.name();
-        let result = match expected {
-            None => match rfs::renameat_with(dir_fd, temp, dir_fd, name, RenameFlags::NOREPLACE) {
-                Ok(()) => Ok(None),
-                Err(Errno::EXIST) => Ok(Some(Swap::Changed)),
-                Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                    // No RENAME_NOREPLACE here: a hard link fails on an existing name too.
-                    match rfs::linkat(dir_fd, temp, dir_fd, name, AtFlags::empty()) {
-                        Ok(()) => {
-                            let _ = rfs::unlinkat(dir_fd, temp, AtFlags::empty());
-                            Ok(None)
-                        }
-                        Err(Errno::EXIST) => Ok(Some(Swap::Changed)),
-                        Err(e) => Err(io(e, "put in place", rel.as_str())),
-                    }
-                }
-                Err(e) => Err(io(e, "put in place", rel.as_str())),
-            },
-            Some(expected) => {
-                self.exchange(dir_fd, temp, rel, expected, why).map(|done| (!done).then_some(Swap::Changed))
-            }
+        let drop_temp = || {
+            let _ = rfs::unlinkat(dir_fd, temp, AtFlags::empty());
         };
-        match result {
-            Ok(Some(changed)) => {
-                let _ = rfs::unlinkat(dir_fd, temp, AtFlags::empty());
-                Ok(changed)
+        if !self.still_at(dir_fd, rel.parent())? {
+            drop_temp();
+            bail!("the folder of {rel} moved while its new version was downloaded");
+        }
+        let placed = match expected {
+            None => self.put_new(dir_fd, temp, rel),
+            Some(expected) => self.replace(dir_fd, temp, rel, expected, why),
+        };
+        match placed? {
+            Placed::No => {
+                drop_temp();
+                Ok(Swap::Changed)
             }
-            Ok(None) => {
+            Placed::Kept => Ok(Swap::Changed),
+            Placed::Yes => {
                 rfs::fsync(dir_fd).map_err(|e| io(e, "fsync the folder of", rel.as_str()))?;
-                match node_at(dir_fd, name)? {
+                match node_at(dir_fd, rel.name())? {
                     Node::File(meta) => Ok(Swap::Done(meta)),
                     _ => Ok(Swap::Changed),
                 }
             }
-            Err(e) => {
-                let _ = rfs::unlinkat(dir_fd, temp, AtFlags::empty());
-                Err(e)
+        }
+    }
+
+    /// A new file where there was none: never over one that appeared meanwhile.
+    fn put_new(&self, dir_fd: &OwnedFd, temp: &str, rel: &Rel) -> anyhow::Result<Placed> {
+        let name = rel.name();
+        match rfs::renameat_with(dir_fd, temp, dir_fd, name, RenameFlags::NOREPLACE) {
+            Ok(()) => Ok(Placed::Yes),
+            Err(Errno::EXIST) => Ok(Placed::No),
+            // No RENAME_NOREPLACE here: a hard link fails on an existing name too.
+            Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                match rfs::linkat(dir_fd, temp, dir_fd, name, AtFlags::empty()) {
+                    Ok(()) => {
+                        let _ = rfs::unlinkat(dir_fd, temp, AtFlags::empty());
+                        Ok(Placed::Yes)
+                    }
+                    Err(Errno::EXIST) => Ok(Placed::No),
+                    Err(e) => Err(io(e, "put in place", rel.as_str())),
+                }
             }
+            Err(e) => Err(io(e, "put in place", rel.as_str())),
         }
     }
 
     /// Exchanges `temp` and `rel`; keeps the exchange only if what came out of `rel` is
-    /// `expected` (it goes to the trash), else exchanges back. Whether it was kept.
-    fn exchange(&self, dir_fd: &OwnedFd, temp: &str, rel: &Rel, expected: Meta, why: &str) -> anyhow::Result<bool> {
+    /// `expected` (it goes to the trash), else exchanges back.
+    fn replace(&self, dir_fd: &OwnedFd, temp: &str, rel: &Rel, expected: Meta, why: &str) -> anyhow::Result<Placed> {
         let name = rel.name();
         if node_at(dir_fd, name)? != Node::File(expected) {
-            return Ok(false);
+            return Ok(Placed::No);
         }
         match rfs::renameat_with(dir_fd, temp, dir_fd, name, RenameFlags::EXCHANGE) {
             Ok(()) => {}
             Err(Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
-                return self.replace_without_exchange(dir_fd, temp, rel, why)
+                return self.replace_without_exchange(dir_fd, temp, rel, expected, why)
             }
-            Err(Errno::NOENT) => return Ok(false),
+            Err(Errno::NOENT) => return Ok(Placed::No),
             Err(e) => return Err(io(e, "exchange", rel.as_str())),
         }
-        if matches!(node_at(dir_fd, temp)?, Node::File(out) if out.same_file(&expected)) {
-            self.trash.put(dir_fd, temp, rel, why)?;
-            return Ok(true);
+        // From here `temp` holds what was at `rel`: never unlinked.
+        let out = node_at(dir_fd, temp);
+        if matches!(out, Ok(Node::File(out)) if out.same_file(&expected)) {
+            if let Err(e) = self.trash.put(dir_fd, temp, rel, why) {
+                eprintln!("sync: {rel}: the replaced version stays beside it as {temp}: {e:#}");
+            }
+            return Ok(Placed::Yes);
         }
-        // Changed in the instant before the exchange: the edit goes back in place.
-        rfs::renameat_with(dir_fd, temp, dir_fd, name, RenameFlags::EXCHANGE)
-            .map_err(|e| io(e, "exchange back", rel.as_str()))?;
-        Ok(false)
+        // Changed in the instant before the exchange: the edit goes back in place, and the
+        // new version (now at `temp`) is dropped.
+        match rfs::renameat_with(dir_fd, temp, dir_fd, name, RenameFlags::EXCHANGE) {
+            Ok(()) => Ok(Placed::No),
+            Err(_) => match rfs::renameat_with(dir_fd, temp, dir_fd, name, RenameFlags::NOREPLACE) {
+                Ok(()) => Ok(Placed::Kept),
+                Err(e) => {
+                    eprintln!("sync: {rel}: your edit stays beside it as {temp} (moved to the trash next)");
+                    Err(io(e, "put back", rel.as_str()))
+                }
+            },
+        }
     }
 
-    /// Where `RENAME_EXCHANGE` is not supported: the old file is hard-linked into the trash
-    /// (so an edit written through an open descriptor lands there), then replaced.
-    fn replace_without_exchange(&self, dir_fd: &OwnedFd, temp: &str, rel: &Rel, why: &str) -> anyhow::Result<bool> {
-        self.trash.link(dir_fd, rel.name(), rel, why)?;
-        rfs::renameat(dir_fd, temp, dir_fd, rel.name()).map_err(|e| io(e, "put in place", rel.as_str()))?;
-        Ok(true)
+    /// Where `RENAME_EXCHANGE` is not supported: the old file is kept in the trash first (a
+    /// hard link, so an edit written through an open descriptor lands there too; a copy where
+    /// links are not supported), checked to still be at `rel`, then replaced.
+    fn replace_without_exchange(
+        &self,
+        dir_fd: &OwnedFd,
+        temp: &str,
+        rel: &Rel,
+        expected: Meta,
+        why: &str,
+    ) -> anyhow::Result<Placed> {
+        let name = rel.name();
+        let id = match self.trash.link(dir_fd, name, rel, why) {
+            Ok(id) => id,
+            Err(_) => self.trash.copy(dir_fd, name, rel, why)?,
+        };
+        let kept = self.trash.meta(&id)?;
+        let still = matches!(node_at(dir_fd, name)?, Node::File(now) if now.same_file(&expected));
+        if !still || !kept.is_some_and(|k| k.size == expected.size) {
+            self.trash.discard(&id);
+            return Ok(Placed::No);
+        }
+        rfs::renameat(dir_fd, temp, dir_fd, name).map_err(|e| io(e, "put in place", rel.as_str()))?;
+        Ok(Placed::Yes)
     }
 
     /// Moves `rel` to the trash if it still is `expected`; whether it was.
@@ -409,12 +505,12 @@ impl Folder {
         let to_dir = self.open_dir(to.parent(), true)?;
         self.forget_listing(from.parent());
         self.forget_listing(to.parent());
-        // A case-only rename on a folding file system: the names are one, NOREPLACE would
-        // refuse it.
-        let flags = if names::fold(from.as_str()) == names::fold(to.as_str()) && self.caps.folds_names {
-            RenameFlags::empty()
-        } else {
-            RenameFlags::NOREPLACE
+        // A rename to another spelling of the same name, where names fold: NOREPLACE would
+        // refuse it, and only the very same file may be there.
+        let same_name = self.caps.folds_names() && self.caps.key(from.as_str()) == self.caps.key(to.as_str());
+        let flags = match node_at(&to_dir, to.name())? {
+            Node::File(there) if same_name && there.ino == expected.ino => RenameFlags::empty(),
+            _ => RenameFlags::NOREPLACE,
         };
         match rfs::renameat_with(&from_dir, from.name(), &to_dir, to.name(), flags) {
             Ok(()) => {}
@@ -448,42 +544,62 @@ impl Folder {
     }
 
     /// Every regular file under the folder that `ignored` (relative path, is a folder) does
-    /// not leave alone, with what could not be seen.
+    /// not leave alone, with what could not be seen. A folder that cannot be read is blind;
+    /// the top one is an error (nothing may be judged from a walk that did not see it).
     pub fn walk(&self, ignored: impl Fn(&str, bool) -> bool) -> anyhow::Result<Walk> {
         let mut walk = Walk::default();
-        let top =
-            rfs::openat(&self.root, c".", open_dir_flags(), Mode::empty()).map_err(|e| io(e, "open", "the folder"))?;
-        let mut stack: Vec<(OwnedFd, String)> = vec![(top, String::new())];
-        while let Some((dir, prefix)) = stack.pop() {
-            let entries = match rfs::Dir::read_from(&dir) {
-                Ok(entries) => entries,
+        let root_dev = rfs::fstat(&self.root).map_err(|e| io(e, "stat", "the folder"))?.st_dev as u64;
+        // Folders are opened as they are taken from the stack, so a wide tree holds one
+        // descriptor at a time, not one per pending folder.
+        let mut stack: Vec<String> = vec![String::new()];
+        while let Some(prefix) = stack.pop() {
+            let top = prefix.is_empty();
+            let read = self.open_dir(&prefix, false).and_then(|dir| {
+                let entries = rfs::Dir::read_from(&dir).map_err(|e| io(e, "read", &prefix))?;
+                Ok((dir, entries))
+            });
+            let (dir, entries) = match read {
+                Ok(found) => found,
+                Err(e) if top => return Err(e.context("read the synced folder")),
                 Err(e) => {
-                    walk.blind.push((prefix.clone(), format!("cannot be read: {}", std::io::Error::from(e))));
+                    walk.blind.push((prefix, format!("cannot be read: {e:#}")));
                     continue;
                 }
             };
             for entry in entries {
-                let entry = match entry {
-                    Ok(entry) => entry,
+                match entry {
+                    Ok(entry) => {
+                        self.visit(&dir, &prefix, entry.file_name(), root_dev, &ignored, &mut walk, &mut stack)
+                    }
+                    Err(e) if top => return Err(io(e, "read", "the synced folder")),
                     Err(e) => {
                         walk.blind.push((prefix.clone(), format!("cannot be read: {}", std::io::Error::from(e))));
                         break;
                     }
-                };
-                self.visit(&dir, &prefix, entry.file_name(), &ignored, &mut walk, &mut stack);
+                }
             }
+        }
+        // A subfolder found blind after some of its files were listed: none of them counts.
+        if walk.blind.iter().any(|(b, _)| !b.is_empty()) {
+            let blind = std::mem::take(&mut walk.blind);
+            let check = Walk { blind, ..Walk::default() };
+            walk.files.retain(|rel, _| !check.is_blind(rel.as_str()));
+            walk.strays.retain(|rel| !check.is_blind(rel.as_str()));
+            walk.blind = check.blind;
         }
         Ok(walk)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn visit(
         &self,
         dir: &OwnedFd,
         prefix: &str,
         raw: &CStr,
+        root_dev: u64,
         ignored: &impl Fn(&str, bool) -> bool,
         walk: &mut Walk,
-        stack: &mut Vec<(OwnedFd, String)>,
+        stack: &mut Vec<String>,
     ) {
         let bytes = raw.to_bytes();
         if bytes == b"." || bytes == b".." {
@@ -495,7 +611,11 @@ impl Folder {
             return;
         };
         let rel = joined(name);
-        if prefix.is_empty() && (name == STATE_DIR || (self.caps.folds_names && names::fold(name) == STATE_DIR)) {
+        if self.caps.key(name) == self.caps.key(STATE_DIR) {
+            // Another synced folder inside this one: its files are its own client's.
+            if !prefix.is_empty() {
+                walk.blind.push((prefix.to_string(), "holds another synced folder: not synced here".into()));
+            }
             return;
         }
         let st = match rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -511,10 +631,11 @@ impl Folder {
                 if ignored(&rel, true) {
                     return;
                 }
-                match rfs::openat(dir, name, open_dir_flags(), Mode::empty()) {
-                    Ok(fd) => stack.push((fd, rel)),
-                    Err(e) => walk.blind.push((rel, format!("cannot be opened: {}", std::io::Error::from(e)))),
+                if st.st_dev as u64 != root_dev {
+                    walk.blind.push((rel, "another file system is mounted here: not synced".into()));
+                    return;
                 }
+                stack.push(rel);
             }
             FileType::RegularFile if names::is_temp_name(name) => {
                 if let Ok(rel) = Rel::temp(&rel) {
@@ -609,7 +730,7 @@ fn probe(state: &OwnedFd) -> anyhow::Result<Caps> {
     let tag = format!("{:08x}", rand::random::<u32>());
     let upper = format!("CaseProbe-{tag}");
     let composed = format!("probe-\u{e9}-{tag}");
-    let mut folds_names = false;
+    let mut found = [false; 2];
     let mut coarse = true;
     for name in [&upper, &composed] {
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -618,12 +739,14 @@ fn probe(state: &OwnedFd) -> anyhow::Result<Caps> {
         let st = rfs::fstat(&fd).map_err(std::io::Error::from)?;
         coarse &= st.st_mtime_nsec == 0;
     }
-    for (made, other) in [(&upper, upper.to_lowercase()), (&composed, format!("probe-e\u{301}-{tag}"))] {
-        folds_names |= matches!(rfs::statat(state, other.as_str(), AtFlags::SYMLINK_NOFOLLOW), Ok(_));
+    for (i, (made, other)) in
+        [(&upper, upper.to_lowercase()), (&composed, format!("probe-e\u{301}-{tag}"))].iter().enumerate()
+    {
+        found[i] = matches!(rfs::statat(state, other.as_str(), AtFlags::SYMLINK_NOFOLLOW), Ok(_));
         let _ = rfs::unlinkat(state, made.as_str(), AtFlags::empty());
     }
     let window = if coarse { RACY_WINDOW_COARSE } else { RACY_WINDOW_FINE };
-    Ok(Caps { folds_names, racy_window_ns: window.as_nanos() as u64 })
+    Ok(Caps { folds_case: found[0], normalizes: found[1], racy_window_ns: window.as_nanos() as u64 })
 }
 
 #[cfg(test)]

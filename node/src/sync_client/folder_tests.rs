@@ -130,6 +130,6 @@ fn a_rename_here_keeps_the_file_and_refuses_to_replace_one() {
 fn the_probe_finds_a_case_sensitive_file_system_with_fine_timestamps() {
     let (_dir, folder) = setup();
     // The test machine's temporary directory is ext4 or tmpfs: case-sensitive, nanoseconds.
-    assert!(!folder.caps.folds_names);
+    assert!(!folder.caps.folds_case && !folder.caps.normalizes && !folder.caps.folds_names());
     assert_eq!(folder.caps.racy_window_ns, RACY_WINDOW_FINE.as_nanos() as u64);
 }

@@ -40,11 +40,14 @@ pub fn setup(folder: &Folder, db: &StateDb, accept: bool) -> anyhow::Result<bool
     file.sync_all()?;
     db.set_meta("folder_id", Some(&id))?;
     db.set_meta("folder_ino", Some(&ino.to_string()))?;
-    if accept && !first {
+    // Adopted on purpose, or a state that synced before without a recorded identity (an
+    // older client): nothing is assumed of the folder, its files are compared by content.
+    let synced_before = db.cursor()? != "0" || db.count()? > 0;
+    if (accept && !first) || (first && synced_before) {
         eprintln!("sync: {} adopted as this folder; comparing it with the server by content", folder.path().display());
         db.begin_reconcile()?;
     }
-    Ok(first)
+    Ok(first && !synced_before)
 }
 
 /// Why the folder cannot be synced now, if it cannot.

@@ -54,15 +54,22 @@ impl Rules {
     }
 
     /// Whether the file or folder at `relative` (`a/b.txt`, `/`-separated, no leading `/`)
-    /// is left alone.
+    /// is left alone. As in git, a path beneath an ignored folder is ignored whatever a
+    /// later `!` pattern says of it: the walk does not enter such a folder, and the two must
+    /// agree (a file taken for unignored but never walked would look deleted).
     pub fn ignored(&self, relative: &str, is_dir: bool) -> bool {
         let relative = relative.trim_start_matches('/');
-        let top = relative.split('/').next().unwrap_or("");
         let name = relative.rsplit('/').next().unwrap_or("");
-        if top == STATE_DIR || relative == IGNORE_FILE || names::is_temp_name(name) {
+        if relative.split('/').any(|c| c == STATE_DIR) || relative == IGNORE_FILE || names::is_temp_name(name) {
             return true;
         }
-        self.matcher.matched_path_or_any_parents(relative, is_dir).is_ignore()
+        let ancestors = relative.match_indices('/').map(|(i, _)| &relative[..i]);
+        for folder in ancestors {
+            if self.matcher.matched(folder, true).is_ignore() {
+                return true;
+            }
+        }
+        self.matcher.matched(relative, is_dir).is_ignore()
     }
 }
 
@@ -78,6 +85,11 @@ mod tests {
         assert!(!rules.ignored("keep.log", false), "negation re-includes");
         assert!(rules.ignored("build/out.bin", false), "a file under an ignored folder");
         assert!(rules.ignored("src/build/x", false));
+        // A `!` pattern cannot take a file back from an ignored folder (as in git): the walk
+        // never enters it, so the file must count as ignored, never as deleted.
+        let only_txt = Rules::parse("*\n!*.txt\n").expect("rules");
+        assert!(only_txt.ignored("docs", true) && only_txt.ignored("docs/a.txt", false));
+        assert!(!only_txt.ignored("a.txt", false));
         assert!(rules.ignored("top.txt", false));
         assert!(!rules.ignored("sub/top.txt", false), "a leading / anchors at the top");
         assert!(!rules.ignored("notes.txt", false));

@@ -14,13 +14,14 @@
 
 use std::collections::HashMap;
 
-use super::folder::Folder;
-use super::names::{self, case_conflict, fold, NameError, Rel};
+use super::folder::{Caps, Folder};
+use super::names::{self, case_conflict, NameError, Rel};
 use super::state::Entry;
 
 #[derive(Default)]
 pub struct LocalNames {
-    folds: bool,
+    /// How this file system compares names (`None`: it never folds two strings into one).
+    caps: Option<Caps>,
     /// Server path → local path, where they differ.
     alias: HashMap<String, Rel>,
     /// Local path → server path, where they differ.
@@ -30,15 +31,15 @@ pub struct LocalNames {
 }
 
 impl LocalNames {
-    /// The names of `entries` on a file system that folds (`folds`) or not.
-    pub fn new<'a>(folds: bool, entries: impl Iterator<Item = (&'a String, &'a Entry)>) -> LocalNames {
-        let mut names = LocalNames { folds, ..LocalNames::default() };
+    /// The names of `entries` on a file system with `caps`.
+    pub fn new<'a>(caps: Caps, entries: impl Iterator<Item = (&'a String, &'a Entry)>) -> LocalNames {
+        let mut names = LocalNames { caps: caps.folds_names().then_some(caps), ..LocalNames::default() };
         for (server, entry) in entries {
             if let Some(local) = entry.local.as_deref().and_then(|l| Rel::parse(l).ok()) {
                 names.note(server, &local);
-            } else if folds {
+            } else if let Some(caps) = &names.caps {
                 if let Ok(rel) = Rel::from_server(server) {
-                    names.by_fold.insert(fold(rel.as_str()), server.clone());
+                    names.by_fold.insert(caps.key(rel.as_str()), server.clone());
                 }
             }
         }
@@ -51,8 +52,8 @@ impl LocalNames {
             self.alias.insert(server.to_string(), local.clone());
             self.reverse.insert(local.clone(), server.to_string());
         }
-        if self.folds {
-            self.by_fold.insert(fold(local.as_str()), server.to_string());
+        if let Some(caps) = &self.caps {
+            self.by_fold.insert(caps.key(local.as_str()), server.to_string());
         }
     }
 
@@ -62,9 +63,11 @@ impl LocalNames {
         if let Some(local) = &local {
             self.reverse.remove(local);
         }
-        if self.folds {
-            let key = local
-                .map_or_else(|| Rel::from_server(server).map(|r| fold(r.as_str())).ok(), |l| Some(fold(l.as_str())));
+        if let Some(caps) = &self.caps {
+            let key = local.map_or_else(
+                || Rel::from_server(server).map(|r| caps.key(r.as_str())).ok(),
+                |l| Some(caps.key(l.as_str())),
+            );
             if let Some(key) = key {
                 if self.by_fold.get(&key).is_some_and(|s| s == server) {
                     self.by_fold.remove(&key);
@@ -84,9 +87,8 @@ impl LocalNames {
     /// Where a server path not synced yet is to live (see the module's comment).
     pub fn place(&self, folder: &Folder, server: &str) -> Result<Rel, NameError> {
         let rel = Rel::from_server(server)?;
-        if !self.folds {
-            return Ok(rel);
-        }
+        let Some(caps) = &self.caps else { return Ok(rel) };
+        let matching = |listing: &super::folder::Listing, name: &str| listing.matching(caps, name);
         let mut parent = String::new();
         for component in rel.parent().split('/').filter(|c| !c.is_empty()) {
             let on_disk = matching(&folder.listing(&parent), component);
@@ -97,7 +99,7 @@ impl LocalNames {
         let here = |name: &str| if parent.is_empty() { name.to_string() } else { format!("{parent}/{name}") };
         let listing = folder.listing(&parent);
         let candidate = Rel::parse(&here(name))?;
-        let taken_by_other = |r: &Rel| self.by_fold.get(&fold(r.as_str())).is_some_and(|s| s != server);
+        let taken_by_other = |r: &Rel| self.by_fold.get(&caps.key(r.as_str())).is_some_and(|s| s != server);
         match matching(&listing, name) {
             // Nothing of that name here, or an untracked file of it (the same file, as on a
             // first sync): this is its place.
@@ -121,8 +123,8 @@ impl LocalNames {
         if let Some(server) = self.reverse.get(local) {
             return server.clone();
         }
-        if self.folds {
-            if let Some(server) = self.by_fold.get(&fold(local.as_str())) {
+        if let Some(caps) = &self.caps {
+            if let Some(server) = self.by_fold.get(&caps.key(local.as_str())) {
                 let known = self.local_of(server).ok();
                 // The same name in another Unicode form is the same file; another case is a
                 // rename by the user.
@@ -135,22 +137,28 @@ impl LocalNames {
     }
 }
 
-/// The name in `listing` that folds to `name`'s fold, preferring `name` itself.
-fn matching(listing: &[String], name: &str) -> Option<String> {
-    if listing.iter().any(|n| n == name) {
-        return Some(name.to_string());
+/// Where the local file of another server path is, for `place` to keep a new one apart.
+impl LocalNames {
+    /// Whether the local name `local` belongs to a server path other than `server`.
+    pub fn taken_by_other(&self, server: &str, local: &Rel) -> bool {
+        match &self.caps {
+            Some(caps) => self.by_fold.get(&caps.key(local.as_str())).is_some_and(|s| s != server),
+            None => self.reverse.get(local).is_some_and(|s| s != server),
+        }
     }
-    let key = fold(name);
-    listing.iter().find(|n| fold(n) == key).cloned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn caps(folds: bool) -> Caps {
+        Caps { folds_case: folds, normalizes: folds, racy_window_ns: 0 }
+    }
+
     #[test]
     fn where_names_do_not_fold_every_path_is_itself() {
-        let names = LocalNames::new(false, std::iter::empty());
+        let names = LocalNames::new(caps(false), std::iter::empty());
         let rel = Rel::parse("A/b.txt").expect("rel");
         assert_eq!(names.server_of(&rel), "/A/b.txt");
         assert_eq!(names.local_of("/A/b.txt"), Ok(rel));
@@ -158,7 +166,7 @@ mod tests {
 
     #[test]
     fn aliases_map_both_ways_and_are_forgotten() {
-        let mut names = LocalNames::new(true, std::iter::empty());
+        let mut names = LocalNames::new(caps(true), std::iter::empty());
         let local = Rel::parse("readme (case conflict).md").expect("rel");
         names.note("/README.md", &Rel::parse("README.md").expect("rel"));
         names.note("/readme.md", &local);

@@ -39,7 +39,6 @@ mod trash;
 mod watch;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -213,15 +212,15 @@ fn state_path(dir: &Path, state: Option<&Path>) -> PathBuf {
 fn confirm_deletes(f: &FolderArgs) -> anyhow::Result<()> {
     let state = state_path(&f.dir, f.state.as_deref());
     let status = status::read(&status::path_beside(&state))?;
-    let held: usize = status
-        .report
-        .held_deletes
-        .first()
-        .and_then(|line| line.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .context("no deletions are held for this folder")?;
-    std::fs::write(status::confirm_path_beside(&state), held.to_string())?;
-    println!("{held} deletions confirmed; the client goes on with them at its next pass");
+    let held = status.report.held_deletes.first().context("no deletions are held for this folder")?;
+    if status.report.held_fingerprint.is_empty() {
+        bail!("no deletions are held for this folder");
+    }
+    std::fs::write(status::confirm_path_beside(&state), &status.report.held_fingerprint)?;
+    println!(
+        "{held}: confirmed; the client goes on with exactly these at its next pass (if the set changed \
+         meanwhile it asks again)"
+    );
     Ok(())
 }
 
@@ -324,7 +323,7 @@ async fn sync(args: RunArgs) -> anyhow::Result<()> {
     if args.rescan {
         db.begin_reconcile()?;
     }
-    if folder.caps.folds_names {
+    if folder.caps.folds_names() {
         eprintln!(
             "sync: {} folds names (case-insensitive or normalising): colliding names are kept apart",
             root.display()
@@ -343,7 +342,7 @@ async fn sync(args: RunArgs) -> anyhow::Result<()> {
     };
     let mut engine = Engine::new(folder, db, remote.clone(), namespace.clone(), args.namespace.is_none(), options)?;
     if args.confirm_deletes {
-        engine.confirmed_deletes.store(usize::MAX, Ordering::Relaxed);
+        *engine.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine::Confirmation::Any);
     }
     eprintln!("sync: {} ⇄ namespace {namespace} via {}", root.display(), urls.join(", "));
     let status_dir = StatusDir::open(&state_path)?;
@@ -441,7 +440,13 @@ async fn keep_in_step(
     stop: &mut Stop,
 ) -> anyhow::Result<()> {
     let (wake_tx, mut wake_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let _watcher = watch::watch(engine.folder.path(), wake_tx.clone())?;
+    let _watcher = match watch::watch(engine.folder.path(), wake_tx.clone()) {
+        Ok(watcher) => Some(watcher),
+        Err(e) => {
+            eprintln!("sync: no file watcher ({e:#}); changes are found by the rescan every {} s", args.interval);
+            None
+        }
+    };
     let (cursor_tx, cursor_rx) = tokio::sync::watch::channel(engine.cursor()?);
     let notifier = {
         let remote = remote.clone();
@@ -454,8 +459,8 @@ async fn keep_in_step(
         if stop.requested() {
             break Ok(());
         }
-        if let Some(n) = status_dir.take_confirmation() {
-            engine.confirmed_deletes.store(n, Ordering::Relaxed);
+        if let Some(fingerprint) = status_dir.take_confirmation() {
+            *engine.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = Some(engine::Confirmation::Held(fingerprint));
         }
         let started = Instant::now();
         if status.state != "syncing" {

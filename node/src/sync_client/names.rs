@@ -76,8 +76,8 @@ impl Rel {
                 other => other?,
             }
         }
-        let top = relative.split('/').next().unwrap_or("");
-        if fold(top) == STATE_DIR {
+        // The client's own folder, at any depth (a synced folder inside a synced folder).
+        if relative.split('/').any(|component| fold(component) == STATE_DIR) {
             return Err(NameError::Reserved);
         }
         Ok(Rel(relative.to_string()))
@@ -136,7 +136,12 @@ fn check_name(name: &str) -> Result<(), NameError> {
 
 /// How a case-insensitive, normalising file system compares names: NFC, then lower case.
 pub fn fold(name: &str) -> String {
-    name.nfc().collect::<String>().to_lowercase()
+    nfc(name).to_lowercase()
+}
+
+/// How a normalising (but case-sensitive) file system compares names: NFC.
+pub fn nfc(name: &str) -> String {
+    name.nfc().collect()
 }
 
 /// Whether two names are the same name in different Unicode normal forms (not a rename).
@@ -195,7 +200,8 @@ mod tests {
         check("/a\nb", Err(NameError::Control));
         check("/.raftbox/state.redb", Err(NameError::Reserved));
         check("/.RaftBox/x", Err(NameError::Reserved));
-        check("/sub/.raftbox/x", Ok("sub/.raftbox/x"));
+        check("/sub/.raftbox/x", Err(NameError::Reserved));
+        check("/sub/.raftboxes/x", Ok("sub/.raftboxes/x"));
         check("/d/.raftbox-0123456789abcdef.tmp", Err(NameError::Reserved));
         check("/d/.raftbox-tmp", Ok("d/.raftbox-tmp"));
         let long = "n".repeat(256);

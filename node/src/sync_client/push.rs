@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::anyhow;
 use futures::stream::{self, StreamExt as _};
 
-use super::{Engine, Local, FILES_IN_FLIGHT};
+use super::{Confirmation, Engine, Local, FILES_IN_FLIGHT};
 use crate::sync_client::folder::{now_ns, Meta, Walk};
 use crate::sync_client::names::Rel;
 use crate::sync_client::remote::{self, Access, Written};
@@ -75,7 +75,7 @@ impl Engine {
                     continue;
                 }
                 match entry {
-                    Some(e) if e.meta == *meta && e.recorded_ns > meta.mtime_ns.saturating_add(window) => {
+                    Some(e) if e.unchanged(meta, window) => {
                         if e.stale {
                             plan.stale.push((server, rel.clone(), *meta));
                         }
@@ -97,6 +97,12 @@ impl Engine {
                 (server, rel, Some(e), Local::Unchanged(meta)) if e.stale => plan.stale.push((server, rel, meta)),
                 (server, rel, entry, Local::Edited(content)) => plan.edits.push(Edit { server, rel, entry, content }),
                 _ => {}
+            }
+        }
+        // A file that failed to go up and is gone now (no entry, not here): over.
+        for (path, failure) in self.db.failures()? {
+            if failure.direction == Direction::Up && !seen.contains(&path) && !entries.contains_key(&path) {
+                self.db.clear_failure(&path)?;
             }
         }
         let names = self.names();
@@ -137,7 +143,7 @@ impl Engine {
         for (path, result) in results {
             self.judge(&path, result)?;
         }
-        let total = self.db.all()?.len();
+        let total = self.db.count()?;
         let gone = self.guard(std::mem::take(&mut plan.gone), total);
         for g in gone {
             let path = g.server.clone();
@@ -177,16 +183,21 @@ impl Engine {
         let too_many = deleting > o.max_deletes
             || (deleting > super::DELETE_SHARE_FILES_MIN
                 && (deleting as u64) * 100 > o.max_delete_percent * out_of as u64);
-        let confirmed = self.confirmed_deletes.load(Ordering::Relaxed) >= n;
+        let mut paths: Vec<String> = gone.iter().map(|g| g.server.clone()).collect();
+        paths.sort();
+        let fingerprint = held_fingerprint(&paths);
+        let confirmed = match &*self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(Confirmation::Any) => true,
+            Some(Confirmation::Held(f)) => *f == fingerprint,
+            None => false,
+        };
         if !too_many || confirmed {
             if too_many {
-                self.confirmed_deletes.store(0, Ordering::Relaxed);
                 eprintln!("sync: deleting {n} files on the server, as confirmed");
             }
             recent.push_back((now, n));
             return gone;
         }
-        let paths: Vec<String> = gone.iter().map(|g| g.server.clone()).collect();
         eprintln!(
             "sync: {n} of {total} synced files are gone from this folder{}; their deletion on the server is held \
              (more than the guard allows: --max-deletes {}, --max-delete-percent {}). If you meant it: `raftbox \
@@ -202,6 +213,7 @@ impl Engine {
             r.held_deletes = std::iter::once(format!("{n} deletions held"))
                 .chain(paths.into_iter().take(REPORTED_PATHS_MAX))
                 .collect();
+            r.held_fingerprint = fingerprint;
         });
         Vec::new()
     }
@@ -341,6 +353,16 @@ impl Engine {
         });
         Ok(())
     }
+}
+
+/// Names a set of held deletions (sorted paths).
+fn held_fingerprint(paths: &[String]) -> String {
+    let mut hasher = blake3::Hasher::new();
+    for path in paths {
+        hasher.update(&(path.len() as u64).to_be_bytes());
+        hasher.update(path.as_bytes());
+    }
+    hasher.finalize().to_hex()[..32].to_string()
 }
 
 /// Pairs each new local file with a vanished synced one of the very same content: a rename.

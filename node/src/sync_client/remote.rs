@@ -32,6 +32,8 @@ const LONG_POLL_S: u64 = 25;
 const LONG_POLL_SLACK: Duration = Duration::from_secs(10);
 /// Changes asked for per `/v1/sync` page.
 const SYNC_PAGE: usize = 1_000;
+/// Versions read of a file's history to find a content in it (the API's page maximum).
+const HISTORY_PAGE: &str = "1000";
 
 pub struct Remote {
     apis: Vec<Api>,
@@ -223,6 +225,30 @@ impl Remote {
             }
         })
         .await
+    }
+
+    /// Whether the server's history of `path` (its newest page of versions) holds a version
+    /// with exactly `chunks`.
+    pub async fn history_holds(&self, path: &str, chunks: &[String]) -> anyhow::Result<bool> {
+        let history = self
+            .read(|api| async move {
+                let request = api
+                    .request(reqwest::Method::GET, "/v1/files/history")
+                    .query(&[("path", path), ("limit", HISTORY_PAGE)]);
+                let (status, body) = api.send(request).await?;
+                match status {
+                    StatusCode::OK => Ok(body),
+                    StatusCode::NOT_FOUND => Ok(Value::Null),
+                    _ => bail!("history of {path}: {}", problem(status, &body)),
+                }
+            })
+            .await?;
+        let versions = history["versions"].as_array().map(Vec::as_slice).unwrap_or_default();
+        Ok(versions.iter().any(|v| {
+            v["chunks"]
+                .as_array()
+                .is_some_and(|c| c.iter().map(|h| h.as_str()).eq(chunks.iter().map(|h| Some(h.as_str()))))
+        }))
     }
 
     /// The current version of `path`, `None` if there is no live file.

@@ -14,7 +14,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use redb::{Database, Durability, ReadableTable, TableDefinition};
+use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::folder::Meta;
@@ -65,6 +65,20 @@ pub struct Entry {
     pub unverified: bool,
 }
 
+impl Entry {
+    /// Whether a file showing `meta` is still what this entry recorded, without reading
+    /// it: the same size, mtime, ctime, inode and execute bit (not the device number, which
+    /// some file systems change at every mount), and recorded at least `window_ns` away from
+    /// its mtime — a write in the same timestamp tick as the recording would show the very
+    /// same metadata (git's "racily clean" entries), so such an entry is read again.
+    pub fn unchanged(&self, meta: &Meta, window_ns: u64) -> bool {
+        let (a, b) = (&self.meta, meta);
+        let same = (a.size, a.mtime_ns, a.ctime_ns, a.ino, a.executable)
+            == (b.size, b.mtime_ns, b.ctime_ns, b.ino, b.executable);
+        same && self.recorded_ns.abs_diff(meta.mtime_ns) >= window_ns
+    }
+}
+
 /// Which way a file failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -112,12 +126,22 @@ pub struct Partial {
     /// The folder (relative) and the temporary file's name in it.
     pub dir: String,
     pub temp: String,
+    /// The temporary file's inode: a file of that name with another inode (say, what an
+    /// exchange put there before a crash) is not this download's, and is never reused.
+    #[serde(default)]
+    pub ino: u64,
     pub chunks: Vec<String>,
 }
 
 pub struct StateDb {
     db: Database,
+    /// Writes since the last durable one.
+    unflushed: std::sync::atomic::AtomicUsize,
 }
+
+/// Writes that are not durable by themselves, at most, before one that is: redb keeps the
+/// pages of non-durable commits until a durable one, so memory and file stay bounded.
+const UNFLUSHED_WRITES_MAX: usize = 1_000;
 
 fn decode<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> anyhow::Result<T> {
     serde_json::from_slice(bytes).context("a corrupt sync state record")
@@ -145,13 +169,19 @@ impl StateDb {
         txn.open_table(META)?;
         let _ = txn.delete_table(OLD_PENDING)?;
         txn.commit()?;
-        Ok(StateDb { db })
+        Ok(StateDb { db, unflushed: std::sync::atomic::AtomicUsize::new(0) })
     }
 
-    /// A write transaction that reaches the disk with the next durable one.
+    /// A write transaction that reaches the disk with the next durable one (every
+    /// [`UNFLUSHED_WRITES_MAX`]-th is that durable one).
     fn write(&self) -> anyhow::Result<redb::WriteTransaction> {
         let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::None);
+        let n = self.unflushed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n + 1 < UNFLUSHED_WRITES_MAX {
+            txn.set_durability(Durability::None);
+        } else {
+            self.unflushed.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(txn)
     }
 
@@ -159,6 +189,7 @@ impl StateDb {
     pub fn flush(&self) -> anyhow::Result<()> {
         let txn = self.db.begin_write()?;
         txn.commit()?;
+        self.unflushed.store(0, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -279,6 +310,12 @@ impl StateDb {
         self.all_in(FILES)
     }
 
+    /// How many files are synced.
+    pub fn count(&self) -> anyhow::Result<usize> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(FILES)?.len()? as usize)
+    }
+
     fn all_in<T: for<'de> Deserialize<'de>>(
         &self,
         table: TableDefinition<&str, &[u8]>,
@@ -297,22 +334,25 @@ impl StateDb {
         self.insert_in(FILES, path, entry)
     }
 
-    /// `path` holds `entry` now; any failure of it is over.
+    /// `path` holds `entry` now; any failure of it, and any download of it cut short, is
+    /// over.
     pub fn settle(&self, path: &str, entry: &Entry) -> anyhow::Result<()> {
         let bytes = serde_json::to_vec(entry)?;
         let txn = self.write()?;
         txn.open_table(FILES)?.insert(path, bytes.as_slice())?;
         txn.open_table(FAILURES)?.remove(path)?;
+        txn.open_table(PARTIALS)?.remove(path)?;
         txn.commit()?;
         Ok(())
     }
 
     /// `path` is no longer synced (deleted both sides, or a new file locally); any failure
-    /// of it is over.
+    /// of it, and any download of it cut short, is over.
     pub fn remove(&self, path: &str) -> anyhow::Result<()> {
         let txn = self.write()?;
         txn.open_table(FILES)?.remove(path)?;
         txn.open_table(FAILURES)?.remove(path)?;
+        txn.open_table(PARTIALS)?.remove(path)?;
         txn.commit()?;
         Ok(())
     }

@@ -112,14 +112,14 @@ impl StatusDir {
         Ok(())
     }
 
-    /// Takes (and removes) the number of deletions the user confirmed, if any.
-    pub fn take_confirmation(&self) -> Option<usize> {
+    /// Takes (and removes) the fingerprint of the held deletions the user confirmed, if any.
+    pub fn take_confirmation(&self) -> Option<String> {
         let fd = rfs::openat(&self.0, CONFIRM_FILE, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
             .ok()?;
         let mut text = String::new();
         std::fs::File::from(fd).read_to_string(&mut text).ok()?;
         let _ = rfs::unlinkat(&self.0, CONFIRM_FILE, AtFlags::empty());
-        text.trim().parse().ok()
+        Some(text.trim().to_string()).filter(|t| !t.is_empty())
     }
 }
 
@@ -216,8 +216,8 @@ mod tests {
         assert!(text.contains("/x: the name is too long"), "{text}");
         assert!(text.contains("confirm-deletes"), "{text}");
         assert!(text.contains("link: a symbolic link"), "{text}");
-        std::fs::write(dir.path().join("confirm-deletes"), "1200\n").expect("write");
-        assert_eq!(status_dir.take_confirmation(), Some(1200));
+        std::fs::write(dir.path().join("confirm-deletes"), "ab12\n").expect("write");
+        assert_eq!(status_dir.take_confirmation(), Some("ab12".to_string()));
         assert_eq!(status_dir.take_confirmation(), None);
     }
 }

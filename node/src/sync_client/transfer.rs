@@ -60,7 +60,11 @@ pub async fn read_content(folder: &Folder, rel: &Rel, window_ns: u64) -> anyhow:
         Err(_) if !matches!(folder.node(rel)?, Node::File(_)) => return Ok(None),
         Err(e) => return Err(e),
     };
-    if now_ns() < before.mtime_ns.max(before.ctime_ns).saturating_add(window_ns) {
+    // Changed within the window around now: a write may still be under way. (A timestamp
+    // far in the future is not "now": such a file is read, and the stat taken after the read
+    // tells whether it changed meanwhile.)
+    let now = now_ns();
+    if now.abs_diff(before.mtime_ns) < window_ns || now.abs_diff(before.ctime_ns) < window_ns {
         return Ok(None);
     }
     let probe = file.try_clone().context("duplicate a descriptor")?;
@@ -188,7 +192,8 @@ pub async fn assemble(
         Some(found) => found,
         None => {
             let (dir, file, temp) = folder.create_temp(rel.parent())?;
-            record(&Partial { dir: rel.parent().to_string(), temp: temp.clone(), chunks: chunks.to_vec() })?;
+            let ino = rfs::fstat(&file).map_err(std::io::Error::from)?.st_ino as u64;
+            record(&Partial { dir: rel.parent().to_string(), temp: temp.clone(), ino, chunks: chunks.to_vec() })?;
             (dir, file, temp, Vec::new())
         }
     };
@@ -224,6 +229,10 @@ fn reopen(folder: &Folder, partial: &Partial, chunks: &[String]) -> anyhow::Resu
     let dir = folder.open_dir(&partial.dir, false)?;
     let flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let fd = rfs::openat(&dir, partial.temp.as_str(), flags, Mode::empty()).map_err(std::io::Error::from)?;
+    let st = rfs::fstat(&fd).map_err(std::io::Error::from)?;
+    if partial.ino == 0 || st.st_ino as u64 != partial.ino {
+        anyhow::bail!("{} is no longer the download cut short", partial.temp);
+    }
     let mut file = File::from(fd);
     let found = files_client::chunks_of(std::io::BufReader::new(file.try_clone()?), |_, _| Ok(()))?;
     let intact: Vec<u64> = found
@@ -302,7 +311,12 @@ mod tests {
         let cut = chunks[2].offset as usize + chunks[2].length / 2;
         let temp = crate::sync_client::names::temp_name();
         std::fs::write(dir.path().join("d").join(&temp), &data[..cut]).expect("write");
-        let partial = Partial { dir: "d".into(), temp: temp.clone(), chunks: hashes.clone() };
+        let ino =
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(dir.path().join("d").join(&temp)).expect("stat"));
+        // Another file under that name (what an exchange may leave there) is never reused.
+        let other = Partial { dir: "d".into(), temp: temp.clone(), ino: ino + 1, chunks: hashes.clone() };
+        assert!(reopen(&folder, &other, &hashes).is_err());
+        let partial = Partial { dir: "d".into(), temp: temp.clone(), ino, chunks: hashes.clone() };
         let (_, _, name, intact) = reopen(&folder, &partial, &hashes).expect("reopen");
         assert_eq!(name, temp);
         assert_eq!(intact, vec![chunks[0].length as u64, chunks[1].length as u64]);

@@ -99,6 +99,27 @@ impl Trash {
         Ok(id)
     }
 
+    /// Keeps a copy of the file `name` (in `dir`) here (where hard links are not supported).
+    pub fn copy(&self, dir: &impl AsFd, name: &str, rel: &Rel, why: &str) -> anyhow::Result<String> {
+        let id = Trash::new_id();
+        self.label(&id, rel, why)?;
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let from = rfs::openat(dir, name, flags, Mode::empty()).map_err(|e| io(e, &format!("read {rel}")))?;
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let to = rfs::openat(&self.dir, id.as_str(), flags, Mode::from_raw_mode(0o600))
+            .map_err(|e| io(e, "create a trash item"))?;
+        let mut to = std::fs::File::from(to);
+        std::io::copy(&mut std::fs::File::from(from), &mut to).with_context(|| format!("keep {rel} in the trash"))?;
+        to.sync_all()?;
+        Ok(id)
+    }
+
+    /// Forgets item `id` (a copy not needed after all).
+    pub fn discard(&self, id: &str) {
+        let _ = rfs::unlinkat(&self.dir, id, AtFlags::empty());
+        let _ = rfs::unlinkat(&self.dir, format!("{id}.json").as_str(), AtFlags::empty());
+    }
+
     /// The metadata of item `id`'s file.
     pub fn meta(&self, id: &str) -> anyhow::Result<Option<Meta>> {
         match rfs::statat(&self.dir, id, AtFlags::SYMLINK_NOFOLLOW) {
@@ -121,24 +142,32 @@ impl Trash {
         }
     }
 
-    /// Every item, oldest first.
+    /// Every item, oldest first (an item whose label was lost in a crash is listed too,
+    /// with its place unknown).
     pub fn list(&self) -> anyhow::Result<Vec<Item>> {
         let mut items = Vec::new();
         for entry in rfs::Dir::read_from(&self.dir).map_err(|e| io(e, "read the trash"))? {
             let entry = entry.map_err(|e| io(e, "read the trash"))?;
             let Ok(name) = entry.file_name().to_str() else { continue };
-            let Some(id) = name.strip_suffix(".json") else { continue };
-            let Ok(fd) =
-                rfs::openat(&self.dir, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-            else {
+            if name == "." || name == ".." || name.ends_with(".json") {
                 continue;
-            };
-            let Ok(label) = serde_json::from_reader::<_, Label>(std::fs::File::from(fd)) else { continue };
-            let Some(meta) = self.meta(id)? else { continue };
-            items.push(Item { id: id.to_string(), label, size: meta.size });
+            }
+            let Some(meta) = self.meta(name)? else { continue };
+            let label = self.read_label(name).unwrap_or_else(|| Label {
+                path: "(unknown: its label was lost)".into(),
+                reason: "unknown".into(),
+                trashed_ms: meta.ctime_ns / 1_000_000,
+            });
+            items.push(Item { id: name.to_string(), label, size: meta.size });
         }
         items.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(items)
+    }
+
+    fn read_label(&self, id: &str) -> Option<Label> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rfs::openat(&self.dir, format!("{id}.json").as_str(), flags, Mode::empty()).ok()?;
+        serde_json::from_reader::<_, Label>(std::fs::File::from(fd)).ok()
     }
 
     /// Deletes what has been here longer than the kept days (at most [`PURGE_ITEMS_MAX`] a
@@ -164,6 +193,9 @@ impl Trash {
     /// default), never over an existing file; where it went.
     pub fn restore(&self, root: &Path, id: &str, to: Option<&str>) -> anyhow::Result<String> {
         let item = self.list()?.into_iter().find(|i| i.id == id).with_context(|| format!("no trash item {id}"))?;
+        if to.is_none() && self.read_label(id).is_none() {
+            bail!("where {id} was is not known (its label was lost): give a place with --to");
+        }
         let target = Rel::parse(to.unwrap_or(&item.label.path).trim_start_matches('/'))
             .map_err(|e| anyhow::anyhow!("cannot restore there: {e}"))?;
         let folder = super::folder::Folder::open(root, self.days)?;

@@ -9,11 +9,13 @@ use anyhow::Context;
 use super::names::{self, STATE_DIR};
 
 /// Watches `root` recursively; each batch of relevant changes sends one wake-up on `wake`.
-/// The watcher runs as long as the value lives.
+/// The watcher runs as long as the value lives. An error (an unreadable subfolder, more
+/// folders than inotify allows) is the caller's to report: the periodic rescan still finds
+/// every change.
 pub fn watch(root: &Path, wake: tokio::sync::mpsc::Sender<()>) -> anyhow::Result<notify::RecommendedWatcher> {
     use notify::Watcher as _;
     let state_dir = root.join(STATE_DIR);
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+    let handler = move |event: notify::Result<notify::Event>| {
         let relevant = match &event {
             Ok(event) => event.paths.iter().any(|p| {
                 let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -28,8 +30,10 @@ pub fn watch(root: &Path, wake: tokio::sync::mpsc::Sender<()>) -> anyhow::Result
             // Full: a wake-up is already pending, which is all that is needed.
             let _ = wake.try_send(());
         }
-    })
-    .context("start the file watcher")?;
+    };
+    // Never through a link (it could lead the watcher over the whole disk).
+    let config = notify::Config::default().with_follow_symlinks(false);
+    let mut watcher = notify::RecommendedWatcher::new(handler, config).context("start the file watcher")?;
     watcher.watch(root, notify::RecursiveMode::Recursive).with_context(|| format!("watch {}", root.display()))?;
     Ok(watcher)
 }
