@@ -17,6 +17,9 @@
 //!   a missing, replaced or stale folder, mass deletes, an edit during a download, a cursor
 //!   reset, ignore rules, mtime and execute bit, a viewer's and a removed folder, Ctrl-C):
 //!   every byte survives somewhere findable, nothing is written outside the folder.
+//! - `sync_case_folding`: on a file system that folds names (ext4 casefold, else a FUSE
+//!   stand-in), two server names that are one name there are both kept, and a case-only
+//!   rename either way is a rename, never a delete.
 //! - `sync_fuzz`: three sync devices and the API doing random creates, edits, renames,
 //!   deletes, long names, links and kills (seeded); everything converges and every last
 //!   write is findable.
@@ -77,6 +80,7 @@ mod shared_folder;
 mod shared_rate_limit;
 mod snapshot_rejoin;
 mod sync_accidents;
+mod sync_case_folding;
 mod sync_fuzz;
 mod system_jobs;
 mod tls;
