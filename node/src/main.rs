@@ -50,15 +50,18 @@ enum Commands {
     /// `--namespace ID` works in a shared folder.
     Files(files_client::FilesArgs),
     /// Keep a local folder and a namespace in step, both ways, until stopped (`--once`: one
-    /// pass).
+    /// pass); `raftbox sync status|confirm-deletes|trash DIR` look after it.
     ///
-    /// Local edits go up (only the chunks the cluster lacks), remote ones come down (reusing
-    /// chunks already on disk); deletes and renames go both ways. An edit made on both sides
-    /// keeps both: the later one becomes `NAME (conflicted copy, DEVICE).EXT` everywhere; a
-    /// local edit is never overwritten. State lives in DIR/.raftbox/ (never synced);
-    /// DIR/.raftboxignore lists gitignore-style patterns to leave alone. Progress goes to
-    /// stderr: a line per file, one per pass. Stop with Ctrl-C; a killed client resumes
-    /// where it was.
+    /// Every byte you write survives somewhere you can find it — the file, a conflicted copy,
+    /// the server's history or the local trash (DIR/.raftbox/trash, `raftbox sync trash ls
+    /// DIR`) — and nothing is ever written outside DIR or through a link. Local edits go up
+    /// (only the chunks the cluster lacks), remote ones come down (reusing chunks on disk);
+    /// deletes and renames go both ways. An edit made on both sides keeps both (`NAME
+    /// (conflicted copy, DEVICE).EXT`). A moved, missing or replaced folder pauses syncing;
+    /// a pass deleting many files waits for `raftbox sync confirm-deletes DIR`; a file that
+    /// cannot sync is retried and shown by `raftbox sync status DIR`. DIR/.raftboxignore
+    /// (gitignore syntax) is this device's own. Progress goes to stderr. Stop with Ctrl-C;
+    /// a killed client resumes where it was.
     ///
     /// Example: raftbox sync ~/box --token-file tok --device laptop --endpoint
     /// http://10.0.0.1:7081,http://10.0.0.2:7081

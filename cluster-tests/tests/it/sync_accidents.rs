@@ -715,3 +715,43 @@ async fn ctrl_c(cluster: &Cluster) -> Result<()> {
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------
+// A download cut short (kill -9) resumes from the chunks already written.
+
+cluster_test!(a_download_cut_short_resumes_from_its_chunks, resumed_download);
+
+async fn resumed_download(cluster: &Cluster) -> Result<()> {
+    let ctx = Ctx::new(cluster, "resumer").await?;
+    let big = pseudo_bytes("twenty megabytes", 20_000_000);
+    write_file(&ctx.path("up"), "big.bin", &big)?;
+    let _up = ctx.device("up", &[])?;
+    ctx.wait_server("big.bin", |t| t.contains_key("big.bin")).await?;
+    let mut down = ctx.device("down", &["--limit-down", "2M"])?;
+    // Killed once its temporary file holds a few whole chunks.
+    let deadline = Deadline::after(CONVERGE, "a few chunks written");
+    loop {
+        down.ensure_running()?;
+        let written = std::fs::read_dir(&down.dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(".raftbox-"))
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .unwrap_or(0);
+        if written >= 4_000_000 {
+            break;
+        }
+        deadline.tick(&format!("{written} bytes written")).await?;
+    }
+    down.restart(&[])?;
+    wait_local(&mut down, "big.bin whole", |t| t.get("big.bin").is_some_and(|b| *b == big)).await?;
+    let line = down.logs().lines().find(|l| l.contains("↓ /big.bin")).unwrap_or_default().to_string();
+    ensure!(line.contains("resumed"), "the download started over: {line:?}");
+    ensure!(tree(&down.dir)?.len() == 1, "a temporary file was left behind");
+    Ok(())
+}

@@ -147,12 +147,15 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     // A: the same namespace on the folding file system.
     let mut a = SyncDevice::start(&folding.mountpoint.join("box"), &endpoints, &token, "a", &[])?;
     let local = wait_tree(&mut a, "all six contents", |t| {
-        t.len() == 6 && ["upper", "lower", "notes", "plan", "composed", "decomposed"].iter().all(|c| holds(t, c.as_bytes()))
+        t.len() == 6
+            && ["upper", "lower", "notes", "plan", "composed", "decomposed"].iter().all(|c| holds(t, c.as_bytes()))
     })
     .await?;
     ensure!(a.logs().contains("folds names"), "the client did not find the file system folds names:\n{}", a.log_tail());
-    let conflict = local.keys().find(|k| k.starts_with("readme (case conflict)") || k.starts_with("README (case conflict)"));
-    let conflict = conflict.with_context(|| format!("no case conflict name: {:?}", local.keys().collect::<Vec<_>>()))?.clone();
+    let conflict =
+        local.keys().find(|k| k.starts_with("readme (case conflict)") || k.starts_with("README (case conflict)"));
+    let conflict =
+        conflict.with_context(|| format!("no case conflict name: {:?}", local.keys().collect::<Vec<_>>()))?.clone();
     // An edit of the case-conflict file goes back to its own server path.
     let own = if local[&conflict] == b"lower" { "readme.md" } else { "README.md" };
     write_file(&a.dir, &conflict, b"edited on the folding side")?;
@@ -174,7 +177,8 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     let deadline = Deadline::after(CONVERGE, "PLAN.txt under its new name on the folding side");
     loop {
         a.ensure_running()?;
-        let names: Vec<String> = std::fs::read_dir(&a.dir)?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> =
+            std::fs::read_dir(&a.dir)?.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
         if names.iter().any(|n| n == "PLAN.txt") && !names.iter().any(|n| n == "Plan.txt") {
             break;
         }

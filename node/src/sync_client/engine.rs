@@ -59,6 +59,23 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Tally) {
+        self.up_files += other.up_files;
+        self.up_chunks += other.up_chunks;
+        self.up_bytes += other.up_bytes;
+        self.down_files += other.down_files;
+        self.down_chunks += other.down_chunks;
+        self.down_bytes += other.down_bytes;
+        self.reused_chunks += other.reused_chunks;
+        self.moved += other.moved;
+        self.deleted_here += other.deleted_here;
+        self.deleted_there += other.deleted_there;
+        self.conflicts += other.conflicts;
+        self.failed += other.failed;
+        self.busy += other.busy;
+    }
+
     pub fn any(&self) -> bool {
         self.up_files + self.down_files + self.moved + self.deleted_here + self.deleted_there + self.conflicts > 0
     }

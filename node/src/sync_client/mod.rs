@@ -375,15 +375,23 @@ struct Removed(String);
 async fn once(engine: &mut Engine, status: &mut Status, status_dir: &StatusDir) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut end = engine.pass().await?;
-    // Files being written are looked at again once they have been still for a moment.
+    // Files being written are looked at again once they have been still for a moment; the
+    // summary counts every pass.
+    let mut total = Tally::default();
     for _ in 0..ONCE_BUSY_RETRIES {
         match &end {
             PassEnd::Synced(tally) if tally.busy > 0 => {
+                total.add(tally);
                 tokio::time::sleep(Duration::from_nanos(engine.folder.caps.racy_window_ns) + SETTLE).await;
                 end = engine.pass().await?;
             }
             _ => break,
         }
+    }
+    if let PassEnd::Synced(last) = &mut end {
+        total.add(last);
+        total.busy = last.busy;
+        *last = total;
     }
     record(engine, status, status_dir, &end);
     match end {

@@ -139,6 +139,9 @@ pub struct StateDb {
     unflushed: std::sync::atomic::AtomicUsize,
 }
 
+/// Downloads of at least this many chunks (about 4 MiB) are recorded durably when they
+/// start, to be resumed after a crash.
+const PARTIAL_DURABLE_CHUNKS_MIN: usize = 4;
 /// Writes that are not durable by themselves, at most, before one that is: redb keeps the
 /// pages of non-durable commits until a durable one, so memory and file stay bounded.
 const UNFLUSHED_WRITES_MAX: usize = 1_000;
@@ -400,8 +403,18 @@ impl StateDb {
         self.all_in(PARTIALS)
     }
 
+    /// Records (or forgets) a download of `path` under way. A large one's record is made
+    /// durable at once, so a download cut short by a crash resumes after it; a small one's
+    /// waits for the next durable write (redoing it costs little).
     pub fn set_partial(&self, path: &str, partial: Option<&Partial>) -> anyhow::Result<()> {
         match partial {
+            Some(partial) if partial.chunks.len() >= PARTIAL_DURABLE_CHUNKS_MIN => {
+                let bytes = serde_json::to_vec(partial)?;
+                let txn = self.db.begin_write()?;
+                txn.open_table(PARTIALS)?.insert(path, bytes.as_slice())?;
+                txn.commit()?;
+                Ok(())
+            }
             Some(partial) => self.insert_in(PARTIALS, path, partial),
             None => {
                 let txn = self.write()?;
