@@ -52,7 +52,10 @@ impl SyncDevice {
         let name = self.dir.file_name().and_then(|n| n.to_str()).unwrap_or("device").to_string();
         let suffix = if self.starts == 1 { "log".to_string() } else { format!("{}.log", self.starts) };
         self.log = self.dir.with_file_name(format!("{name}.{suffix}"));
+        // The folders a client remembers as set up live under XDG_STATE_HOME: one per test.
+        let state_home = self.dir.parent().map(|p| p.join(".xdg-state")).unwrap_or_default();
         let child = Command::new(raftbox_bin()?)
+            .env("XDG_STATE_HOME", state_home)
             .arg("sync")
             .arg(&self.dir)
             .args(&self.args)
@@ -139,6 +142,19 @@ impl SyncDevice {
         Ok(serde_json::from_str(&text)?)
     }
 
+    /// Polls the folder's files until `holds` (the device must keep running); the tree then.
+    pub async fn wait_tree(&mut self, what: &str, limit: Duration, holds: impl Fn(&Tree) -> bool) -> Result<Tree> {
+        let deadline = Deadline::after(limit, format!("{}: {what}", self.dir.display()));
+        loop {
+            self.ensure_running()?;
+            let tree = tree(&self.dir)?;
+            if holds(&tree) {
+                return Ok(tree);
+            }
+            deadline.tick(&format!("{:?}\n{}", tree.keys().collect::<Vec<_>>(), self.log_tail())).await?;
+        }
+    }
+
     /// Polls the status until `holds`; the status then.
     pub async fn wait_status(&mut self, what: &str, limit: Duration, holds: impl Fn(&Value) -> bool) -> Result<Value> {
         let deadline = Deadline::after(limit, format!("{}: {what}", self.dir.display()));
@@ -212,9 +228,14 @@ pub fn write_file(dir: &Path, path: &str, content: &[u8]) -> Result<()> {
     std::fs::write(&target, content).with_context(|| format!("write {}", target.display()))
 }
 
-/// The server's live files in `namespace` (the caller's personal one if `None`), read
-/// through `/v1/sync` from cursor 0 and the blocks: relative path → bytes.
-pub async fn server_tree(http: &reqwest::Client, url: &str, token: &str, namespace: Option<&str>) -> Result<Tree> {
+/// The latest change of every path in `namespace` (the caller's personal one if `None`), read
+/// through `/v1/sync` from cursor 0: path (`/a/b.txt`) → the change, deleted ones included.
+pub async fn server_feed(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    namespace: Option<&str>,
+) -> Result<BTreeMap<String, Value>> {
     let namespace = match namespace {
         Some(ns) => ns.to_string(),
         None => {
@@ -222,7 +243,7 @@ pub async fn server_tree(http: &reqwest::Client, url: &str, token: &str, namespa
             me["namespaceId"].as_str().context("no namespace in /v1/me")?.to_string()
         }
     };
-    let mut latest: BTreeMap<String, Value> = BTreeMap::new();
+    let mut latest = BTreeMap::new();
     let mut cursor = "0".to_string();
     loop {
         let page: Value = http
@@ -234,17 +255,24 @@ pub async fn server_tree(http: &reqwest::Client, url: &str, token: &str, namespa
             .json()
             .await?;
         for change in page["changes"].as_array().context("a sync page")? {
-            if change["namespaceId"].as_str() == Some(&namespace) && change["path"].is_string() {
-                latest.insert(change["path"].as_str().unwrap_or("").to_string(), change.clone());
+            if let (Some(ns), Some(path)) = (change["namespaceId"].as_str(), change["path"].as_str()) {
+                if ns == namespace {
+                    latest.insert(path.to_string(), change.clone());
+                }
             }
         }
         cursor = page["cursor"].as_str().context("a cursor")?.to_string();
         if page["hasMore"].as_bool() != Some(true) {
-            break;
+            return Ok(latest);
         }
     }
+}
+
+/// The server's live files in `namespace` (the caller's personal one if `None`): relative
+/// path → bytes.
+pub async fn server_tree(http: &reqwest::Client, url: &str, token: &str, namespace: Option<&str>) -> Result<Tree> {
     let mut out = Tree::new();
-    for (path, change) in latest {
+    for (path, change) in server_feed(http, url, token, namespace).await? {
         if change["deleted"].as_bool() == Some(true) {
             continue;
         }
@@ -255,6 +283,25 @@ pub async fn server_tree(http: &reqwest::Client, url: &str, token: &str, namespa
         out.insert(path.trim_start_matches('/').to_string(), bytes);
     }
     Ok(out)
+}
+
+/// Polls `server_tree` until `holds`; the tree then.
+pub async fn wait_server(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    limit: Duration,
+    what: &str,
+    holds: impl Fn(&Tree) -> bool,
+) -> Result<Tree> {
+    let deadline = Deadline::after(limit, format!("server: {what}"));
+    loop {
+        let tree = server_tree(http, url, token, None).await?;
+        if holds(&tree) {
+            return Ok(tree);
+        }
+        deadline.tick(&format!("{:?}", tree.keys().collect::<Vec<_>>())).await?;
+    }
 }
 
 /// The content of every kept version of `path`, newest first (deletions as `None`).

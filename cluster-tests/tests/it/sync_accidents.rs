@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use raftbox_cluster_tests::sync_device::{
-    history_contents, holds, pseudo_bytes, server_tree, sync_command, tree, write_file, SyncDevice, Tree,
+    history_contents, holds, pseudo_bytes, server_tree, sync_command, tree, wait_server, write_file, SyncDevice, Tree,
 };
 use raftbox_cluster_tests::{create_folder, grant, new_user, put_block, within, Cluster, ClusterOptions, Deadline};
 use serde_json::{json, Value};
@@ -66,14 +66,7 @@ impl Ctx {
 
     /// Waits until the server's tree satisfies `holds`; the tree.
     async fn wait_server(&self, what: &str, holds: impl Fn(&Tree) -> bool) -> Result<Tree> {
-        let deadline = Deadline::after(CONVERGE, format!("server: {what}"));
-        loop {
-            let tree = self.server().await?;
-            if holds(&tree) {
-                return Ok(tree);
-            }
-            deadline.tick(&format!("{:?}", tree.keys().collect::<Vec<_>>())).await?;
-        }
+        wait_server(&self.http, &self.url, &self.token, CONVERGE, what, holds).await
     }
 }
 
@@ -117,15 +110,7 @@ async fn commit_as(
 
 /// Waits until the folder of `device` satisfies `holds`; its tree.
 async fn wait_local(device: &mut SyncDevice, what: &str, holds: impl Fn(&Tree) -> bool) -> Result<Tree> {
-    let deadline = Deadline::after(CONVERGE, format!("{}: {what}", device.dir.display()));
-    loop {
-        device.ensure_running()?;
-        let tree = tree(&device.dir)?;
-        if holds(&tree) {
-            return Ok(tree);
-        }
-        deadline.tick(&format!("{:?}\n{}", tree.keys().collect::<Vec<_>>(), device.log_tail())).await?;
-    }
+    device.wait_tree(what, CONVERGE, holds).await
 }
 
 fn up_to_date(status: &Value) -> bool {
@@ -753,5 +738,37 @@ async fn resumed_download(cluster: &Cluster) -> Result<()> {
     let line = down.logs().lines().find(|l| l.contains("↓ /big.bin")).unwrap_or_default().to_string();
     ensure!(line.contains("resumed"), "the download started over: {line:?}");
     ensure!(tree(&down.dir)?.len() == 1, "a temporary file was left behind");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// A folder set up before is never recreated empty: deleted (or its drive's mount point
+// left bare) with its state inside it, the client waits.
+
+cluster_test!(a_folder_set_up_before_is_never_recreated_empty, never_recreated);
+
+async fn never_recreated(cluster: &Cluster) -> Result<()> {
+    let ctx = Ctx::new(cluster, "recreate").await?;
+    write_file(&ctx.path("box"), "keep.txt", b"keep")?;
+    let mut a = ctx.device("box", &[])?;
+    ctx.wait_server("keep.txt", |t| t.contains_key("keep.txt")).await?;
+    a.wait_status("up to date", CONVERGE, up_to_date).await?;
+    ensure!(a.stop().await?.success());
+    // The folder and its state (inside it) are gone; its place is an empty folder, as a
+    // mount point is when its drive is not mounted.
+    std::fs::remove_dir_all(&a.dir)?;
+    std::fs::create_dir_all(&a.dir)?;
+    a.restart(&[])?;
+    let deadline = Deadline::after(CONVERGE, "the client waiting for its folder");
+    while !a.logs().contains("its state is gone") {
+        a.ensure_running()?;
+        deadline.tick(&a.log_tail()).await?;
+    }
+    ensure!(tree(&a.dir)?.is_empty(), "the client wrote into a folder it did not recognise");
+    ensure!(!a.dir.join(".raftbox").exists(), "the client set up a folder it had set up before");
+    ensure!(ctx.server().await?.contains_key("keep.txt"));
+    // Set up anew on purpose: everything comes back.
+    a.restart(&["--accept-folder"])?;
+    wait_local(&mut a, "keep.txt back", |t| t.get("keep.txt").is_some_and(|b| b == b"keep")).await?;
     Ok(())
 }

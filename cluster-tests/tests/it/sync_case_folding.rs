@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _, Result};
-use raftbox_cluster_tests::sync_device::{holds, server_tree, tree, write_file, SyncDevice, Tree};
+use raftbox_cluster_tests::sync_device::{self, holds, tree, write_file, SyncDevice, Tree};
 use raftbox_cluster_tests::{new_user, within, Cluster, ClusterOptions, Deadline};
 
 const TEST_DEADLINE: Duration = Duration::from_secs(150);
@@ -111,15 +111,7 @@ fn run(command: &mut Command) -> Result<()> {
 }
 
 async fn wait_tree(device: &mut SyncDevice, what: &str, holds: impl Fn(&Tree) -> bool) -> Result<Tree> {
-    let deadline = Deadline::after(CONVERGE, format!("{}: {what}", device.dir.display()));
-    loop {
-        device.ensure_running()?;
-        let tree = tree(&device.dir)?;
-        if holds(&tree) {
-            return Ok(tree);
-        }
-        deadline.tick(&format!("{:?}\n{}", tree.keys().collect::<Vec<_>>(), device.log_tail())).await?;
-    }
+    device.wait_tree(what, CONVERGE, holds).await
 }
 
 async fn scenario(cluster: &Cluster) -> Result<()> {
@@ -206,12 +198,5 @@ async fn wait_server(
     what: &str,
     holds: impl Fn(&Tree) -> bool,
 ) -> Result<Tree> {
-    let deadline = Deadline::after(CONVERGE, format!("server: {what}"));
-    loop {
-        let tree = server_tree(http, url, token, None).await?;
-        if holds(&tree) {
-            return Ok(tree);
-        }
-        deadline.tick(&format!("{:?}", tree.keys().collect::<Vec<_>>())).await?;
-    }
+    sync_device::wait_server(http, url, token, CONVERGE, what, holds).await
 }

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
-use raftbox_cluster_tests::sync_device::{history_contents, server_tree, tree, write_file, SyncDevice, Tree};
+use raftbox_cluster_tests::sync_device::{
+    history_contents, server_feed, server_tree, tree, write_file, SyncDevice, Tree,
+};
 use raftbox_cluster_tests::{new_user, put_block, within, Cluster, ClusterOptions, Deadline, Seed};
 use rand::rngs::StdRng;
 use rand::{Rng as _, SeedableRng as _};
@@ -161,6 +163,8 @@ impl World {
             ("link", _) => {
                 let name = format!("lnk-{}", self.ops);
                 let target = if rng.gen_bool(0.5) { self.outside.clone() } else { self.outside.join("sentinel.txt") };
+                // The device may not have made its folder yet.
+                std::fs::create_dir_all(&dir)?;
                 std::os::unix::fs::symlink(target, dir.join(name))?;
             }
             ("kill", _) => self.devices[writer].kill9()?,
@@ -335,27 +339,7 @@ async fn server_paths(http: &reqwest::Client, url: &str, token: &str) -> Result<
 
 /// Every path the server's feed names, deleted ones too.
 async fn all_server_paths(http: &reqwest::Client, url: &str, token: &str) -> Result<BTreeSet<String>> {
-    let mut paths = BTreeSet::new();
-    let mut cursor = "0".to_string();
-    loop {
-        let page: Value = http
-            .get(format!("{url}/v1/sync"))
-            .query(&[("cursor", cursor.as_str()), ("limit", "1000")])
-            .bearer_auth(token)
-            .send()
-            .await?
-            .json()
-            .await?;
-        for change in page["changes"].as_array().context("a page")? {
-            if let Some(path) = change["path"].as_str() {
-                paths.insert(path.to_string());
-            }
-        }
-        cursor = page["cursor"].as_str().context("a cursor")?.to_string();
-        if page["hasMore"].as_bool() != Some(true) {
-            return Ok(paths);
-        }
-    }
+    Ok(server_feed(http, url, token, None).await?.into_keys().collect())
 }
 
 /// The contents of a device's trash.

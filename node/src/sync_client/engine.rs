@@ -32,6 +32,9 @@ use super::transfer::{self, Content, ReuseIndex};
 
 /// Files transferred at once.
 pub const FILES_IN_FLIGHT: usize = 8;
+/// The chunk list of an entry whose content is not known (see [`Act::SendOver`]): no local
+/// file's chunks are ever equal to it.
+const UNKNOWN_CONTENT: &str = "-";
 /// Cursor resets (410) taken in one pass before it gives up.
 const RESETS_PER_PASS_MAX: usize = 2;
 /// Local files remembered as read and changed (not yet sent: receive-only, held, failed),
@@ -212,8 +215,12 @@ pub(crate) fn decide(
             _ => Act::Download(Some(*meta)),
         },
         Local::Edited(content) => {
-            if !c.deleted && content.chunks == c.chunks && content.meta.executable == c.executable {
+            let same_chunks = !c.deleted && content.chunks == c.chunks;
+            if same_chunks && content.meta.executable == c.executable {
                 Act::Record
+            } else if same_chunks && !receive_only {
+                // Only the execute bit differs: sent on the current version.
+                Act::SendOver(c.version)
             } else if c.deleted {
                 Act::Forget
             } else if receive_only {
@@ -348,6 +355,9 @@ impl Engine {
         }
         // A confirmation is for the pass it was given to, used or not.
         *self.confirmed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if self.tally().any() {
+            super::identity::advance(&self.folder, &self.db)?;
+        }
         let purged = self.folder.trash.purge()?;
         if purged > 0 {
             eprintln!("sync: {purged} file(s) older than the kept days removed from the trash");
@@ -564,6 +574,9 @@ impl Engine {
         if self.rules.ignored(rel.as_str(), false) || rel.is_ignore_file() {
             return Ok(());
         }
+        if let Some(why) = self.folder.blind_at(&rel)? {
+            bail!("{why}");
+        }
         let local = self.examine(&c.path, &rel, entry.as_ref()).await?;
         let server_had_local = match (&entry, &local) {
             (Some(e), Local::Unchanged(_)) if e.unverified && e.chunks != c.chunks => {
@@ -617,13 +630,18 @@ impl Engine {
             Act::Remove(meta) => self.remove_local(path, rel, meta),
             Act::Stale => match entry {
                 Some(e) => self.db.put(path, &Entry { stale: true, ..e }),
-                None => Ok(()),
+                // Never synced here: the change is kept with a failure and applied again
+                // (the cursor moves on without it), and the push sends the local file
+                // against it.
+                None => self.postpone(c),
             },
             Act::SendOver(base) => {
-                // Metadata that no file shows: the push reads it and sends it on `base`.
+                // Metadata and content that no file shows: the push reads the file and sends
+                // it on `base` (a reverted file too, which the server then answers as the
+                // retry of its own version).
                 let over = Entry {
                     version: base,
-                    chunks: c.chunks.clone(),
+                    chunks: vec![UNKNOWN_CONTENT.to_string()],
                     lengths: Vec::new(),
                     executable: c.executable,
                     meta: Meta::default(),
@@ -636,6 +654,15 @@ impl Engine {
             }
             Act::Fail(why) => Err(anyhow::anyhow!(why)),
         }
+    }
+
+    /// Keeps change `c` (of a file not synced here) to apply again later, as a download that
+    /// failed for now: nothing the cursor moves past is ever lost.
+    fn postpone(&self, c: &Change) -> anyhow::Result<()> {
+        let previous = self.db.failure(&c.path)?;
+        let why = "the local file was being written, or appeared, as this version came".to_string();
+        let failure = Failure::next(previous.as_ref(), Direction::Down, why, Some(c.clone()), now_ns() / 1_000_000);
+        self.db.set_failure(&c.path, &failure)
     }
 
     /// The entry's `local` for `server` at `rel`.
@@ -685,7 +712,7 @@ impl Engine {
         };
         // From the swap on, the temporary name may hold something else: not resumable.
         self.db.set_partial(path, None)?;
-        let swapped = self.folder.swap_in(&assembled.dir, &assembled.temp, rel, expected, why);
+        let swapped = self.folder.swap_in(&assembled.dir, &assembled.temp, assembled.meta, rel, expected, why);
         self.db.add_dirs(&self.folder.take_made())?;
         match swapped? {
             Swap::Done(meta) => {
@@ -735,8 +762,9 @@ impl Engine {
                     // A file the user wrote meanwhile: theirs stays, and goes up.
                     Node::File(_) | Node::Missing => {}
                 }
-                if let Some(e) = self.db.get(path)? {
-                    self.db.put(path, &Entry { stale: true, ..e })?;
+                match self.db.get(path)? {
+                    Some(e) => self.db.put(path, &Entry { stale: true, ..e })?,
+                    None => self.postpone(c)?,
                 }
                 Ok(false)
             }

@@ -62,6 +62,10 @@ fn a_remote_change_never_overwrites_an_unsynced_local_edit() {
     // a base just below the server's, so the server never takes it for a retry of its v1.
     check(None, Local::Edited(content(&["c"])), change(2, &["b"], false), false, Act::SendOver(1));
     check(None, Local::Edited(content(&["c"])), change(1, &["b"], false), false, Act::SendOver(0));
+    // Only the execute bit changed here: sent on the server's current version.
+    let mut chmodded = content(&["b"]);
+    chmodded.meta.executable = true;
+    check(Some(entry(1, &["a"])), Local::Edited(chmodded), change(2, &["b"], false), false, Act::SendOver(2));
     // Being written: left for later.
     check(Some(entry(1, &["a"])), Local::Busy, change(2, &["b"], false), false, Act::Stale);
     // A folder or link in the way: this file fails, nothing else.

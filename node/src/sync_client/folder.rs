@@ -115,7 +115,8 @@ impl Caps {
     /// exactly when their keys are equal.
     pub fn key(&self, name: &str) -> String {
         match (self.folds_case, self.normalizes) {
-            (true, _) => names::fold(name),
+            (true, true) => names::fold(name),
+            (true, false) => name.to_lowercase(),
             (false, true) => names::nfc(name),
             (false, false) => name.to_string(),
         }
@@ -296,6 +297,51 @@ impl Folder {
         std::mem::take(&mut *self.made.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Why nothing may be written at `rel`, if so: a folder on its way is another file
+    /// system mounted inside this folder, or another synced folder (it holds a `.raftbox`).
+    /// Such places are blind both ways, as the walk treats them.
+    pub fn blind_at(&self, rel: &Rel) -> anyhow::Result<Option<String>> {
+        let root = rfs::fstat(&self.root).map_err(|e| io(e, "stat", "the folder"))?;
+        let mut fd =
+            rfs::openat(&self.root, c".", open_dir_flags(), Mode::empty()).map_err(|e| io(e, "open", "the folder"))?;
+        let mut walked = String::new();
+        for component in rel.parent().split('/').filter(|c| !c.is_empty()) {
+            if !walked.is_empty() {
+                walked.push('/');
+            }
+            walked.push_str(component);
+            fd = match rfs::openat(&fd, component, open_dir_flags(), Mode::empty()) {
+                Ok(next) => next,
+                // Missing (made later, in the folder's own file system) or not a folder (the
+                // download fails there by itself).
+                Err(_) => return Ok(None),
+            };
+            let st = rfs::fstat(&fd).map_err(|e| io(e, "stat", &walked))?;
+            if st.st_dev != root.st_dev {
+                return Ok(Some(format!("{walked} is another file system mounted in the folder: not synced")));
+            }
+            if matches!(node_at(&fd, STATE_DIR)?, Node::Dir) {
+                return Ok(Some(format!("{walked} holds another synced folder: not synced here")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Writes the folder marker (`.raftbox/<name>`) durably, never through a link.
+    pub fn write_marker(&self, name: &str, text: &str) -> anyhow::Result<()> {
+        let state = self.open_dir(STATE_DIR, false)?;
+        let temp = format!("{name}.tmp");
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd =
+            rfs::openat(&state, temp.as_str(), flags, Mode::from_raw_mode(0o600)).map_err(|e| io(e, "write", name))?;
+        let mut file = File::from(fd);
+        std::io::Write::write_all(&mut file, text.as_bytes()).with_context(|| format!("write {name}"))?;
+        file.sync_all()?;
+        rfs::renameat(&state, temp.as_str(), &state, name).map_err(|e| io(e, "write", name))?;
+        rfs::fsync(&state).map_err(|e| io(e, "fsync", STATE_DIR))?;
+        Ok(())
+    }
+
     /// What is at `rel` (never following a link on the way).
     pub fn node(&self, rel: &Rel) -> anyhow::Result<Node> {
         let dir = match self.open_dir(rel.parent(), false) {
@@ -352,13 +398,24 @@ impl Folder {
         &self,
         dir_fd: &OwnedFd,
         temp: &str,
+        temp_meta: Meta,
         rel: &Rel,
         expected: Option<Meta>,
         why: &str,
     ) -> anyhow::Result<Swap> {
         self.forget_listing(rel.parent());
-        let drop_temp = || {
-            let _ = rfs::unlinkat(dir_fd, temp, AtFlags::empty());
+        // The temporary name is dropped only while it holds the download itself; anything
+        // else found there (the user's file, gone back through it) goes to the trash.
+        let drop_temp = || match node_at(dir_fd, temp) {
+            Ok(Node::File(there)) if there.ino == temp_meta.ino => {
+                let _ = rfs::unlinkat(dir_fd, temp, AtFlags::empty());
+            }
+            Ok(Node::Missing) => {}
+            _ => {
+                if let Err(e) = self.trash.put(dir_fd, temp, rel, "put aside while a new version was put in place") {
+                    eprintln!("sync: {rel}: a file stays beside it as {temp}: {e:#}");
+                }
+            }
         };
         if !self.still_at(dir_fd, rel.parent())? {
             drop_temp();
@@ -376,8 +433,10 @@ impl Folder {
             Placed::Kept => Ok(Swap::Changed),
             Placed::Yes => {
                 rfs::fsync(dir_fd).map_err(|e| io(e, "fsync the folder of", rel.as_str()))?;
+                // What is recorded is the file put there, never one the user moved over it
+                // in the instant since.
                 match node_at(dir_fd, rel.name())? {
-                    Node::File(meta) => Ok(Swap::Done(meta)),
+                    Node::File(meta) if meta.ino == temp_meta.ino => Ok(Swap::Done(meta)),
                     _ => Ok(Swap::Changed),
                 }
             }
@@ -551,10 +610,16 @@ impl Folder {
         let root_dev = rfs::fstat(&self.root).map_err(|e| io(e, "stat", "the folder"))?.st_dev as u64;
         // Folders are opened as they are taken from the stack, so a wide tree holds one
         // descriptor at a time, not one per pending folder.
-        let mut stack: Vec<String> = vec![String::new()];
-        while let Some(prefix) = stack.pop() {
+        // Each folder with the (device, inode) it had when found: opened later by its path, it
+        // must still be that folder (one renamed during the walk is looked at next pass).
+        let mut stack: Vec<(String, Option<(u64, u64)>)> = vec![(String::new(), None)];
+        while let Some((prefix, found)) = stack.pop() {
             let top = prefix.is_empty();
             let read = self.open_dir(&prefix, false).and_then(|dir| {
+                let st = rfs::fstat(&dir).map_err(|e| io(e, "stat", &prefix))?;
+                if found.is_some_and(|f| f != (st.st_dev as u64, st.st_ino as u64)) {
+                    bail!("it changed while the folder was walked");
+                }
                 let entries = rfs::Dir::read_from(&dir).map_err(|e| io(e, "read", &prefix))?;
                 Ok((dir, entries))
             });
@@ -599,7 +664,7 @@ impl Folder {
         root_dev: u64,
         ignored: &impl Fn(&str, bool) -> bool,
         walk: &mut Walk,
-        stack: &mut Vec<String>,
+        stack: &mut Vec<(String, Option<(u64, u64)>)>,
     ) {
         let bytes = raw.to_bytes();
         if bytes == b"." || bytes == b".." {
@@ -635,7 +700,7 @@ impl Folder {
                     walk.blind.push((rel, "another file system is mounted here: not synced".into()));
                     return;
                 }
-                stack.push(rel);
+                stack.push((rel, Some((st.st_dev as u64, st.st_ino as u64))));
             }
             FileType::RegularFile if names::is_temp_name(name) => {
                 if let Ok(rel) = Rel::temp(&rel) {

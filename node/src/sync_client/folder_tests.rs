@@ -17,12 +17,12 @@ fn new_file(folder: &Folder, at: &str, text: &str) -> anyhow::Result<Swap> {
     let rel = rel(at);
     let (dir, mut file, temp) = folder.create_temp(rel.parent())?;
     std::io::Write::write_all(&mut file, text.as_bytes())?;
-    Folder::finish_temp(&file, 1_700_000_000_123, false)?;
+    let temp_meta = Folder::finish_temp(&file, 1_700_000_000_123, false)?;
     let expected = match folder.node(&rel)? {
         Node::File(meta) => Some(meta),
         _ => None,
     };
-    folder.swap_in(&dir, &temp, &rel, expected, "test")
+    folder.swap_in(&dir, &temp, temp_meta, &rel, expected, "test")
 }
 
 #[test]
@@ -64,16 +64,17 @@ fn a_file_that_changed_before_the_swap_is_kept_and_the_new_version_dropped() {
     let Node::File(expected) = folder.node(&r).expect("node") else { panic!("a file") };
     let (dir_fd, mut file, temp) = folder.create_temp("").expect("temp");
     std::io::Write::write_all(&mut file, b"remote").expect("write");
-    Folder::finish_temp(&file, 1, false).expect("finish");
+    let temp_meta = Folder::finish_temp(&file, 1, false).expect("finish");
     // The user saves meanwhile.
     std::fs::write(dir.path().join("f.txt"), "user's edit").expect("edit");
-    assert_eq!(folder.swap_in(&dir_fd, &temp, &r, Some(expected), "test").expect("swap"), Swap::Changed);
+    assert_eq!(folder.swap_in(&dir_fd, &temp, temp_meta, &r, Some(expected), "test").expect("swap"), Swap::Changed);
     assert_eq!(std::fs::read_to_string(dir.path().join("f.txt")).expect("read"), "user's edit");
     assert!(!dir.path().join(&temp).exists(), "the temporary file is gone");
     // A new file where the user just made one: theirs stays.
-    let (dir_fd, _file, temp) = folder.create_temp("").expect("temp");
+    let (dir_fd, file, temp) = folder.create_temp("").expect("temp");
+    let temp_meta = Folder::finish_temp(&file, 1, false).expect("finish");
     std::fs::write(dir.path().join("new.txt"), "user's").expect("write");
-    assert_eq!(folder.swap_in(&dir_fd, &temp, &rel("new.txt"), None, "test").expect("swap"), Swap::Changed);
+    assert_eq!(folder.swap_in(&dir_fd, &temp, temp_meta, &rel("new.txt"), None, "test").expect("swap"), Swap::Changed);
     assert_eq!(std::fs::read_to_string(dir.path().join("new.txt")).expect("read"), "user's");
 }
 

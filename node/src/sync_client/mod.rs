@@ -271,27 +271,44 @@ fn endpoints(args: &RunArgs) -> anyhow::Result<Vec<String>> {
     Ok(urls)
 }
 
-/// The folder, made only at its first setup (no state database yet); a folder whose state
-/// exists but which is missing is waited for.
-async fn find_folder(dir: &Path, state: &Path, once: bool, stop: &mut Stop) -> anyhow::Result<Option<PathBuf>> {
+/// The folder, made only at its first setup (no state database, and never set up on this
+/// machine before); a folder set up before but missing, or missing its state (a drive not
+/// mounted at its mount point), is waited for, unless `accept` says to set it up anew.
+async fn find_folder(
+    dir: &Path,
+    state: &Path,
+    accept: bool,
+    once: bool,
+    stop: &mut Stop,
+) -> anyhow::Result<Option<PathBuf>> {
     let mut told = false;
     loop {
-        if dir.exists() {
+        let known = identity::was_set_up(dir) && !accept;
+        if dir.exists() && (state.exists() || !known) {
             let root = dir.canonicalize().with_context(|| format!("open {}", dir.display()))?;
             if !root.is_dir() {
                 bail!("{} is not a folder", root.display());
             }
             return Ok(Some(root));
         }
-        if !state.exists() {
+        if !dir.exists() && !state.exists() && !known {
             std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
             eprintln!("sync: created {} (first setup)", dir.display());
             continue;
         }
-        let why = format!(
-            "{} is missing but was set up before (moved, deleted, or its drive is not mounted); waiting for it",
-            dir.display()
-        );
+        let why = if dir.exists() {
+            format!(
+                "{} was set up before but its state is gone (a drive not mounted at its mount point?); waiting \
+                 for it. To set it up anew here, start with --accept-folder",
+                dir.display()
+            )
+        } else {
+            format!(
+                "{} is missing but was set up before (moved, deleted, or its drive is not mounted); waiting for \
+                 it. To set it up anew, start with --accept-folder",
+                dir.display()
+            )
+        };
         if once {
             bail!("{why}");
         }
@@ -311,7 +328,8 @@ async fn sync(args: RunArgs) -> anyhow::Result<()> {
     let dir = std::path::absolute(&dir).with_context(|| format!("resolve {}", dir.display()))?;
     let state_path = state_path(&dir, args.state.as_deref());
     let mut stop = Stop::install()?;
-    let Some(root) = find_folder(&dir, &state_path, args.once, &mut stop).await? else { return Ok(()) };
+    let found = find_folder(&dir, &state_path, args.accept_folder, args.once, &mut stop).await?;
+    let Some(root) = found else { return Ok(()) };
     let urls = endpoints(&args)?;
     let mut remote = Remote::new(&args.connection, args.device.clone(), &urls, args.namespace.clone())?;
     remote.up = args.limit_up.map(Throttle::new);

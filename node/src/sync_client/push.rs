@@ -11,7 +11,7 @@ use anyhow::anyhow;
 use futures::stream::{self, StreamExt as _};
 
 use super::{Confirmation, Engine, Local, FILES_IN_FLIGHT};
-use crate::sync_client::folder::{now_ns, Meta, Walk};
+use crate::sync_client::folder::{now_ns, Meta, Node, Walk};
 use crate::sync_client::names::Rel;
 use crate::sync_client::remote::{self, Access, Written};
 use crate::sync_client::state::{Direction, Entry};
@@ -146,6 +146,10 @@ impl Engine {
         let total = self.db.count()?;
         let gone = self.guard(std::mem::take(&mut plan.gone), total);
         for g in gone {
+            // Back since the walk (a save by rename, a file restored): not deleted.
+            if !matches!(self.folder.node(&g.rel)?, Node::Missing) {
+                continue;
+            }
             let path = g.server.clone();
             let result = self.push_delete(&g.server, &g.rel, &g.entry).await;
             self.judge(&path, result)?;
@@ -220,8 +224,27 @@ impl Engine {
 
     async fn push_commit(&self, edit: Edit) -> anyhow::Result<()> {
         let Edit { server, rel, entry, content } = edit;
+        // A file never synced here, with a server version waiting to come down: the same
+        // content is that version; other content goes up as a conflict against it (never on
+        // base 0, which the server could take for a retry of its version 1).
+        let waiting = match &entry {
+            None => self.db.failure(&server)?.and_then(|f| f.change).filter(|c| !c.deleted),
+            Some(_) => None,
+        };
+        if let Some(c) = &waiting {
+            if c.chunks == content.chunks && c.executable == content.meta.executable {
+                let recorded = Entry { local: self.alias_of(&server, &rel), ..content.entry(c.version) };
+                self.db.settle(&server, &recorded)?;
+                self.note_name(&server, &rel);
+                return Ok(());
+            }
+        }
         let sent = transfer::upload(&self.remote, &self.folder, &rel, &content).await?;
-        let base = entry.as_ref().map_or(0, |e| e.version);
+        let base = match (&entry, &waiting) {
+            (Some(e), _) => e.version,
+            (None, Some(c)) => c.version.saturating_sub(1),
+            (None, None) => 0,
+        };
         let mtime_ms = content.meta.mtime_ns / 1_000_000;
         let (chunks, size, exec) = (&content.chunks, content.meta.size, content.meta.executable);
         match self.remote.commit(&server, chunks, size, mtime_ms, exec, base).await? {

@@ -169,6 +169,8 @@ pub struct Assembled {
     pub dir: OwnedFd,
     pub temp: String,
     pub lengths: Vec<u64>,
+    /// The temporary file as finished (its inode tells it from anything else later).
+    pub meta: Meta,
     pub fetched: Fetched,
 }
 
@@ -218,8 +220,9 @@ pub async fn assemble(
             fetched.bytes += bytes.len() as u64;
         }
     }
-    Folder::finish_temp(&out, mtime_ms, executable).with_context(|| format!("finish the download of {rel}"))?;
-    Ok(Assembled { dir, temp, lengths, fetched })
+    let meta =
+        Folder::finish_temp(&out, mtime_ms, executable).with_context(|| format!("finish the download of {rel}"))?;
+    Ok(Assembled { dir, temp, lengths, meta, fetched })
 }
 
 /// The temporary file of a download cut short, cut back to the longest run of `chunks` it
