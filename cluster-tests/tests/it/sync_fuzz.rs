@@ -116,7 +116,11 @@ impl World {
         };
         *self.counts.entry(op).or_default() += 1;
         let dir = self.devices[writer].dir.clone();
-        let files: Vec<String> = tree(&dir)?.into_keys().collect();
+        // The user's files: not the client's temporary ones (a download under way).
+        let files: Vec<String> = tree(&dir)?
+            .into_keys()
+            .filter(|path| !path.rsplit('/').next().unwrap_or("").starts_with(".raftbox-"))
+            .collect();
         let existing = (!files.is_empty()).then(|| files[rng.gen_range(0..files.len())].clone());
         let content = self.content(rng, writer);
         let last = &mut self.last[writer];
