@@ -5,9 +5,22 @@ use serde::de::DeserializeOwned;
 
 use crate::ApiError;
 
-/// Parses a JSON request body; bad JSON or a wrong shape is a 400. The Content-Type is not
-/// checked, so `curl -d '{...}'` works as typed.
+/// How deeply a request body may nest arrays and objects. Far below what every node's decoder
+/// takes of a log entry (`raftbox_storage::command::DECODER_DEPTH_MAX`, with the entry's own
+/// levels around a command): every free-form value — a job's payload, above all — reaches the
+/// log inside a request body, so none can ever make an entry a follower refuses.
+pub const JSON_DEPTH_MAX: usize = 32;
+
+/// Parses a JSON request body; bad JSON, a wrong shape or nesting deeper than
+/// [`JSON_DEPTH_MAX`] is a 400. The Content-Type is not checked, so `curl -d '{...}'` works
+/// as typed.
 pub fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    let depth = raftbox_storage::command::json_depth(body);
+    if depth > JSON_DEPTH_MAX {
+        return Err(ApiError::BadRequest(format!(
+            "the JSON body nests {depth} levels deep; at most {JSON_DEPTH_MAX} are accepted"
+        )));
+    }
     serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 

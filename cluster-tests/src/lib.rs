@@ -15,12 +15,15 @@
 //!   replays it.
 //! - [`checker`] (linearizability) and [`guard_checks`] (rate limits, fires, keys): checkers
 //!   as pure functions over recorded histories.
+//! - [`bystander`]: a user committing while another attacks, and the verdict the
+//!   hostile-tenant tests judge (term, failures, p99 within 3x).
 //! - [`sync_device`]: a device running `raftbox sync`, and the trees (local, server) the
 //!   sync tests judge.
 //! - [`Cluster::check_logs`] and [`Cluster::conclude`]: a panic or an ERROR line in any node
 //!   log fails the test; on failure the log tails and the cluster directory are printed
 //!   (`RAFTBOX_KEEP=1` keeps the directory).
 
+pub mod bystander;
 pub mod checker;
 mod client;
 mod cluster;

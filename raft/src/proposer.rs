@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
+use raftbox_storage::command::{json_depth, json_nesting, DECODER_DEPTH_MAX};
 use raftbox_storage::{Batch, Command, Outcome};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -23,7 +24,7 @@ use crate::metrics::NodeMetrics;
 use crate::network::{Peers, ENTRY_BYTES_MAX};
 use crate::pb::forward_reply::Result as ForwardResult;
 use crate::pb::ForwardRequest;
-use crate::types::{NodeId, Raft};
+use crate::types::{Entry, LogId, NodeId, Raft, TypeConfig, Vote};
 
 /// Submissions waiting for the next batch, at most (back-pressure beyond this).
 pub const QUEUE_UNITS_MAX: usize = 16_384;
@@ -78,6 +79,7 @@ impl Proposer {
         if encoded.len() > ENTRY_BYTES_MAX {
             return Err(WriteError::TooLarge { bytes: encoded.len(), max: ENTRY_BYTES_MAX });
         }
+        check_depth(&encoded)?;
         let deadline = Instant::now() + self.write_timeout;
         let (reply, rx) = oneshot::channel();
         let unit = Unit { commands, encoded, deadline, reply };
@@ -92,6 +94,41 @@ impl Proposer {
             Err(_) => Err(WriteError::Unknown(format!("no answer within {} ms", self.write_timeout.as_millis()))),
         }
     }
+}
+
+/// Refuses commands that, inside a log entry, would nest deeper than every node's decoder
+/// takes: such an entry would be appended by the leader and refused by every follower and by
+/// the log reader, and cost the cluster its leader (DESIGN.md §2, "Nothing unreadable
+/// reaches the log"). `encoded` is the commands as a JSON array, as the entry holds them.
+fn check_depth(encoded: &[u8]) -> Result<(), WriteError> {
+    // The array's own brackets sit at `commands_level()` in the deepest encoding.
+    let depth = commands_level().saturating_sub(1) + json_depth(encoded);
+    if depth > DECODER_DEPTH_MAX {
+        return Err(WriteError::Invalid(format!(
+            "the command nests {depth} levels deep in a log entry; every node decodes at most {DECODER_DEPTH_MAX}"
+        )));
+    }
+    Ok(())
+}
+
+/// The nesting level at which a log entry's command array opens in the deepest encoding an
+/// entry travels in — a whole `AppendEntries` request (the framed request, the forward RPC
+/// and the log store hold it shallower) — measured once from a real encoding.
+fn commands_level() -> usize {
+    static LEVEL: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+        let batch = Batch { now_ms: 0, commands: std::sync::Arc::from(Vec::new()) };
+        let request = openraft::raft::AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::default(),
+            prev_log_id: None,
+            entries: vec![Entry { log_id: LogId::default(), payload: openraft::EntryPayload::Normal(batch) }],
+            leader_commit: None,
+        };
+        let encoded = serde_json::to_vec(&request).expect("an AppendEntries request encodes");
+        let key = b"\"commands\":[";
+        let at = encoded.windows(key.len()).position(|w| w == key).expect("an entry's batch holds its commands");
+        json_nesting(&encoded[..at + key.len()]).1
+    });
+    *LEVEL
 }
 
 async fn run(ctx: ProposerContext, mut rx: mpsc::Receiver<Unit>) {
@@ -326,6 +363,53 @@ mod tests {
         let joined = join_encoded(&[unit("[1,2]"), unit("[]"), unit("[3]")]);
         assert_eq!(String::from_utf8(joined).expect("utf-8"), "[1,2,3]");
         assert_eq!(join_encoded(&[unit("[]")]), b"[]");
+    }
+
+    /// A job command whose payload nests `levels` deep.
+    fn deep_job(levels: usize) -> Command {
+        let mut payload = serde_json::json!(1);
+        for _ in 0..levels {
+            payload = serde_json::json!([payload]);
+        }
+        let spec = raftbox_storage::jobs::JobSpec {
+            id: "j".into(),
+            owner_user_id: "u".into(),
+            job_type: "noop".into(),
+            target: String::new(),
+            payload,
+            schedule: raftbox_storage::jobs::Schedule::Once { run_at_ms: 1 },
+            max_retries: 0,
+            retry_backoff_ms: 1_000,
+            timeout_s: 30,
+        };
+        Command::CreateJob(Box::new(raftbox_storage::jobs::Job::scheduled(spec, Some(1))))
+    }
+
+    #[test]
+    fn a_command_is_proposed_only_if_every_encoding_of_its_entry_decodes() {
+        let mut deepest_taken = None;
+        for levels in 60..140 {
+            let commands = vec![deep_job(levels)];
+            let encoded = serde_json::to_vec(&commands).expect("encode");
+            let batch = Batch { now_ms: 1, commands: commands.into() };
+            let entry = Entry { log_id: LogId::default(), payload: openraft::EntryPayload::Normal(batch) };
+            let request = openraft::raft::AppendEntriesRequest::<TypeConfig> {
+                vote: Vote::default(),
+                prev_log_id: None,
+                entries: vec![entry.clone()],
+                leader_commit: None,
+            };
+            let whole = serde_json::to_vec(&request).expect("encode");
+            let decodes = serde_json::from_slice::<openraft::raft::AppendEntriesRequest<TypeConfig>>(&whole).is_ok()
+                && serde_json::from_slice::<Entry>(&serde_json::to_vec(&entry).expect("encode")).is_ok();
+            // Taken exactly when every decoder takes it: never one a follower refuses.
+            assert_eq!(check_depth(&encoded).is_ok(), decodes, "{levels} levels");
+            if decodes {
+                deepest_taken = Some(levels);
+            }
+        }
+        let deepest = deepest_taken.expect("some depths decode");
+        assert!((100..127).contains(&deepest), "payloads up to {deepest} levels are proposed");
     }
 
     fn peers() -> Peers {

@@ -22,6 +22,46 @@ pub struct Batch {
     pub commands: std::sync::Arc<[Command]>,
 }
 
+/// The deepest nesting of arrays and objects the JSON decoder of every node takes (serde_json's
+/// recursion limit of 128 refuses the 128th level). Every node decodes every log entry with it, so a command whose entry
+/// would nest deeper is refused before it is proposed (`raftbox_raft` checks the depth of
+/// the deepest encoding an entry travels in).
+pub const DECODER_DEPTH_MAX: usize = 127;
+
+/// How deeply the JSON text `json` nests: the most arrays and objects open at once, strings
+/// skipped. One pass over the bytes, no allocation.
+pub fn json_depth(json: &[u8]) -> usize {
+    json_nesting(json).0
+}
+
+/// The most arrays and objects open at once in the JSON text (or prefix) `json`, and how
+/// many are open at its end.
+pub fn json_nesting(json: &[u8]) -> (usize, usize) {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &byte in json {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    (deepest, depth)
+}
+
 /// A state change. Each variant is applied atomically with the rest of its batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -397,5 +437,33 @@ impl Rejection {
     /// missing chunks): not saved under an idempotency key, so the retry runs.
     pub fn is_curable(&self) -> bool {
         matches!(self, Rejection::MissingChunks(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_depth_counts_open_arrays_and_objects_outside_strings() {
+        for (json, depth) in [
+            ("1", 0),
+            ("[]", 1),
+            (r#"{"a":[1,{"b":[]}]}"#, 4),
+            (r#"["[[[[", "{\"]"]"#, 1),
+            (r#"[["\\"],[]]"#, 2),
+            (r#"{"a":{}}{"b":{}}"#, 2),
+        ] {
+            assert_eq!(json_depth(json.as_bytes()), depth, "{json}");
+        }
+        let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+        assert_eq!(json_depth(deep.as_bytes()), 300);
+    }
+
+    #[test]
+    fn the_decoder_takes_exactly_decoder_depth_max() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(DECODER_DEPTH_MAX)).is_ok());
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(DECODER_DEPTH_MAX + 1)).is_err());
     }
 }

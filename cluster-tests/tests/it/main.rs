@@ -33,6 +33,8 @@
 //!   edits cross, a conflicted copy names user and device, a viewer's commit is 403, a
 //!   revoke removes the folder from the former member's sync and closes its files and blocks.
 //! - `shared_rate_limit`: a limit holds across all nodes hammered at once.
+//! - `hostile_tenants`: one ordinary user's attacks (deep JSON, …) while a bystander commits:
+//!   the term does not move, no bystander commit fails, its p99 stays within 3x.
 //! - `idempotency_across_nodes`: one key sent to every node at once runs once.
 //! - `limiter_failure_modes`: without quorum, fail-open admits and fail-closed rejects.
 //! - `membership`: nodes join and leave under load; five nodes survive two down; bad changes refused.
@@ -68,6 +70,7 @@ mod files_sync;
 mod folder_sync;
 mod grpc_secret;
 mod guards_chaos;
+mod hostile_tenants;
 mod idempotency_across_nodes;
 mod jobs_exec;
 mod limiter_failure_modes;
