@@ -37,6 +37,7 @@ pub(crate) fn create_user(
         owner_user_id: user_id.into(),
         created_ms,
         name: String::new(),
+        deleting: false,
     };
     txn.put(keys::user(user_id), &user);
     txn.put(keys::user_name(name), &user_id.to_string());

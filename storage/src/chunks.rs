@@ -5,6 +5,8 @@
 //! and leaves it on first use; collection removes index entries of chunks still unreferenced
 //! after a grace period (each node then reclaims the block files on its own).
 
+use std::collections::HashSet;
+
 use crate::blocks::BlockHash;
 use crate::command::Outcome;
 use crate::records::Chunk;
@@ -29,6 +31,14 @@ pub(crate) fn register(
     Ok(Outcome::Done)
 }
 
+/// Namespaces referencing a block examined for one the reader can read, at most, before
+/// the reader's own namespaces are asked instead (point reads): a block referenced by many
+/// namespaces costs a check no more than a bounded scan either way.
+const REFERENCING_NAMESPACES_SCANNED_MAX: usize = 64;
+/// Namespaces of a reader examined by that fallback, at most (their personal one and the
+/// folders shared with them, and with their groups).
+pub const READER_NAMESPACES_SCANNED_MAX: usize = 1_000;
+
 /// Whether `user_id` may read the block: they uploaded it, or a namespace they can read
 /// references it. The rule behind block reads, `status` and the commit check.
 pub fn readable<R: Reads>(state: &R, user_id: &str, hash: &BlockHash) -> Result<bool, StorageError> {
@@ -36,9 +46,21 @@ pub fn readable<R: Reads>(state: &R, user_id: &str, hash: &BlockHash) -> Result<
         return Ok(true);
     }
     let (start, end) = keys::chunk_namespace_range(&hash.0);
-    for key in state.keys_between(&start, &end)? {
+    let referencing = state.keys_between(&start, &end, REFERENCING_NAMESPACES_SCANNED_MAX + 1)?;
+    for key in referencing.iter().take(REFERENCING_NAMESPACES_SCANNED_MAX) {
         let namespace_id = String::from_utf8_lossy(&key[start.len()..]);
         if sharing::role(state, user_id, &namespace_id)?.is_some() {
+            return Ok(true);
+        }
+    }
+    if referencing.len() <= REFERENCING_NAMESPACES_SCANNED_MAX {
+        return Ok(false);
+    }
+    // Many namespaces reference it: ask the reader's own instead.
+    for namespace_id in sharing::reader_namespaces(state, user_id, READER_NAMESPACES_SCANNED_MAX)? {
+        if state.get_bytes(&keys::chunk_namespace(&hash.0, &namespace_id))?.is_some()
+            && sharing::role(state, user_id, &namespace_id)?.is_some()
+        {
             return Ok(true);
         }
     }
@@ -48,19 +70,22 @@ pub fn readable<R: Reads>(state: &R, user_id: &str, hash: &BlockHash) -> Result<
 /// The first of `chunks` absent from the index or that `user_id` may not read, each once.
 pub(crate) fn unusable(txn: &Txn<'_>, user_id: &str, chunks: &[BlockHash]) -> Result<Vec<BlockHash>, StorageError> {
     let mut out = missing(txn, chunks)?;
+    let mut judged: HashSet<BlockHash> = out.iter().copied().collect();
     for hash in chunks {
-        if !out.contains(hash) && !readable(txn, user_id, hash)? {
+        if judged.insert(*hash) && !readable(txn, user_id, hash)? {
             out.push(*hash);
         }
     }
     Ok(out)
 }
 
-/// The first of `chunks` absent from the index, each once, in order.
+/// The first of `chunks` absent from the index, each once, in order (a set, not a list
+/// search: a commit names up to 100,000 chunks).
 pub(crate) fn missing(txn: &Txn<'_>, chunks: &[BlockHash]) -> Result<Vec<BlockHash>, StorageError> {
     let mut missing = Vec::new();
+    let mut seen = HashSet::with_capacity(chunks.len());
     for hash in chunks {
-        if !missing.contains(hash) && txn.get_raw(&keys::chunk(&hash.0))?.is_none() {
+        if seen.insert(*hash) && txn.get_raw(&keys::chunk(&hash.0))?.is_none() {
             missing.push(*hash);
         }
     }
@@ -77,12 +102,11 @@ pub(crate) fn reference(
     chunks: &[BlockHash],
     delta: Delta,
 ) -> Result<(), StorageError> {
-    let mut seen = Vec::new();
+    let mut seen = HashSet::with_capacity(chunks.len());
     for hash in chunks {
-        if seen.contains(hash) {
+        if !seen.insert(*hash) {
             continue;
         }
-        seen.push(*hash);
         count_in_namespace(txn, namespace_id, hash, delta)?;
         let key = keys::chunk(&hash.0);
         let Some(mut chunk) = txn.get::<Chunk>("chunk", &key)? else {
@@ -139,20 +163,40 @@ pub(crate) enum Delta {
 pub(crate) fn collect_orphans(txn: &mut Txn<'_>, orphaned_before_ms: u64, max: usize) -> Result<Outcome, StorageError> {
     let (start, end) = keys::orphans_until(orphaned_before_ms);
     let due = txn.committed_keys(&start, &end, max)?;
-    let more = due.len() == max;
-    let mut removed = 0;
+    let mut more = due.len() == max;
+    let (mut removed, mut budget) = (0, max);
     for index_key in due {
-        txn.delete(index_key.clone());
-        let Some((_, hash)) = keys::parse_timed(&index_key) else { continue };
-        let Ok(hash) = <[u8; 32]>::try_from(hash) else { continue };
+        let Some((_, hash)) = keys::parse_timed(&index_key) else {
+            txn.delete(index_key);
+            continue;
+        };
+        let Ok(hash) = <[u8; 32]>::try_from(hash) else {
+            txn.delete(index_key);
+            continue;
+        };
         let key = keys::chunk(&hash);
         if txn.get::<Chunk>("chunk", &key)?.is_some_and(|c| c.refcount == 0) {
-            txn.delete(key);
+            // Its uploaders' marks go first, within the step's budget; the chunk and its
+            // index entry only once none is left (the next step goes on).
             let (start, end) = keys::chunk_uploader_range(&hash);
-            for uploader in txn.keys_in(&start, &end)? {
+            let uploaders = txn.keys_in(&start, &end, budget.saturating_add(1))?;
+            let all = uploaders.len() <= budget;
+            for uploader in uploaders.into_iter().take(budget) {
                 txn.delete(uploader);
+                budget -= 1;
             }
+            if !all {
+                more = true;
+                break;
+            }
+            txn.delete(key);
             removed += 1;
+        }
+        txn.delete(index_key);
+        budget = budget.saturating_sub(1);
+        if budget == 0 {
+            more = true;
+            break;
         }
     }
     Ok(Outcome::Collected { removed, more })

@@ -244,7 +244,9 @@ pub(crate) fn purge_expired(txn: &mut Txn<'_>, max_records: usize) -> Result<Out
         }
         more |= due == max_records;
     }
-    Ok(Outcome::Purged { records: purged, more })
+    // Deleted shared folders, a bounded step each time (their own budget).
+    let (removed, folders_left) = crate::sharing::purge_deleted(txn, max_records)?;
+    Ok(Outcome::Purged { records: purged + removed as u64, more: more || folders_left })
 }
 
 /// The expiry a record currently has (it may have been renewed since an index entry).

@@ -61,6 +61,7 @@ mod tag {
     pub const GROUP_MEMBER: u8 = 0x20;
     pub const CHUNK_UPLOADER: u8 = 0x21;
     pub const CHUNK_NAMESPACE: u8 = 0x22;
+    pub const NAMESPACE_PURGE: u8 = 0x23;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -413,6 +414,16 @@ pub fn chunk(hash: &[u8; 32]) -> Vec<u8> {
 
 pub fn namespace(namespace_id: &str) -> Vec<u8> {
     tagged(tag::NAMESPACE, namespace_id.as_bytes())
+}
+
+/// Deleted namespaces whose records are still being removed, a bounded step at a time.
+pub fn namespace_purge(namespace_id: &str) -> Vec<u8> {
+    tagged(tag::NAMESPACE_PURGE, namespace_id.as_bytes())
+}
+
+/// Every [`namespace_purge`] key.
+pub fn namespace_purge_range() -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::NAMESPACE_PURGE], vec![tag::NAMESPACE_PURGE + 1])
 }
 
 /// The first key of the user table and the first key past it.

@@ -43,6 +43,10 @@ pub struct Namespace {
     /// A shared folder's name (empty for a personal namespace).
     #[serde(default)]
     pub name: String,
+    /// Deleted: gone for everyone (`sharing::role` answers none) while its records are
+    /// removed a bounded step at a time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
 }
 
 /// A permission on a namespace; each includes the ones before it.

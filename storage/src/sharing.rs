@@ -18,12 +18,20 @@ use crate::{keys, StorageError};
 
 /// The data format this code writes; `Migrate` brings older stored data up to it.
 pub const SCHEMA_CURRENT: u32 = 2;
+/// ACL entries of one shared folder, at most (a grant beyond is refused): the owner count
+/// a grant or revoke checks reads them all.
+pub const ACL_ENTRIES_MAX: usize = 1_000;
+/// Groups one user belongs to, at most: every permission check reads one entry per group.
+pub const GROUPS_PER_USER_MAX: usize = 100;
 
 /// The caller's role on a namespace, or `None`: they may not even know it exists.
 pub fn role<R: Reads>(state: &R, user_id: &str, namespace_id: &str) -> Result<Option<Role>, StorageError> {
     let Some(namespace) = state.get_record::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
         return Ok(None);
     };
+    if namespace.deleting {
+        return Ok(None);
+    }
     if namespace.kind == NamespaceKind::Personal {
         return Ok((namespace.owner_user_id == user_id).then_some(Role::Owner));
     }
@@ -36,6 +44,26 @@ pub fn role<R: Reads>(state: &R, user_id: &str, namespace_id: &str) -> Result<Op
         best = best.max(via_group);
     }
     Ok(best)
+}
+
+/// The namespaces `user_id` may reach, as far as their keys tell (their personal one, then
+/// those whose ACL names them or one of their groups), at most `max`; [`role`] still judges
+/// each (a namespace being deleted, say).
+pub fn reader_namespaces<R: Reads>(state: &R, user_id: &str, max: usize) -> Result<Vec<String>, StorageError> {
+    let Some(user) = state.get_record::<User>("user", &keys::user(user_id))? else { return Ok(Vec::new()) };
+    let mut out = vec![user.namespace_id.clone()];
+    let grantees =
+        std::iter::once(Grantee::User(user.id.clone())).chain(user.groups.iter().cloned().map(Grantee::Group));
+    for grantee in grantees {
+        if out.len() >= max {
+            break;
+        }
+        let (start, end) = keys::acl_grantee_range(&grantee.key());
+        for key in state.keys_between(&start, &end, max - out.len())? {
+            out.push(String::from_utf8_lossy(&key[start.len()..]).into_owned());
+        }
+    }
+    Ok(out)
 }
 
 /// The ACL entry naming `grantee` on `namespace_id`, if any. Ids are joined into one key,
@@ -63,6 +91,7 @@ pub(crate) fn create_folder(
         owner_user_id: owner_user_id.into(),
         created_ms: txn.now_ms,
         name: name.into(),
+        deleting: false,
     };
     txn.put(keys::namespace(namespace_id), &namespace);
     put_entry(txn, namespace_id, &Grantee::User(owner_user_id.into()), Role::Owner);
@@ -86,7 +115,7 @@ fn grantee_exists(txn: &Txn<'_>, grantee: &Grantee) -> Result<bool, StorageError
 fn direct_owners(txn: &Txn<'_>, namespace_id: &str) -> Result<usize, StorageError> {
     let (start, end) = keys::acl_range(namespace_id);
     let mut owners = 0;
-    for key in txn.keys_in(&start, &end)? {
+    for key in txn.keys_in(&start, &end, ACL_ENTRIES_MAX)? {
         let found = txn.get::<AclEntry>("acl entry", &key)?;
         if found.is_some_and(|e| {
             e.namespace_id == namespace_id && matches!(e.grantee, Grantee::User(_)) && e.role == Role::Owner
@@ -133,12 +162,20 @@ pub(crate) fn set_access(
     if existing.is_none() && role_wanted.is_none() {
         return Ok(Outcome::Rejected(Rejection::NotFound("no such ACL entry".into())));
     }
-    let was_owner = existing.is_some_and(|e| e.role == Role::Owner);
+    let was_owner = existing.as_ref().is_some_and(|e| e.role == Role::Owner);
     let demoted = matches!(grantee, Grantee::User(_)) && was_owner && role_wanted != Some(Role::Owner);
     if demoted && direct_owners(txn, namespace_id)? <= 1 {
         return Ok(Outcome::Rejected(Rejection::Conflict(
             "the last owner can neither leave nor be demoted; make someone else an owner first".into(),
         )));
+    }
+    if existing.is_none() && role_wanted.is_some() {
+        let (start, end) = keys::acl_range(namespace_id);
+        if txn.keys_in(&start, &end, ACL_ENTRIES_MAX)?.len() >= ACL_ENTRIES_MAX {
+            return Ok(Outcome::Rejected(Rejection::Conflict(format!(
+                "this folder has {ACL_ENTRIES_MAX} access entries, the most allowed; share with a group instead"
+            ))));
+        }
     }
     match role_wanted {
         Some(role) => put_entry(txn, namespace_id, grantee, role),
@@ -173,7 +210,9 @@ fn folder_role(
     Ok(Ok(actor_role))
 }
 
-/// Deletes a shared folder and everything in it, in this one apply.
+/// Deletes a shared folder: from this apply on it is gone for everyone (the namespace is
+/// marked deleting, and [`role`] answers none), and [`purge_deleted`] removes its ACL,
+/// files, versions and change feed a bounded step at a time, with the maintenance purge.
 pub(crate) fn delete_folder(
     txn: &mut Txn<'_>,
     actor_user_id: &str,
@@ -186,38 +225,86 @@ pub(crate) fn delete_folder(
     if actor_role != Role::Owner {
         return Ok(Outcome::Rejected(Rejection::Forbidden("only an owner deletes a shared folder".into())));
     }
+    let Some(namespace) = txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("namespace {namespace_id}"))));
+    };
+    txn.put(keys::namespace(namespace_id), &Namespace { deleting: true, ..namespace });
+    txn.put_raw(keys::namespace_purge(namespace_id), Vec::new());
+    touch(txn, namespace_id)?;
+    Ok(Outcome::Done)
+}
+
+/// Removes up to `max` records of deleted namespaces (their ACL entries, files with their
+/// versions, change feed, and at last the namespace itself): one bounded step, repeated by
+/// the maintenance purge. Answers how many went and whether more remain.
+pub(crate) fn purge_deleted(txn: &mut Txn<'_>, max: usize) -> Result<(usize, bool), StorageError> {
+    let mut budget = max;
+    let (start, end) = keys::namespace_purge_range();
+    while budget > 0 {
+        let Some(queued) = txn.keys_in(&start, &end, 1)?.pop() else { return Ok((max - budget, false)) };
+        let namespace_id = String::from_utf8_lossy(&queued[1..]).into_owned();
+        if !purge_namespace_step(txn, &namespace_id, &mut budget)? {
+            return Ok((max - budget, true));
+        }
+        txn.delete(keys::namespace_cursor(&namespace_id));
+        txn.delete(keys::namespace(&namespace_id));
+        txn.delete(queued);
+    }
+    Ok((max, !txn.keys_in(&start, &end, 1)?.is_empty()))
+}
+
+/// Removes records of the deleted namespace `namespace_id` while `budget` lasts; whether
+/// none is left.
+fn purge_namespace_step(txn: &mut Txn<'_>, namespace_id: &str, budget: &mut usize) -> Result<bool, StorageError> {
     let (start, end) = keys::acl_range(namespace_id);
-    for key in txn.keys_in(&start, &end)? {
+    for key in txn.keys_in(&start, &end, *budget)? {
         if let Some(entry) = txn.get::<AclEntry>("acl entry", &key)? {
             txn.delete(keys::acl_grantee(&entry.grantee.key(), &entry.namespace_id));
         }
         txn.delete(key);
+        *budget -= 1;
     }
     let (start, end) = keys::file_path_range(namespace_id);
-    for path_key in txn.keys_in(&start, &end)? {
+    for path_key in txn.keys_in(&start, &end, *budget)? {
         if let Some(file_id) = txn.get::<String>("file path", &path_key)? {
             let owned =
                 txn.get::<FileRecord>("file", &keys::file(&file_id))?.is_some_and(|f| f.namespace_id == namespace_id);
             if owned {
                 let (first, past) = keys::version_range(&file_id);
-                for version_key in txn.keys_in(&first, &past)? {
+                let versions = txn.keys_in(&first, &past, budget.saturating_add(1))?;
+                let all = versions.len() <= *budget;
+                for version_key in versions.into_iter().take(*budget) {
                     if let Some(version) = txn.get::<VersionRecord>("version", &version_key)? {
                         chunks::reference(txn, namespace_id, &version.chunks, Delta::Drop)?;
                     }
                     txn.delete(version_key);
+                    *budget -= 1;
+                }
+                if !all || *budget == 0 {
+                    return Ok(false);
                 }
                 txn.delete(keys::file(&file_id));
             }
         }
         txn.delete(path_key);
+        *budget = budget.saturating_sub(1);
     }
     let (start, end) = keys::change_range(namespace_id);
-    for key in txn.keys_in(&start, &end)? {
+    for key in txn.keys_in(&start, &end, *budget)? {
         txn.delete(key);
+        *budget -= 1;
     }
-    txn.delete(keys::namespace_cursor(namespace_id));
-    txn.delete(keys::namespace(namespace_id));
-    Ok(Outcome::Done)
+    if *budget == 0 {
+        // Spent exactly: look again next step (a last empty look costs nothing).
+        let left =
+            [keys::acl_range(namespace_id), keys::file_path_range(namespace_id), keys::change_range(namespace_id)];
+        for (start, end) in left {
+            if !txn.keys_in(&start, &end, 1)?.is_empty() {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 pub(crate) fn create_group(txn: &mut Txn<'_>, group_id: &str, name: &str) -> Result<Outcome, StorageError> {
@@ -251,6 +338,11 @@ pub(crate) fn set_group_member(
         (false, false) => {
             return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id} is not in group {group_id}"))))
         }
+        (true, false) if user.groups.len() >= GROUPS_PER_USER_MAX => {
+            return Ok(Outcome::Rejected(Rejection::Conflict(format!(
+                "user {user_id} is in {GROUPS_PER_USER_MAX} groups, the most allowed"
+            ))))
+        }
         (true, false) => {
             user.groups.push(group_id.into());
             txn.put_raw(keys::group_member(group_id, user_id), Vec::new());
@@ -276,13 +368,15 @@ pub(crate) fn migrate(txn: &mut Txn<'_>, schema: u32) -> Result<Outcome, Storage
     if schema > SCHEMA_CURRENT {
         return Ok(Outcome::Rejected(Rejection::Invalid(format!("schema {schema} is unknown to this node"))));
     }
+    // The one apply not bounded by a named limit: a one-time upgrade of data written before
+    // sharing, proposed by the node itself at start, never by a request.
     let (start, end) = keys::chunk_namespace_all();
-    for key in txn.keys_in(&start, &end)? {
+    for key in txn.keys_in(&start, &end, usize::MAX)? {
         txn.delete(key);
     }
     let (start, end) = keys::version_all();
     let mut namespaces: BTreeMap<String, String> = BTreeMap::new();
-    for key in txn.keys_in(&start, &end)? {
+    for key in txn.keys_in(&start, &end, usize::MAX)? {
         let Some(version) = txn.get::<VersionRecord>("version", &key)? else { continue };
         // The key is the tag, the file id, a 0 byte and the 8-byte version number.
         let Some(file_id) = key.get(1..key.len().saturating_sub(9)) else { continue };
@@ -295,10 +389,9 @@ pub(crate) fn migrate(txn: &mut Txn<'_>, schema: u32) -> Result<Outcome, Storage
                 file.namespace_id
             }
         };
-        let mut seen: Vec<BlockHash> = Vec::new();
+        let mut seen: std::collections::HashSet<BlockHash> = std::collections::HashSet::new();
         for hash in &version.chunks {
-            if !seen.contains(hash) {
-                seen.push(*hash);
+            if seen.insert(*hash) {
                 chunks::count_in_namespace(txn, &namespace_id, hash, Delta::Add)?;
             }
         }

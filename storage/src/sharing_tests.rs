@@ -223,8 +223,26 @@ fn a_block_is_readable_by_its_uploaders_and_the_readers_of_namespaces_naming_it(
     ));
 }
 
+/// Runs the maintenance purge, `max` records a step, until nothing is left; the steps.
+fn purge_all(sm: &StateMachine, max: usize) -> usize {
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        match apply(sm, Command::PurgeExpired { max_records: max as u32 }) {
+            Outcome::Purged { records, more } => {
+                assert!(records as usize <= max + 1, "a step removed {records} records, more than {max}");
+                if !more {
+                    return steps;
+                }
+            }
+            other => panic!("purge: {other:?}"),
+        }
+        assert!(steps < 100_000, "the purge never ends");
+    }
+}
+
 #[test]
-fn deleting_a_folder_drops_everything_in_it() {
+fn deleting_a_folder_hides_it_at_once_and_drops_everything_in_bounded_steps() {
     let (_dir, sm) = world();
     upload(&sm, "a", "ann");
     apply(&sm, set("ann", user("bob"), Some(Role::Editor)));
@@ -239,12 +257,21 @@ fn deleting_a_folder_drops_everything_in_it() {
         Batch { now_ms: 5, commands: vec![commit("bob", "team", "/late", &["a"], 0, "d"), delete("ann")].into() };
     let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
     assert_eq!(outcomes[1], Outcome::Done, "{outcomes:?}");
-    assert_eq!(sm.namespace("team").expect("ns"), None);
+    // Gone for everyone at once: no role, no listing, no write, no second deletion.
     assert_eq!(sm.role("ann", "team").expect("role"), None);
+    assert_eq!(sm.role("bob", "team").expect("role"), None);
+    assert!(sm.namespaces_of("bob").expect("list").iter().all(|a| a.namespace.id != "team"));
+    assert!(matches!(
+        apply(&sm, commit("ann", "team", "/after", &["a"], 0, "d")),
+        Outcome::Rejected(Rejection::NotFound(_))
+    ));
+    assert!(matches!(apply(&sm, delete("ann")), Outcome::Rejected(Rejection::NotFound(_))));
+    // The records go with the maintenance purge.
+    purge_all(&sm, 2);
+    assert_eq!(sm.namespace("team").expect("ns"), None);
     assert_eq!(sm.chunk(&h("a")).expect("chunk").expect("indexed").refcount, 0);
     assert_eq!(sm.namespace_cursor("team").expect("cursor"), 0);
     assert!(sm.changes("team", 0, 10).expect("changes").is_empty());
-    assert!(sm.namespaces_of("bob").expect("list").iter().all(|a| a.namespace.id != "team"));
     let (start, end) = keys::chunk_namespace_all();
     assert!(sm.scan_keys(&start, &end, 10).expect("scan").is_empty());
     // Only the uploader can still read the block.
@@ -253,6 +280,85 @@ fn deleting_a_folder_drops_everything_in_it() {
     // A personal namespace is not deleted this way.
     let personal = Command::DeleteSharedFolder { actor_user_id: "ann".into(), namespace_id: "home-ann".into() };
     assert!(matches!(apply(&sm, personal), Outcome::Rejected(Rejection::Invalid(_))));
+}
+
+#[test]
+fn a_folder_of_thousands_of_files_is_deleted_by_steps_of_bounded_work() {
+    let (_dir, sm) = world();
+    upload(&sm, "a", "ann");
+    let files = 3_000;
+    let commits: Vec<Command> = (0..files).map(|i| commit("ann", "team", &format!("/f{i}"), &["a"], 0, "d")).collect();
+    for batch in commits.chunks(500) {
+        sm.apply(b"m", Some(&Batch { now_ms: 2, commands: batch.to_vec().into() })).expect("apply");
+    }
+    apply(&sm, commit("ann", "team", "/f0", &["a", "a"], 1, "d"));
+    let delete = Command::DeleteSharedFolder { actor_user_id: "ann".into(), namespace_id: "team".into() };
+    // The deletion itself: one apply of a handful of writes, whatever the folder holds.
+    let started = std::time::Instant::now();
+    assert_eq!(apply(&sm, delete), Outcome::Done);
+    assert!(started.elapsed() < std::time::Duration::from_millis(200), "{:?}", started.elapsed());
+    let steps = purge_all(&sm, 256);
+    // paths + files + versions + feed entries + the ACL entry, 256 a step.
+    assert!(steps >= (3 * files) / 256, "{steps} steps");
+    assert_eq!(sm.namespace("team").expect("ns"), None);
+    assert_eq!(sm.chunk(&h("a")).expect("chunk").expect("indexed").refcount, 0);
+    let (start, end) = keys::file_path_range("team");
+    assert!(sm.scan_keys(&start, &end, 1).expect("scan").is_empty());
+}
+
+#[test]
+fn an_acl_and_a_users_groups_are_bounded() {
+    let (_dir, sm) = world();
+    for i in 0..crate::sharing::ACL_ENTRIES_MAX + 1 {
+        let id = format!("u{i}");
+        apply(&sm, Command::CreateUser { user_id: id.clone(), namespace_id: format!("home-{id}"), name: id.clone() });
+    }
+    // ann's own entry counts: 999 more fit.
+    for i in 0..crate::sharing::ACL_ENTRIES_MAX - 1 {
+        assert_eq!(apply(&sm, set("ann", user(&format!("u{i}")), Some(Role::Viewer))), Outcome::Done);
+    }
+    let last = format!("u{}", crate::sharing::ACL_ENTRIES_MAX);
+    assert!(matches!(
+        apply(&sm, set("ann", user(&last), Some(Role::Viewer))),
+        Outcome::Rejected(Rejection::Conflict(_))
+    ));
+    // Changing an existing entry still works at the cap.
+    assert_eq!(apply(&sm, set("ann", user("u0"), Some(Role::Editor))), Outcome::Done);
+    for i in 0..crate::sharing::GROUPS_PER_USER_MAX + 1 {
+        let group = format!("g{i}");
+        apply(&sm, Command::CreateGroup { group_id: group.clone(), name: group.clone() });
+        let join = Command::SetGroupMember { group_id: group, user_id: "bob".into(), member: true };
+        let outcome = apply(&sm, join);
+        if i < crate::sharing::GROUPS_PER_USER_MAX {
+            assert_eq!(outcome, Outcome::Done);
+        } else {
+            assert!(matches!(outcome, Outcome::Rejected(Rejection::Conflict(_))), "{outcome:?}");
+        }
+    }
+}
+
+#[test]
+fn a_block_many_namespaces_reference_is_judged_by_bounded_reads() {
+    let (_dir, sm) = world();
+    upload(&sm, "popular", "ann");
+    // ann puts the block in 200 folders of her own; bob can read none of them but the last.
+    for i in 0..200 {
+        let ns = format!("f{i}");
+        apply(
+            &sm,
+            Command::CreateSharedFolder { namespace_id: ns.clone(), name: ns.clone(), owner_user_id: "ann".into() },
+        );
+        apply(&sm, commit("ann", &ns, "/p", &["popular"], 0, "d"));
+    }
+    assert!(!sm.chunk_readable("bob", &h("popular")).expect("readable"));
+    let grant = Command::SetAccess {
+        actor_user_id: "ann".into(),
+        namespace_id: "f199".into(),
+        grantee: user("bob"),
+        role: Some(Role::Viewer),
+    };
+    assert_eq!(apply(&sm, grant), Outcome::Done);
+    assert!(sm.chunk_readable("bob", &h("popular")).expect("readable"), "found through bob's own namespaces");
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //! holding its data changes together with the applied marker (the last applied log id and
 //! membership, opaque bytes owned by the raft crate).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
 use serde::de::DeserializeOwned;
@@ -34,8 +35,9 @@ pub(crate) fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> R
 /// Only each key's last write reaches RocksDB, in key order (see [`Txn::into_batch`]).
 pub(crate) struct Txn<'a> {
     db: &'a Db,
-    /// Each key written by this entry and its final value (`None`: deleted).
-    overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Each key written by this entry and its final value (`None`: deleted), in key order
+    /// (a range of it is read without walking the rest).
+    overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     /// The lowest key written to each queue-like index (by its tag) in this entry
     /// (`floor::note_insert`).
     index_inserts: HashMap<u8, Vec<u8>>,
@@ -73,10 +75,8 @@ impl Txn<'_> {
     /// one before instead of searching from its top.
     fn into_batch(self) -> WriteBatch {
         let state = self.db.state();
-        let mut writes: Vec<(Vec<u8>, Option<Vec<u8>>)> = self.overlay.into_iter().collect();
-        writes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut batch = WriteBatch::default();
-        for (key, value) in writes {
+        for (key, value) in self.overlay {
             match value {
                 Some(value) => batch.put_cf(state, key, value),
                 None => batch.delete_cf(state, key),
@@ -108,20 +108,20 @@ impl Txn<'_> {
         range(self.db, start, end, max, |key, _| Ok(key.into_vec()))
     }
 
-    /// Every key of `[start, end)` including this entry's writes so far, in key order (for
-    /// small ranges: a namespace's ACL, or a folder being deleted).
-    pub(crate) fn keys_in(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError> {
+    /// The first `max` keys of `[start, end)` including this entry's writes so far, in key
+    /// order: reads at most `max` committed keys more than the entry deleted in the range.
+    pub(crate) fn keys_in(&self, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+        let written = self.overlay.range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)));
+        let deleted = written.clone().filter(|(_, value)| value.is_none()).count();
         let mut keys: std::collections::BTreeSet<Vec<u8>> =
-            range(self.db, start, end, usize::MAX, |key, _| Ok(key.into_vec()))?.into_iter().collect();
-        for (key, value) in &self.overlay {
-            if key.as_slice() >= start && key.as_slice() < end {
-                match value {
-                    Some(_) => keys.insert(key.clone()),
-                    None => keys.remove(key),
-                };
-            }
+            range(self.db, start, end, max.saturating_add(deleted), |key, _| Ok(key.into_vec()))?.into_iter().collect();
+        for (key, value) in written {
+            match value {
+                Some(_) => keys.insert(key.clone()),
+                None => keys.remove(key),
+            };
         }
-        Ok(keys.into_iter().collect())
+        Ok(keys.into_iter().take(max).collect())
     }
 }
 
@@ -130,8 +130,8 @@ impl Txn<'_> {
 pub trait Reads {
     fn get_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
 
-    /// Every key of `[start, end)` (small ranges only).
-    fn keys_between(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError>;
+    /// The first `max` keys of `[start, end)`.
+    fn keys_between(&self, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError>;
 
     fn get_record<T: DeserializeOwned>(&self, what: &'static str, key: &[u8]) -> Result<Option<T>, StorageError>
     where
@@ -146,8 +146,8 @@ impl Reads for Txn<'_> {
         self.get_raw(key)
     }
 
-    fn keys_between(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError> {
-        self.keys_in(start, end)
+    fn keys_between(&self, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.keys_in(start, end, max)
     }
 }
 
@@ -156,8 +156,8 @@ impl Reads for StateMachine {
         Ok(self.db.rocks().get_cf(self.db.state(), key)?)
     }
 
-    fn keys_between(&self, start: &[u8], end: &[u8]) -> Result<Vec<Vec<u8>>, StorageError> {
-        self.scan_keys(start, end, usize::MAX)
+    fn keys_between(&self, start: &[u8], end: &[u8], max: usize) -> Result<Vec<Vec<u8>>, StorageError> {
+        self.scan_keys(start, end, max)
     }
 }
 
@@ -217,7 +217,7 @@ impl StateMachine {
             Some(batch) => self.clock_ms()?.max(batch.now_ms),
             None => self.clock_ms()?,
         };
-        let mut txn = Txn { db: &self.db, overlay: HashMap::new(), index_inserts: HashMap::new(), now_ms };
+        let mut txn = Txn { db: &self.db, overlay: BTreeMap::new(), index_inserts: HashMap::new(), now_ms };
         let mut outcomes = Vec::new();
         if let Some(batch) = batch {
             outcomes.reserve(batch.commands.len());

@@ -265,3 +265,29 @@ fn tokens_are_listed_per_user_and_a_revoked_token_is_gone() {
     let again = sm.apply(b"m", Some(&batch(7, vec![revoke("u1", "t1")]))).expect("apply");
     assert!(matches!(again[0], Outcome::Rejected(Rejection::NotFound(_))));
 }
+
+#[test]
+fn a_range_of_keys_merges_the_entrys_own_writes_and_stops_at_its_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sm = StateMachine::new(crate::Db::open(dir.path()).expect("open"));
+    let key = |n: u8| vec![0xf0, n];
+    let mut batch = rocksdb::WriteBatch::default();
+    for n in [1, 3, 5, 7] {
+        batch.put_cf(sm.db().state(), key(n), b"v");
+    }
+    sm.db().rocks().write(batch).expect("write");
+    let mut txn = Txn {
+        db: sm.db(),
+        overlay: std::collections::BTreeMap::new(),
+        index_inserts: std::collections::HashMap::new(),
+        now_ms: 0,
+    };
+    txn.delete(key(3));
+    txn.put_raw(key(4), b"w".to_vec());
+    txn.delete(key(1));
+    let (start, end) = (key(0), key(9));
+    assert_eq!(txn.keys_in(&start, &end, usize::MAX).expect("keys"), vec![key(4), key(5), key(7)]);
+    // At most `max`, even with deletions ahead of the live keys.
+    assert_eq!(txn.keys_in(&start, &end, 2).expect("keys"), vec![key(4), key(5)]);
+    assert_eq!(txn.keys_in(&start, &end, 0).expect("keys"), Vec::<Vec<u8>>::new());
+}
