@@ -98,8 +98,12 @@ pub struct Ready {
 
 #[derive(Serialize, ToSchema)]
 #[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
 pub struct TokenList {
     tokens: Vec<accounts::TokenView>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[schema(required = false)]
+    next_page_token: String,
 }
 
 /// A replay of a token creation under its `Idempotency-Key`: the secret is shown once only.
@@ -312,8 +316,12 @@ pub struct NamespaceView {
 
 #[derive(Serialize, ToSchema)]
 #[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
 pub struct NamespaceList {
     namespaces: Vec<NamespaceView>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[schema(required = false)]
+    next_page_token: String,
 }
 
 /// An access entry: a user (`userId`, `userName`) or a group (`groupId`, `groupName`).
@@ -340,6 +348,9 @@ pub struct AclView {
     kind: String,
     name: String,
     entries: Vec<AclEntry>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[schema(required = false)]
+    next_page_token: String,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -348,12 +359,19 @@ pub struct AclView {
 pub struct GroupView {
     group_id: String,
     name: String,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[schema(required = false)]
+    next_page_token: String,
 }
 
 #[derive(Serialize, ToSchema)]
 #[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
 pub struct GroupList {
     groups: Vec<GroupView>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[schema(required = false)]
+    next_page_token: String,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -555,7 +573,7 @@ mod ops {
     ))]
     fn create_token() {}
 
-    #[utoipa::path(get, path = "/v1/admin/users/{user_id}/tokens", tag = "admin", params(("user_id" = String, Path)), responses(
+    #[utoipa::path(get, path = "/v1/admin/users/{user_id}/tokens", tag = "admin", params(("user_id" = String, Path), crate::routes::PageQuery), responses(
         (status = 200, description = "The user's tokens (never their secrets).", body = TokenList),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
@@ -572,7 +590,7 @@ mod ops {
     #[utoipa::path(get, path = "/v1/me", tag = "me", responses((status = 200, description = "The caller.", body = accounts::UserView)))]
     fn me() {}
 
-    #[utoipa::path(get, path = "/v1/me/tokens", tag = "me", responses((status = 200, description = "The caller's tokens.", body = TokenList)))]
+    #[utoipa::path(get, path = "/v1/me/tokens", tag = "me", params(crate::routes::PageQuery), responses((status = 200, description = "The caller's tokens.", body = TokenList)))]
     fn my_tokens() {}
 
     #[utoipa::path(delete, path = "/v1/me/tokens/{token_id}", tag = "me", params(("token_id" = String, Path)), responses(
@@ -665,7 +683,7 @@ mod ops {
     ))]
     fn create_job() {}
 
-    #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(jobs::PageQuery), responses((status = 200, description = "The caller's jobs.", body = JobList)))]
+    #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(crate::routes::PageQuery), responses((status = 200, description = "The caller's jobs.", body = JobList)))]
     fn list_jobs() {}
 
     #[utoipa::path(get, path = "/v1/jobs/{job_id}", tag = "jobs", params(("job_id" = String, Path)), responses(
@@ -689,7 +707,7 @@ mod ops {
     ))]
     fn cancel_job() {}
 
-    #[utoipa::path(get, path = "/v1/jobs/{job_id}/runs", tag = "jobs", params(("job_id" = String, Path), jobs::PageQuery), responses(
+    #[utoipa::path(get, path = "/v1/jobs/{job_id}/runs", tag = "jobs", params(("job_id" = String, Path), crate::routes::PageQuery), responses(
         (status = 200, description = "The job's runs, newest first.", body = RunList),
         (status = 404, description = "No such job of the caller's.", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -721,7 +739,7 @@ mod ops {
     ))]
     fn create_namespace() {}
 
-    #[utoipa::path(get, path = "/v1/namespaces", tag = "sharing", responses((status = 200, description = "The caller's namespaces, personal first.", body = NamespaceList)))]
+    #[utoipa::path(get, path = "/v1/namespaces", tag = "sharing", params(crate::routes::PageQuery), responses((status = 200, description = "The caller's namespaces, personal first.", body = NamespaceList)))]
     fn list_namespaces() {}
 
     #[utoipa::path(get, path = "/v1/namespaces/{namespace_id}", tag = "sharing", params(("namespace_id" = String, Path)), responses(
@@ -738,7 +756,7 @@ mod ops {
     ))]
     fn delete_namespace() {}
 
-    #[utoipa::path(get, path = "/v1/namespaces/{namespace_id}/acl", tag = "sharing", params(("namespace_id" = String, Path)), responses(
+    #[utoipa::path(get, path = "/v1/namespaces/{namespace_id}/acl", tag = "sharing", params(("namespace_id" = String, Path), crate::routes::PageQuery), responses(
         (status = 200, description = "Who has access.", body = AclView),
         (status = 404, description = "No such namespace the caller can read.", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -786,13 +804,13 @@ mod ops {
     ))]
     fn create_group() {}
 
-    #[utoipa::path(get, path = "/v1/admin/groups", tag = "admin", responses(
+    #[utoipa::path(get, path = "/v1/admin/groups", tag = "admin", params(crate::routes::PageQuery), responses(
         (status = 200, description = "Every group.", body = GroupList),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn list_groups() {}
 
-    #[utoipa::path(get, path = "/v1/admin/groups/{group_id}", tag = "admin", params(("group_id" = String, Path)), responses(
+    #[utoipa::path(get, path = "/v1/admin/groups/{group_id}", tag = "admin", params(("group_id" = String, Path), crate::routes::PageQuery), responses(
         (status = 200, description = "The group and its members.", body = GroupDetail),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such group.", body = Problem, content_type = "application/problem+json"),

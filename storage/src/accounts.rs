@@ -143,10 +143,20 @@ impl StateMachine {
     }
 
     /// A user's tokens (those created since tokens are indexed by user), by token id.
+    /// A user's tokens (tests; requests page through [`StateMachine::tokens_page`]).
     pub fn tokens(&self, user_id: &str) -> Result<Vec<Token>, StorageError> {
-        let (start, end) = keys::user_token_range(user_id);
+        self.tokens_page(user_id, None, usize::MAX)
+    }
+
+    /// A user's tokens in index order after token `after` (an id), at most `limit`.
+    pub fn tokens_page(&self, user_id: &str, after: Option<&str>, limit: usize) -> Result<Vec<Token>, StorageError> {
+        let (mut start, end) = keys::user_token_range(user_id);
+        if let Some(after) = after {
+            start = keys::user_token(user_id, after);
+            start.push(0);
+        }
         let mut tokens = Vec::new();
-        for (key, hash) in self.scan_raw(&start, &end, usize::MAX)? {
+        for (key, hash) in self.scan_raw(&start, &end, limit)? {
             let hash: [u8; 32] = hash
                 .try_into()
                 .map_err(|_| StorageError::Corrupt(format!("token index {key:?} does not hold a hash")))?;

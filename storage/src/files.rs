@@ -16,6 +16,8 @@ const CONFLICT_COPIES_NUMBERED: u64 = 1_000;
 const FILE_ID_VARIANTS: u64 = 1_000;
 /// Changes a feed read reserves room for up front, at most (a page may ask for more).
 const CHANGES_RESERVE_MAX: usize = 10_000;
+/// Records a folder listing reads at a time.
+const FOLDER_SCAN_BATCH: usize = 256;
 /// How long a conflicting commit's answer is kept for its retries, in ms (24 h).
 pub const CONFLICT_RECORD_TTL_MS: u64 = 24 * 3600 * 1000;
 
@@ -61,6 +63,20 @@ fn may_write(txn: &Txn<'_>, actor_user_id: &str, namespace_id: &str) -> Result<O
         }
         Some(_) => None,
     })
+}
+
+/// An entry of a folder listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FolderEntry {
+    File { name: String, file: FileRecord, version: VersionRecord },
+    Folder { name: String },
+}
+
+/// One page of a folder listing; `next` is where the next page starts, if one may follow.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FolderPage {
+    pub entries: Vec<FolderEntry>,
+    pub next: Option<String>,
 }
 
 pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, StorageError> {
@@ -345,13 +361,70 @@ impl StateMachine {
         Ok(Some((file, version)))
     }
 
-    /// Every kept version of a file, newest first.
+    /// Every kept version of a file, newest first (tests; requests page through
+    /// [`StateMachine::versions_page`]).
     pub fn versions(&self, file_id: &str) -> Result<Vec<VersionRecord>, StorageError> {
-        let (start, end) = keys::version_range(file_id);
-        let mut out: Vec<VersionRecord> =
-            self.scan("version", &start, &end, usize::MAX)?.into_iter().map(|(_, v)| v).collect();
-        out.reverse();
-        Ok(out)
+        self.versions_page(file_id, u64::MAX, usize::MAX)
+    }
+
+    /// The kept versions of a file below version `below`, newest first, at most `limit`:
+    /// one reverse range scan of `limit` records.
+    pub fn versions_page(&self, file_id: &str, below: u64, limit: usize) -> Result<Vec<VersionRecord>, StorageError> {
+        let (start, _) = keys::version_range(file_id);
+        let end = keys::version(file_id, below);
+        Ok(self.scan_rev("version", &start, &end, limit)?.into_iter().map(|(_, v)| v).collect())
+    }
+
+    /// Version `version` of a file, if kept.
+    pub fn version(&self, file_id: &str, version: u64) -> Result<Option<VersionRecord>, StorageError> {
+        self.read("version", &keys::version(file_id, version))
+    }
+
+    /// One page of a folder's listing: its files and subfolders in name order after
+    /// `start_after` (a page token: a path), at most `limit` entries, reading at most
+    /// `work_max` records (a page may come short, with a token, when the folder holds many
+    /// deleted files). A subfolder is one entry, found with one read: the scan then seeks
+    /// past its whole subtree.
+    pub fn list_folder(
+        &self,
+        namespace_id: &str,
+        folder: &str,
+        start_after: Option<&str>,
+        limit: usize,
+        work_max: usize,
+    ) -> Result<FolderPage, StorageError> {
+        let mut page = FolderPage::default();
+        let mut cursor = start_after.map(str::to_string);
+        let mut work = 0;
+        'scan: loop {
+            if page.entries.len() >= limit || work >= work_max {
+                page.next = cursor;
+                return Ok(page);
+            }
+            let want = (work_max - work).min(FOLDER_SCAN_BATCH);
+            let batch = self.files_under(namespace_id, folder, cursor.as_deref(), want)?;
+            if batch.is_empty() {
+                return Ok(page);
+            }
+            for (file, version) in batch {
+                work += 1;
+                let rest = &file.path.as_str()[folder.len().min(file.path.as_str().len())..];
+                if let Some(slash) = rest.find('/') {
+                    let name = rest[..slash].to_string();
+                    // Past the whole subtree: every path in it sorts below this one.
+                    cursor = Some(format!("{folder}{name}/\u{10FFFF}"));
+                    page.entries.push(FolderEntry::Folder { name });
+                    continue 'scan;
+                }
+                cursor = Some(file.path.as_str().to_string());
+                if !file.deleted {
+                    page.entries.push(FolderEntry::File { name: rest.to_string(), file, version });
+                }
+                if page.entries.len() >= limit || work >= work_max {
+                    continue 'scan;
+                }
+            }
+        }
     }
 
     /// The namespace's last change sequence (0: nothing committed yet).

@@ -342,3 +342,90 @@ fn a_commit_naming_a_hundred_thousand_missing_chunks_is_judged_in_linear_time() 
     // point reads.
     assert!(took < std::time::Duration::from_secs(5), "{took:?}");
 }
+
+fn apply_all(sm: &StateMachine, commands: Vec<Command>) {
+    for batch in commands.chunks(500) {
+        sm.apply(b"m", Some(&Batch { now_ms: 1, commands: batch.to_vec().into() })).expect("apply");
+    }
+}
+
+fn names(page: &crate::files::FolderPage) -> Vec<String> {
+    page.entries
+        .iter()
+        .map(|e| match e {
+            crate::files::FolderEntry::File { name, .. } => name.clone(),
+            crate::files::FolderEntry::Folder { name } => format!("{name}/"),
+        })
+        .collect()
+}
+
+#[test]
+fn a_folder_listing_seeks_past_subfolders_and_stops_after_bounded_work() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a"]);
+    // 20,000 files in one subfolder, five beside it.
+    let mut commands: Vec<Command> =
+        (0..20_000).map(|i| commit(&format!("/big/{i:05}"), &["a"], 0, "d", &format!("b{i}"))).collect();
+    commands.extend((0..5).map(|i| commit(&format!("/top{i}"), &["a"], 0, "d", &format!("t{i}"))));
+    apply_all(&sm, commands);
+    // One read finds the subfolder; the scan seeks past its 20,000 files.
+    let page = sm.list_folder("ns", "/", None, 100, 10).expect("list");
+    assert_eq!(names(&page), vec!["big/", "top0", "top1", "top2", "top3", "top4"]);
+    assert_eq!(page.next, None);
+    // Pages follow each other without a gap or a repeat.
+    let first = sm.list_folder("ns", "/", None, 2, 1_000).expect("list");
+    assert_eq!(names(&first), vec!["big/", "top0"]);
+    let second = sm.list_folder("ns", "/", first.next.as_deref(), 10, 1_000).expect("list");
+    assert_eq!(names(&second), vec!["top1", "top2", "top3", "top4"]);
+}
+
+#[test]
+fn a_folder_of_deleted_files_answers_short_pages_with_a_token() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a"]);
+    let mut commands: Vec<Command> =
+        (0..300).map(|i| commit(&format!("/d{i:03}"), &["a"], 0, "d", &format!("d{i}"))).collect();
+    commands.push(commit("/z-live", &["a"], 0, "d", "live"));
+    apply_all(&sm, commands);
+    let deletes: Vec<Command> = (0..300)
+        .map(|i| {
+            let mut c = commit(&format!("/d{i:03}"), &[], 1, "d", &format!("x{i}"));
+            if let Command::CommitFile(f) = &mut c {
+                f.deleted = true;
+            }
+            c
+        })
+        .collect();
+    apply_all(&sm, deletes);
+    let mut token = None;
+    let mut found = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = sm.list_folder("ns", "/", token.as_deref(), 100, 50).expect("list");
+        pages += 1;
+        found.extend(names(&page));
+        match page.next {
+            Some(next) => token = Some(next),
+            None => break,
+        }
+        assert!(pages < 100, "no end");
+    }
+    assert_eq!(found, vec!["z-live"]);
+    assert!(pages >= 6, "each page read at most 50 records: {pages} pages");
+}
+
+#[test]
+fn history_pages_read_only_their_versions() {
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a", "b"]);
+    let mut base = 0;
+    for i in 0..10 {
+        apply(&sm, commit("/h", &[if i % 2 == 0 { "a" } else { "b" }], base, "d", "h"));
+        base += 1;
+    }
+    let newest: Vec<u64> = sm.versions_page("file-h", u64::MAX, 3).expect("page").iter().map(|v| v.version).collect();
+    assert_eq!(newest, vec![10, 9, 8]);
+    let next: Vec<u64> = sm.versions_page("file-h", 8, 3).expect("page").iter().map(|v| v.version).collect();
+    assert_eq!(next, vec![7, 6, 5]);
+    assert_eq!(sm.version("file-h", 4).expect("read").map(|v| v.version), Some(4));
+}

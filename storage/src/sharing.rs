@@ -23,6 +23,8 @@ pub const SCHEMA_CURRENT: u32 = 2;
 pub const ACL_ENTRIES_MAX: usize = 1_000;
 /// Groups one user belongs to, at most: every permission check reads one entry per group.
 pub const GROUPS_PER_USER_MAX: usize = 100;
+/// Namespaces [`StateMachine::namespaces_of`] lists, at most.
+pub const LISTED_NAMESPACES_MAX: usize = 10_000;
 
 /// The caller's role on a namespace, or `None`: they may not even know it exists.
 pub fn role<R: Reads>(state: &R, user_id: &str, namespace_id: &str) -> Result<Option<Role>, StorageError> {
@@ -413,22 +415,46 @@ impl StateMachine {
         role(self, user_id, namespace_id)
     }
 
-    /// Every namespace the user can access (their personal one first, then by id).
+    /// Every namespace the user can access (their personal one first, then by id): the
+    /// first [`LISTED_NAMESPACES_MAX`] (tests, the notification channels).
     pub fn namespaces_of(&self, user_id: &str) -> Result<Vec<Access>, StorageError> {
+        self.namespaces_page(user_id, None, LISTED_NAMESPACES_MAX)
+    }
+
+    /// The namespaces the user can access after `after` (a namespace id from a previous
+    /// page; `None`: from the start, their personal one first), at most `limit`. Reads at most
+    /// `limit + 1` index keys for the user and for each of their groups.
+    pub fn namespaces_page(
+        &self,
+        user_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Access>, StorageError> {
         let Some(user) = self.user(user_id)? else { return Ok(Vec::new()) };
-        let mut ids: Vec<String> = vec![user.namespace_id.clone()];
+        let mut ids: Vec<String> = Vec::new();
+        if after.is_none() {
+            ids.push(user.namespace_id.clone());
+        }
         let grantees =
             std::iter::once(Grantee::User(user.id.clone())).chain(user.groups.iter().cloned().map(Grantee::Group));
         let mut shared = std::collections::BTreeSet::new();
         for grantee in grantees {
-            let (start, end) = keys::acl_grantee_range(&grantee.key());
-            for key in self.scan_keys(&start, &end, usize::MAX)? {
-                shared.insert(String::from_utf8_lossy(&key[start.len()..]).into_owned());
+            let (mut start, end) = keys::acl_grantee_range(&grantee.key());
+            let prefix = start.len();
+            if let Some(after) = after.filter(|a| *a != user.namespace_id) {
+                start.extend_from_slice(after.as_bytes());
+                start.push(0);
+            }
+            for key in self.scan_keys(&start, &end, limit.saturating_add(1))? {
+                shared.insert(String::from_utf8_lossy(&key[prefix..]).into_owned());
             }
         }
-        ids.extend(shared.into_iter().filter(|id| *id != user.namespace_id));
+        ids.extend(shared.into_iter().filter(|id| *id != user.namespace_id).take(limit.saturating_add(1)));
         let mut out = Vec::new();
         for id in ids {
+            if out.len() >= limit {
+                break;
+            }
             if let (Some(namespace), Some(role)) = (self.namespace(&id)?, role(self, user_id, &id)?) {
                 out.push(Access { namespace, role });
             }
@@ -436,15 +462,30 @@ impl StateMachine {
         Ok(out)
     }
 
-    /// A namespace's ACL entries, in key order.
-    pub fn acl(&self, namespace_id: &str) -> Result<Vec<AclEntry>, StorageError> {
-        let (start, end) = keys::acl_range(namespace_id);
+    /// A namespace's ACL entries in key order after `after` (an entry's grantee key from a
+    /// previous page), at most `limit`.
+    pub fn acl_page(
+        &self,
+        namespace_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<AclEntry>, StorageError> {
+        let (mut start, end) = keys::acl_range(namespace_id);
+        if let Some(after) = after {
+            start = keys::acl(namespace_id, after);
+            start.push(0);
+        }
         Ok(self
-            .scan::<AclEntry>("acl entry", &start, &end, usize::MAX)?
+            .scan::<AclEntry>("acl entry", &start, &end, limit)?
             .into_iter()
             .map(|(_, e)| e)
             .filter(|e| e.namespace_id == namespace_id)
             .collect())
+    }
+
+    /// A namespace's ACL entries (at most [`ACL_ENTRIES_MAX`]).
+    pub fn acl(&self, namespace_id: &str) -> Result<Vec<AclEntry>, StorageError> {
+        self.acl_page(namespace_id, None, ACL_ENTRIES_MAX)
     }
 
     pub fn group(&self, group_id: &str) -> Result<Option<Group>, StorageError> {
@@ -464,20 +505,39 @@ impl StateMachine {
         }
     }
 
-    /// Every group, by id.
-    pub fn groups(&self) -> Result<Vec<Group>, StorageError> {
-        let (start, end) = keys::group_range();
-        Ok(self.scan::<Group>("group", &start, &end, usize::MAX)?.into_iter().map(|(_, g)| g).collect())
+    /// Groups by id after `after`, at most `limit`.
+    pub fn groups_page(&self, after: Option<&str>, limit: usize) -> Result<Vec<Group>, StorageError> {
+        let (mut start, end) = keys::group_range();
+        if let Some(after) = after {
+            start = keys::group(after);
+            start.push(0);
+        }
+        Ok(self.scan::<Group>("group", &start, &end, limit)?.into_iter().map(|(_, g)| g).collect())
     }
 
-    /// The user ids of a group's members.
-    pub fn group_members(&self, group_id: &str) -> Result<Vec<String>, StorageError> {
-        let (start, end) = keys::group_member_range(group_id);
+    /// The user ids of a group's members after `after`, at most `limit`.
+    pub fn group_members_page(
+        &self,
+        group_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StorageError> {
+        let (mut start, end) = keys::group_member_range(group_id);
+        let prefix = start.len();
+        if let Some(after) = after {
+            start = keys::group_member(group_id, after);
+            start.push(0);
+        }
         Ok(self
-            .scan_keys(&start, &end, usize::MAX)?
+            .scan_keys(&start, &end, limit)?
             .into_iter()
-            .map(|key| String::from_utf8_lossy(&key[start.len()..]).into_owned())
+            .map(|key| String::from_utf8_lossy(&key[prefix..]).into_owned())
             .collect())
+    }
+
+    /// The user ids of a group's members (tests).
+    pub fn group_members(&self, group_id: &str) -> Result<Vec<String>, StorageError> {
+        self.group_members_page(group_id, None, usize::MAX)
     }
 
     /// The stored data format (1 before any migration).

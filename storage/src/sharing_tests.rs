@@ -409,3 +409,34 @@ fn conflicted_copies_in_a_shared_folder_name_user_and_device() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn namespaces_and_acl_entries_come_in_pages() {
+    let (_dir, sm) = world();
+    for i in 0..5 {
+        let ns = format!("s{i}");
+        apply(
+            &sm,
+            Command::CreateSharedFolder { namespace_id: ns.clone(), name: ns.clone(), owner_user_id: "ann".into() },
+        );
+        let grant = Command::SetAccess {
+            actor_user_id: "ann".into(),
+            namespace_id: ns,
+            grantee: user("bob"),
+            role: Some(Role::Viewer),
+        };
+        apply(&sm, grant);
+    }
+    let ids = |page: Vec<crate::sharing::Access>| page.into_iter().map(|a| a.namespace.id).collect::<Vec<_>>();
+    assert_eq!(ids(sm.namespaces_page("bob", None, 3).expect("page")), vec!["home-bob", "s0", "s1"]);
+    assert_eq!(ids(sm.namespaces_page("bob", Some("s1"), 3).expect("page")), vec!["s2", "s3", "s4"]);
+    assert!(ids(sm.namespaces_page("bob", Some("s4"), 3).expect("page")).is_empty());
+    for name in ["bob", "cat"] {
+        apply(&sm, set("ann", user(name), Some(Role::Editor)));
+    }
+    let acl: Vec<String> = sm.acl_page("team", None, 2).expect("acl").into_iter().map(|e| e.grantee.key()).collect();
+    assert_eq!(acl.len(), 2);
+    let rest = sm.acl_page("team", Some(&acl[1]), 10).expect("acl");
+    assert_eq!(rest.len(), 1);
+    assert!(!acl.contains(&rest[0].grantee.key()));
+}

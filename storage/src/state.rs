@@ -162,27 +162,40 @@ impl Reads for StateMachine {
 }
 
 /// Up to `max` entries of `[start, end)` of the state, in key order, each through `each`:
-/// the one range scan of the crate.
+/// the one range scan of the crate (see [`range_dir`]).
 fn range<T>(
     db: &Db,
     start: &[u8],
     end: &[u8],
     max: usize,
+    each: impl FnMut(Box<[u8]>, Box<[u8]>) -> Result<T, StorageError>,
+) -> Result<Vec<T>, StorageError> {
+    range_dir(db, start, end, max, false, each)
+}
+
+/// Up to `max` entries of `[start, end)`, in key order or (`rev`) from the last down.
+fn range_dir<T>(
+    db: &Db,
+    start: &[u8],
+    end: &[u8],
+    max: usize,
+    rev: bool,
     mut each: impl FnMut(Box<[u8]>, Box<[u8]>) -> Result<T, StorageError>,
 ) -> Result<Vec<T>, StorageError> {
     let mut out = Vec::new();
-    if max == 0 {
+    if max == 0 || start >= end {
         return Ok(out);
     }
-    let mode = IteratorMode::From(start, rocksdb::Direction::Forward);
-    // The bound stops RocksDB itself at `end`: without it, an iterator whose range ends in
-    // deleted keys (a queue-like index: due jobs, leases) steps over every tombstone after
-    // `end` until it finds a live key.
+    // The bounds stop RocksDB itself at the range's ends: without them, an iterator whose
+    // range ends in deleted keys (a queue-like index: due jobs, leases) steps over every
+    // tombstone past the end until it finds a live key.
     let mut options = ReadOptions::default();
     options.set_iterate_upper_bound(end.to_vec());
+    options.set_iterate_lower_bound(start.to_vec());
+    let mode = if rev { IteratorMode::End } else { IteratorMode::From(start, rocksdb::Direction::Forward) };
     for item in db.rocks().iterator_cf_opt(db.state(), options, mode) {
         let (key, value) = item?;
-        if *key >= *end || out.len() >= max {
+        if *key >= *end || *key < *start || out.len() >= max {
             break;
         }
         out.push(each(key, value)?);
@@ -253,6 +266,17 @@ impl StateMachine {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
         range(&self.db, start, end, limit, |key, value| Ok((key.into_vec(), value.into_vec())))
+    }
+
+    /// Entries of `[start, end)`, decoded, at most `limit`, from the last down.
+    pub(crate) fn scan_rev<T: DeserializeOwned>(
+        &self,
+        what: &'static str,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, T)>, StorageError> {
+        range_dir(&self.db, start, end, limit, true, |key, value| Ok((key.into_vec(), decode(what, &value)?)))
     }
 
     /// Entries of `[start, end)`, decoded, at most `limit`.

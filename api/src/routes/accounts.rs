@@ -3,7 +3,7 @@
 //! `POST /v1/admin/users`, `GET /v1/admin/users/{userId}`,
 //! `POST /v1/admin/users/{userId}/tokens`, `GET /v1/me`.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::Response;
 use axum::Json;
 use raftbox_storage::records::User;
@@ -11,7 +11,7 @@ use raftbox_storage::schedule::format_utc;
 use raftbox_storage::Command;
 use serde::{Deserialize, Serialize};
 
-use super::new_id;
+use super::{new_id, page_limit, read_state, PageQuery, PAGE_DEFAULT, PAGE_MAX};
 use crate::auth::{generate_token, hash_token, Principal};
 use crate::idempotency::{Keyed, Success};
 use crate::{json, ApiError, AppState};
@@ -132,20 +132,25 @@ pub async fn me(principal: Principal) -> Json<UserView> {
 }
 
 /// A user's tokens as the API shows them (never their secrets).
-fn token_views(state: &AppState, user_id: &str) -> Result<Json<serde_json::Value>, ApiError> {
-    let tokens: Vec<TokenView> = state
-        .node
-        .state()
-        .tokens(user_id)?
-        .into_iter()
+async fn token_views(state: &AppState, user_id: String, query: PageQuery) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
+    let after = query.page_token;
+    let found = read_state(state, move |sm| Ok(sm.tokens_page(&user_id, after.as_deref(), limit + 1)?)).await?;
+    let tokens: Vec<TokenView> = found
+        .iter()
+        .take(limit)
         .map(|t| TokenView {
-            token_id: t.id,
-            name: t.name,
+            token_id: t.id.clone(),
+            name: t.name.clone(),
             created_at: format_utc(t.created_ms),
             expires_at: t.expires_ms.map(format_utc),
         })
         .collect();
-    Ok(Json(serde_json::json!({ "tokens": tokens })))
+    let mut body = serde_json::json!({ "tokens": tokens });
+    if found.len() > limit {
+        body["nextPageToken"] = serde_json::json!(found[limit - 1].id);
+    }
+    Ok(Json(body))
 }
 
 /// Revokes `user_id`'s token `token_id`: it stops working on every node as each applies the
@@ -162,11 +167,12 @@ pub async fn list_tokens(
     State(state): State<AppState>,
     principal: Principal,
     Path(user_id): Path<String>,
+    Query(query): Query<PageQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     principal.require_admin()?;
     state.node.read_barrier().await?;
     state.node.state().user(&user_id)?.ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
-    token_views(&state, &user_id)
+    token_views(&state, user_id, query).await
 }
 
 /// `DELETE /v1/admin/users/{userId}/tokens/{tokenId}` (admin).
@@ -183,9 +189,10 @@ pub async fn revoke_token(
 pub async fn my_tokens(
     State(state): State<AppState>,
     principal: Principal,
+    Query(query): Query<PageQuery>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     state.node.read_barrier().await?;
-    token_views(&state, &principal.user.id)
+    token_views(&state, principal.user.id.clone(), query).await
 }
 
 /// `DELETE /v1/me/tokens/{tokenId}`: revokes one of the caller's own tokens (the one it

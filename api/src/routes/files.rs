@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::command::{FileCommit, FileMove};
+use raftbox_storage::files::FolderEntry;
 use raftbox_storage::paths::FilePath;
 use raftbox_storage::records::{FileRecord, VersionRecord};
 use raftbox_storage::schedule::{format_utc, parse_timestamp};
@@ -27,7 +28,7 @@ use raftbox_storage::{Command, Outcome};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{new_id, page_limit, PAGE_DEFAULT, PAGE_MAX};
+use super::{new_id, page_limit, read_state, LISTING_WORK_MAX, PAGE_DEFAULT, PAGE_MAX};
 use crate::access;
 use crate::auth::Principal;
 use crate::idempotency::Keyed;
@@ -264,19 +265,19 @@ pub async fn history(
         Some(token) => token.parse::<u64>().map_err(|_| ApiError::BadRequest("bad pageToken".into()))?,
     };
     access::read(&state, &principal, &namespace_id).await?;
-    let (file, _) = state
-        .node
-        .state()
-        .file_at(&namespace_id, path.as_str())?
-        .ok_or_else(|| ApiError::NotFound(format!("no file at {path}")))?;
-    let versions: Vec<VersionRecord> =
-        state.node.state().versions(&file.id)?.into_iter().filter(|v| v.version < below).collect();
-    let page: Vec<VersionView> = versions.iter().take(limit).map(VersionView::from).collect();
-    let mut body = json!({ "fileId": file.id, "path": file.path.as_str(), "versions": page });
-    if versions.len() > limit {
-        body["nextPageToken"] = json!(versions[limit - 1].version.to_string());
-    }
-    Ok(Json(body))
+    read_state(&state, move |sm| {
+        let (file, _) = sm
+            .file_at(&namespace_id, path.as_str())?
+            .ok_or_else(|| ApiError::NotFound(format!("no file at {path}")))?;
+        let versions = sm.versions_page(&file.id, below, limit + 1)?;
+        let page: Vec<VersionView> = versions.iter().take(limit).map(VersionView::from).collect();
+        let mut body = json!({ "fileId": file.id, "path": file.path.as_str(), "versions": page });
+        if versions.len() > limit {
+            body["nextPageToken"] = json!(versions[limit - 1].version.to_string());
+        }
+        Ok(Json(body))
+    })
+    .await
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -308,9 +309,8 @@ pub async fn restore(
     let old = state
         .node
         .state()
-        .versions(&file.id)?
-        .into_iter()
-        .find(|v| v.version == request.version && !v.deleted)
+        .version(&file.id, request.version)?
+        .filter(|v| !v.deleted)
         .ok_or_else(|| ApiError::NotFound(format!("{path} has no version {} to restore", request.version)))?;
     let commit = FileCommit {
         chunks: old.chunks,
@@ -394,49 +394,27 @@ pub async fn list(
     }
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     access::read(&state, &principal, &namespace_id).await?;
-    let mut entries: Vec<serde_json::Value> = Vec::new();
-    let mut last_name: Option<String> = None;
-    // Where the next page starts: after this path (after a folder's whole subtree).
-    let mut resume_after: Option<String> = None;
     if query.page_token.as_deref().is_some_and(|token| !token.starts_with(folder)) {
         return Err(ApiError::BadRequest("pageToken does not belong to this folder".into()));
     }
-    let mut cursor = query.page_token.clone();
-    let mut full = false;
-    'scan: loop {
-        let batch = state.node.state().files_under(&namespace_id, folder, cursor.as_deref(), PAGE_MAX)?;
-        if batch.is_empty() {
-            break;
-        }
-        for (file, version) in &batch {
-            cursor = Some(file.path.as_str().to_string());
-            let rest = &file.path.as_str()[folder.len()..];
-            let (name, is_folder) = match rest.find('/') {
-                Some(slash) => (&rest[..slash], true),
-                None => (rest, false),
-            };
-            if (!is_folder && file.deleted) || (is_folder && last_name.as_deref() == Some(name)) {
-                continue;
-            }
-            if entries.len() == limit {
-                full = true;
-                break 'scan;
-            }
-            last_name = Some(name.to_string());
-            if is_folder {
-                resume_after = Some(format!("{folder}{name}/\u{10FFFF}"));
-                entries.push(json!({ "name": name, "type": "folder" }));
-            } else {
-                resume_after = Some(file.path.as_str().to_string());
-                entries.push(json!({
+    let (folder, after) = (folder.to_string(), query.page_token.clone());
+    read_state(&state, move |sm| {
+        let page = sm.list_folder(&namespace_id, &folder, after.as_deref(), limit, LISTING_WORK_MAX)?;
+        let entries: Vec<serde_json::Value> = page
+            .entries
+            .iter()
+            .map(|entry| match entry {
+                FolderEntry::Folder { name } => json!({ "name": name, "type": "folder" }),
+                FolderEntry::File { name, file, version } => json!({
                     "name": name, "type": "file", "fileId": file.id, "version": file.current_version, "size": version.size
-                }));
-            }
+                }),
+            })
+            .collect();
+        let mut body = json!({ "path": folder, "entries": entries });
+        if let Some(next) = page.next {
+            body["nextPageToken"] = json!(next);
         }
-    }
-    let mut body = json!({ "path": folder, "entries": entries });
-    if full {
-        body["nextPageToken"] = json!(resume_after);
-    }
-    Ok(Json(body))
+        Ok(Json(body))
+    })
+    .await
 }

@@ -10,7 +10,7 @@ use raftbox_storage::Command;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{new_id, page_limit, PAGE_DEFAULT, PAGE_MAX};
+use super::{new_id, page_limit, PageQuery, PAGE_DEFAULT, PAGE_MAX};
 use crate::auth::Principal;
 use crate::idempotency::{Keyed, Success};
 use crate::{json, ApiError, AppState};
@@ -315,14 +315,6 @@ pub async fn cancel(
         raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
         _ => Ok(Json(view(&visible_job(&state, &principal, &job_id).await?))),
     }
-}
-
-#[derive(Deserialize, utoipa::IntoParams)]
-#[serde(rename_all = "camelCase")]
-#[into_params(parameter_in = Query)]
-pub struct PageQuery {
-    limit: Option<usize>,
-    page_token: Option<String>,
 }
 
 /// A run as returned. `result` is `{httpStatus, excerpt}` for a webhook (the first

@@ -19,6 +19,33 @@ use crate::{ApiError, AppState};
 pub const PAGE_DEFAULT: usize = 100;
 pub const PAGE_MAX: usize = 1_000;
 
+/// Records one listing request reads at most, whatever its page size (a page may come short,
+/// with a token, when what it skips is large: deleted files in a folder, say).
+pub const LISTING_WORK_MAX: usize = 10_000;
+
+/// `limit` and `pageToken` of a listing.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// Entries per page: default 100, at most 1,000.
+    pub(crate) limit: Option<usize>,
+    /// Where to go on from: the `nextPageToken` of the page before.
+    pub(crate) page_token: Option<String>,
+}
+
+/// Runs a read of the local state off the async workers: a long read never holds a worker,
+/// and the request's deadline still holds while it runs.
+pub(crate) async fn read_state<T: Send + 'static>(
+    state: &AppState,
+    read: impl FnOnce(&raftbox_storage::StateMachine) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let sm = state.node.state().clone();
+    tokio::task::spawn_blocking(move || read(&sm))
+        .await
+        .map_err(|e| ApiError::Internal(format!("a read of the state failed: {e}")))?
+}
+
 /// A requested page size: absent → `default`, 0 → 400, above `max` → `max`.
 pub(crate) fn page_limit(requested: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
     match requested.unwrap_or(default) {

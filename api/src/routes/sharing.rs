@@ -19,7 +19,7 @@
 //! `sharing::role` in log order (404 for a folder the caller cannot read, 403 for a
 //! non-owner, 409 when the last owner would leave or be demoted).
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -28,7 +28,7 @@ use raftbox_storage::{Command, Outcome};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::new_id;
+use super::{new_id, page_limit, read_state, PageQuery, PAGE_DEFAULT, PAGE_MAX};
 use crate::access;
 use crate::auth::Principal;
 use crate::idempotency::{Keyed, Success};
@@ -66,10 +66,19 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
 }
 
 /// `GET /v1/namespaces`: the caller's namespaces (personal first) with their role.
-pub async fn list(State(state): State<AppState>, principal: Principal) -> Result<Json<Value>, ApiError> {
+pub async fn list(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
-    let namespaces: Vec<Value> = access::namespaces(&state, &principal.user.id)?
-        .into_iter()
+    let user_id = principal.user.id.clone();
+    let after = query.page_token.clone();
+    let found = read_state(&state, move |sm| Ok(sm.namespaces_page(&user_id, after.as_deref(), limit + 1)?)).await?;
+    let namespaces: Vec<Value> = found
+        .iter()
+        .take(limit)
         .map(|a| {
             json!({
                 "namespaceId": a.namespace.id, "kind": kind(a.namespace.kind), "name": a.namespace.name,
@@ -77,7 +86,11 @@ pub async fn list(State(state): State<AppState>, principal: Principal) -> Result
             })
         })
         .collect();
-    Ok(Json(json!({ "namespaces": namespaces })))
+    let mut body = json!({ "namespaces": namespaces });
+    if found.len() > limit {
+        body["nextPageToken"] = json!(found[limit - 1].namespace.id);
+    }
+    Ok(Json(body))
 }
 
 /// `GET /v1/namespaces/{id}`: one namespace the caller can read, with their role (404 for
@@ -103,31 +116,41 @@ pub async fn acl(
     State(state): State<AppState>,
     principal: Principal,
     Path(namespace_id): Path<String>,
+    Query(query): Query<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     access::read(&state, &principal, &namespace_id).await?;
-    let sm = state.node.state();
-    let namespace =
-        sm.namespace(&namespace_id)?.ok_or_else(|| ApiError::NotFound(format!("namespace {namespace_id}")))?;
-    let mut entries = Vec::new();
-    if namespace.kind == NamespaceKind::Personal {
-        let owner = sm.user(&namespace.owner_user_id)?.map(|u| u.name).unwrap_or_default();
-        entries.push(json!({ "userId": namespace.owner_user_id, "userName": owner, "role": "owner" }));
-    }
-    for entry in sm.acl(&namespace_id)? {
-        entries.push(match &entry.grantee {
-            Grantee::User(id) => {
-                let name = sm.user(id)?.map(|u| u.name).unwrap_or_default();
-                json!({ "userId": id, "userName": name, "role": entry.role.as_str() })
-            }
-            Grantee::Group(id) => {
-                let name = sm.group(id)?.map(|g| g.name).unwrap_or_default();
-                json!({ "groupId": id, "groupName": name, "role": entry.role.as_str() })
-            }
+    let after = query.page_token.clone();
+    read_state(&state, move |sm| {
+        let namespace =
+            sm.namespace(&namespace_id)?.ok_or_else(|| ApiError::NotFound(format!("namespace {namespace_id}")))?;
+        let mut entries = Vec::new();
+        if namespace.kind == NamespaceKind::Personal && after.is_none() {
+            let owner = sm.user(&namespace.owner_user_id)?.map(|u| u.name).unwrap_or_default();
+            entries.push(json!({ "userId": namespace.owner_user_id, "userName": owner, "role": "owner" }));
+        }
+        let page = sm.acl_page(&namespace_id, after.as_deref(), limit + 1)?;
+        for entry in page.iter().take(limit) {
+            entries.push(match &entry.grantee {
+                Grantee::User(id) => {
+                    let name = sm.user(id)?.map(|u| u.name).unwrap_or_default();
+                    json!({ "userId": id, "userName": name, "role": entry.role.as_str() })
+                }
+                Grantee::Group(id) => {
+                    let name = sm.group(id)?.map(|g| g.name).unwrap_or_default();
+                    json!({ "groupId": id, "groupName": name, "role": entry.role.as_str() })
+                }
+            });
+        }
+        let mut body = json!({
+            "namespaceId": namespace_id, "kind": kind(namespace.kind), "name": namespace.name, "entries": entries,
         });
-    }
-    Ok(Json(
-        json!({ "namespaceId": namespace_id, "kind": kind(namespace.kind), "name": namespace.name, "entries": entries }),
-    ))
+        if page.len() > limit {
+            body["nextPageToken"] = json!(page[limit - 1].grantee.key());
+        }
+        Ok(Json(body))
+    })
+    .await
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -247,30 +270,50 @@ pub async fn create_group(
 }
 
 /// `GET /v1/admin/groups`.
-pub async fn list_groups(State(state): State<AppState>, principal: Principal) -> Result<Json<Value>, ApiError> {
+pub async fn list_groups(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
     principal.require_admin()?;
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
-    let groups: Vec<Value> =
-        state.node.state().groups()?.into_iter().map(|g| json!({ "groupId": g.id, "name": g.name })).collect();
-    Ok(Json(json!({ "groups": groups })))
+    let after = query.page_token.clone();
+    let found = read_state(&state, move |sm| Ok(sm.groups_page(after.as_deref(), limit + 1)?)).await?;
+    let groups: Vec<Value> = found.iter().take(limit).map(|g| json!({ "groupId": g.id, "name": g.name })).collect();
+    let mut body = json!({ "groups": groups });
+    if found.len() > limit {
+        body["nextPageToken"] = json!(found[limit - 1].id);
+    }
+    Ok(Json(body))
 }
 
-/// `GET /v1/admin/groups/{id}`: the group and its members.
+/// `GET /v1/admin/groups/{id}`: the group and its members (paginated: `limit`, `pageToken`).
 pub async fn get_group(
     State(state): State<AppState>,
     principal: Principal,
     Path(group_id): Path<String>,
+    Query(query): Query<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
     principal.require_admin()?;
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
-    let sm = state.node.state();
-    let group = sm.group(&group_id)?.ok_or_else(|| ApiError::NotFound(format!("group {group_id}")))?;
-    let mut members = Vec::new();
-    for user_id in sm.group_members(&group_id)? {
-        let name = sm.user(&user_id)?.map(|u| u.name).unwrap_or_default();
-        members.push(json!({ "userId": user_id, "name": name }));
-    }
-    Ok(Json(json!({ "groupId": group.id, "name": group.name, "members": members })))
+    let after = query.page_token.clone();
+    read_state(&state, move |sm| {
+        let group = sm.group(&group_id)?.ok_or_else(|| ApiError::NotFound(format!("group {group_id}")))?;
+        let ids = sm.group_members_page(&group_id, after.as_deref(), limit + 1)?;
+        let mut members = Vec::new();
+        for user_id in ids.iter().take(limit) {
+            let name = sm.user(user_id)?.map(|u| u.name).unwrap_or_default();
+            members.push(json!({ "userId": user_id, "name": name }));
+        }
+        let mut body = json!({ "groupId": group.id, "name": group.name, "members": members });
+        if ids.len() > limit {
+            body["nextPageToken"] = json!(ids[limit - 1]);
+        }
+        Ok(Json(body))
+    })
+    .await
 }
 
 async fn set_member(
