@@ -21,6 +21,7 @@ pub mod console;
 pub mod error;
 pub mod idempotency;
 pub mod json;
+mod limit;
 pub mod metrics;
 pub mod openapi;
 pub mod ratelimit;
@@ -55,6 +56,9 @@ pub struct Shared {
     pub channels: routes::sync::Channels,
     /// Per-route request counts and latencies, in the node's registry.
     pub http_metrics: metrics::HttpMetrics,
+    /// Places for requests in flight (`[http] requests_in_flight_max`): a request beyond is
+    /// answered 503 at once.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::ops::Deref for AppState {
@@ -69,7 +73,8 @@ impl AppState {
     pub fn new(node: RaftNode, config: ApiConfig) -> AppState {
         let http_metrics = metrics::HttpMetrics::new(node.node_metrics().registry());
         let channels = routes::sync::Channels::default();
-        AppState(Arc::new(Shared { node, config: Arc::new(config), channels, http_metrics }))
+        let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.requests_in_flight_max));
+        AppState(Arc::new(Shared { node, config: Arc::new(config), channels, http_metrics, in_flight }))
     }
 }
 
@@ -125,11 +130,17 @@ pub struct HttpConfig {
     /// Every request but the notification channels (which bound themselves) answers within
     /// this many ms, or 503.
     pub request_timeout_ms: u64,
+    /// Requests a node serves at once, notification channels aside (those have
+    /// `[notify_limits]`); beyond, 503 with `Retry-After` at once.
+    pub requests_in_flight_max: usize,
+    /// Connections a node holds open at once; beyond, a new one waits in the kernel's backlog
+    /// until one closes.
+    pub connections_max: usize,
 }
 
 impl Default for HttpConfig {
     fn default() -> HttpConfig {
-        HttpConfig { request_timeout_ms: 60_000 }
+        HttpConfig { request_timeout_ms: 60_000, requests_in_flight_max: 1_024, connections_max: 4_096 }
     }
 }
 
@@ -143,13 +154,28 @@ pub fn router(state: AppState) -> Router {
 pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
     let limiter = axum::middleware::from_fn_with_state(state.clone(), ratelimit::enforce);
     let timeout = axum::middleware::from_fn_with_state(state.clone(), request_timeout);
-    let bounded = routes::router().merge(extra).layer(timeout);
+    let admit = axum::middleware::from_fn_with_state(state.clone(), admit);
+    let probes = routes::probe_router().layer(timeout.clone());
+    let bounded = routes::router().merge(extra).layer(timeout).layer(admit).merge(probes);
     bounded
         .merge(routes::notify_router())
         .route_layer(limiter)
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(axum::middleware::from_fn(error::problems_everywhere))
         .with_state(state)
+}
+
+/// Takes a place among the requests in flight, or answers 503 at once when there is none
+/// (`[http] requests_in_flight_max`): a flood queues nowhere inside the node.
+async fn admit(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match state.in_flight.clone().try_acquire_owned() {
+        Ok(_place) => next.run(request).await,
+        Err(_) => ApiError::Unavailable(format!(
+            "this node serves {} requests at once, the most it takes; try again shortly",
+            state.config.http.requests_in_flight_max
+        ))
+        .into_response(),
+    }
 }
 
 /// Answers 503 when the route has not answered within `[http] request_timeout_ms`. A write
@@ -175,6 +201,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
+    let connections_max = state.config.http.connections_max;
     let tls = state.node.tls().map(|tls| tls.http_server_config());
     let app = router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
     if let Some(config) = tls {
@@ -190,9 +217,9 @@ pub async fn serve(
             axum_server::tls_rustls::RustlsAcceptor::new(config).acceptor(axum_server::accept::NoDelayAcceptor::new());
         return axum_server::from_tcp(listener.into_std()?)?.acceptor(acceptor).handle(handle).serve(app).await;
     }
-    // Small responses must not wait for Nagle's algorithm.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
+    // At most `connections_max` open; small responses must not wait for Nagle's algorithm.
+    let listener = limit::Limited::new(listener, connections_max).tap_io(|tcp| {
+        if let Err(e) = tcp.inner().set_nodelay(true) {
             tracing::debug!(error = %e, "set TCP_NODELAY");
         }
     });

@@ -240,6 +240,8 @@ impl Config {
         in_range("raft.membership_timeout_ms", raft.membership_timeout_ms, 1_000, 3_600_000)?;
         in_range("raft.max_clock_offset_ms", raft.max_clock_offset_ms, 10, 3_600_000)?;
         in_range("http.request_timeout_ms", file.http.request_timeout_ms, 1_000, 3_600_000)?;
+        in_range("http.requests_in_flight_max", file.http.requests_in_flight_max as u64, 1, 1_000_000)?;
+        in_range("http.connections_max", file.http.connections_max as u64, 1, 1_000_000)?;
         if raft.membership_timeout_ms >= file.http.request_timeout_ms {
             bail!("raft.membership_timeout_ms must be below http.request_timeout_ms (a change answers before the request times out)");
         }

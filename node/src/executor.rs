@@ -112,7 +112,14 @@ pub async fn run(
     let slots = Arc::new(Semaphore::new(concurrency));
     let held = Arc::new(Semaphore::new(concurrency.saturating_mul(HELD_PER_SLOT)));
     let reports = Arc::new(Semaphore::new(concurrency.saturating_mul(REPORTS_PER_SLOT)));
-    let http = webhook_client(webhooks.clone());
+    // Never a default client in its place: it would honour proxies and skip the resolver's rule.
+    let http = match webhook_client(webhooks.clone()) {
+        Ok(http) => http,
+        Err(e) => {
+            tracing::error!(error = %e, "the webhook client cannot be built; this node runs no jobs");
+            return;
+        }
+    };
     let freed = Notify::new();
     let burst = watch::Sender::new(false);
     let claims = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT_MAX));
@@ -416,12 +423,14 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
 /// The webhook client: no redirects, and a resolver that drops every address the webhook
 /// rule refuses (so a name that resolves to the node's own network is refused at call time,
 /// whatever it resolved to when the job was created).
-fn webhook_client(policy: WebhookPolicy) -> reqwest::Client {
+fn webhook_client(policy: WebhookPolicy) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
+        // Never through a proxy named in the environment: the proxy, not the filtering
+        // resolver below, would then resolve (and reach) the target.
+        .no_proxy()
         .dns_resolver(Arc::new(CheckedResolver { policy }))
         .build()
-        .unwrap_or_default()
 }
 
 struct CheckedResolver {
@@ -562,12 +571,16 @@ mod tests {
     #[tokio::test]
     async fn a_name_resolving_to_loopback_is_refused_at_call_time() {
         let (port, hits) = serve("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
-        let refused = webhook_client(policy(&[])).post(format!("http://localhost:{port}/")).send().await;
+        let refused =
+            webhook_client(policy(&[])).expect("client").post(format!("http://localhost:{port}/")).send().await;
         let error = refused.expect_err("localhost resolves to loopback");
         assert!(error_chain(&error).contains("may not call"), "{}", error_chain(&error));
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "the target was called");
-        let allowed =
-            webhook_client(policy(&["127.0.0.0/8", "::1/128"])).post(format!("http://localhost:{port}/")).send().await;
+        let allowed = webhook_client(policy(&["127.0.0.0/8", "::1/128"]))
+            .expect("client")
+            .post(format!("http://localhost:{port}/"))
+            .send()
+            .await;
         assert_eq!(allowed.expect("allowed").status(), 200);
     }
 
@@ -577,7 +590,11 @@ mod tests {
             "HTTP/1.1 302 Found\r\nlocation: http://169.254.169.254/latest/meta-data/\r\ncontent-length: 0\r\n\r\n",
         )
         .await;
-        let answer = webhook_client(policy(&["127.0.0.0/8"])).post(format!("http://127.0.0.1:{port}/")).send().await;
+        let answer = webhook_client(policy(&["127.0.0.0/8"]))
+            .expect("client")
+            .post(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await;
         assert_eq!(answer.expect("answered").status(), 302);
         assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 1);
     }

@@ -66,9 +66,6 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(crate::console::index))
         .route("/console/{file}", get(crate::console::asset))
-        .route("/healthz", get(probes::healthz))
-        .route("/readyz", get(probes::readyz))
-        .route("/metrics", get(probes::metrics))
         .route("/v1/cluster", get(probes::cluster))
         .route("/v1/openapi.json", get(crate::openapi::serve))
         .route("/v1/admin/cluster/members", get(cluster::list).post(cluster::add))
@@ -109,6 +106,14 @@ pub fn router() -> Router<AppState> {
             get(blocks::get).put(blocks::put).layer(DefaultBodyLimit::max(raftbox_storage::blocks::BLOCK_BYTES_MAX)),
         )
         .fallback(|| async { crate::ApiError::NotFound("no such route".into()) })
+}
+
+/// The probes, outside the cap on requests in flight (a loaded node still says it is up).
+pub fn probe_router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(probes::healthz))
+        .route("/readyz", get(probes::readyz))
+        .route("/metrics", get(probes::metrics))
 }
 
 /// The notification channels: a long poll bounds its own wait (at most

@@ -186,13 +186,48 @@ async fn every_route_answers_within_the_request_timeout() {
             "never"
         }),
     );
-    let config = ApiConfig { http: HttpConfig { request_timeout_ms: 1_000 }, ..ApiConfig::default() };
+    let config =
+        ApiConfig { http: HttpConfig { request_timeout_ms: 1_000, ..HttpConfig::default() }, ..ApiConfig::default() };
     let node = TestNode::start_with(config, hang).await;
     let started = Instant::now();
     let (status, headers, problem) = node.call("GET", "/test/hang", None, None).await;
     assert_problem(status, &problem, StatusCode::SERVICE_UNAVAILABLE, "unavailable");
     assert!(headers.get("retry-after").is_some());
     assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_request_beyond_the_in_flight_cap_is_answered_503_at_once() {
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel::<()>();
+    let entered = std::sync::Mutex::new(Some(entered_tx));
+    let entered = std::sync::Arc::new(entered);
+    let hang = axum::Router::new().route(
+        "/test/hold",
+        get(move || {
+            let entered = entered.clone();
+            async move {
+                if let Some(tx) = entered.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    let _ = tx.send(());
+                }
+                tokio::time::sleep(Duration::from_secs(3_600)).await;
+                "never"
+            }
+        }),
+    );
+    let http = HttpConfig { requests_in_flight_max: 1, ..HttpConfig::default() };
+    let config = ApiConfig { http, ..ApiConfig::default() };
+    let node = std::sync::Arc::new(TestNode::start_with(config, hang).await);
+    let holder = node.clone();
+    let held = tokio::spawn(async move { holder.call("GET", "/test/hold", None, None).await });
+    tokio::time::timeout(Duration::from_secs(10), entered_rx).await.expect("the first request runs").expect("sent");
+    let started = Instant::now();
+    let (status, headers, problem) = node.call("GET", "/v1/me", None, None).await;
+    assert_problem(status, &problem, StatusCode::SERVICE_UNAVAILABLE, "unavailable");
+    assert!(headers.get("retry-after").is_some());
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    // The probes stay outside the cap.
+    assert_eq!(node.call("GET", "/healthz", None, None).await.0, StatusCode::OK);
+    held.abort();
 }
 
 /// Every byte under `dir`, file by file.
