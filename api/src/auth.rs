@@ -78,18 +78,32 @@ impl FromRequestParts<AppState> for Principal {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Principal, ApiError> {
-        // The rate limiter may have resolved the caller already.
+        // The rate limiter may have resolved the caller already, or found the token unknown.
         if let Some(principal) = parts.extensions.get::<Principal>() {
             return Ok(principal.clone());
+        }
+        if let Some(LookedUp(None)) = parts.extensions.get::<LookedUp>() {
+            return Err(ApiError::Unauthenticated("unknown token".into()));
         }
         let hash = hash_token(bearer(parts)?);
         lookup(state, &hash).await?.ok_or_else(|| ApiError::Unauthenticated("unknown token".into()))
     }
 }
 
+/// What the rate limiter's lookup of the request's token found (`None`: unknown after a read
+/// barrier), so the route does not look it up again.
+#[derive(Debug, Clone)]
+pub struct LookedUp(pub Option<Principal>);
+
+/// The principal holding the token with this hash as this node knows it, without a barrier.
+pub fn lookup_local(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principal>, ApiError> {
+    principal_of(state.node.state().token(hash)?)
+}
+
 /// The principal holding the token with this hash. A token unknown here may have been
 /// created an instant ago through another node: it is looked up again after a read
-/// barrier, so authentication is linearizable too.
+/// barrier (shared with every other read waiting at that moment), so authentication is
+/// linearizable too.
 pub async fn lookup(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principal>, ApiError> {
     let state_machine = state.node.state();
     let mut found = state_machine.token(hash)?;
@@ -97,6 +111,10 @@ pub async fn lookup(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principa
         state.node.read_barrier().await?;
         found = state_machine.token(hash)?;
     }
+    principal_of(found)
+}
+
+fn principal_of(found: Option<(raftbox_storage::records::Token, User)>) -> Result<Option<Principal>, ApiError> {
     match found {
         Some((token, _)) if token.expires_ms.is_some_and(|at| at <= now_ms()) => {
             Err(ApiError::Unauthenticated("token expired".into()))

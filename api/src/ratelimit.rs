@@ -18,7 +18,7 @@ use raftbox_storage::command::RateCheck;
 use raftbox_storage::ratelimit::{Algorithm, Decision};
 use serde::Deserialize;
 
-use crate::auth::{bearer_hash, lookup, Principal};
+use crate::auth::{bearer_hash, lookup, lookup_local, LookedUp, Principal};
 use crate::metrics::LimiterDecision;
 use crate::{ApiError, AppState};
 
@@ -210,6 +210,13 @@ impl RateLimit {
     }
 }
 
+impl Scope {
+    /// Whether the scope's key names the caller (so it needs the token looked up).
+    fn needs_caller(self) -> bool {
+        matches!(self, Scope::User | Scope::Token | Scope::Tenant)
+    }
+}
+
 /// A limit that applies to this request, with its state key.
 struct Applied<'a> {
     limit: &'a RateLimit,
@@ -217,45 +224,92 @@ struct Applied<'a> {
 }
 
 /// The middleware: checks every applicable limit, then runs the route or answers 429.
+///
+/// A token this node does not know (forged, or made an instant ago through another node)
+/// meets the limits that need no caller (ip, global, endpoint) first: only once they admit
+/// the request does the lookup's read barrier cost the leader a round. Whatever the lookup
+/// finds is left for the route (`auth::LookedUp`), so it is never done twice.
 pub async fn enforce(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    let caller = match bearer_hash(request.headers()) {
-        Some(hash) if !state.config.rate_limits.is_empty() => lookup(&state, &hash).await.ok().flatten(),
-        _ => None,
-    };
+    let mut checked_anonymous = false;
+    let mut caller = None;
+    if let Some(hash) = bearer_hash(request.headers()).filter(|_| !state.config.rate_limits.is_empty()) {
+        caller = lookup_local(&state, &hash).ok().flatten();
+        if caller.is_none() {
+            let anonymous = applicable(&state, &request, None);
+            if !anonymous.is_empty() {
+                match decide(&state, &anonymous).await {
+                    Err(refused) => return refused,
+                    Ok(Decided::Undecided(reason)) if anonymous.iter().any(|a| a.limit.failure == Failure::Closed) => {
+                        state.http_metrics.limiter_decision(LimiterDecision::UndecidedClosed);
+                        return ApiError::Unavailable(format!("rate limiter unavailable ({reason})")).into_response();
+                    }
+                    Ok(_) => {}
+                }
+                checked_anonymous = true;
+            }
+            caller = lookup(&state, &hash).await.ok().flatten();
+            request.extensions_mut().insert(LookedUp(caller.clone()));
+        }
+    }
     if let Some(principal) = &caller {
         request.extensions_mut().insert(principal.clone());
     }
-    let applied = applicable(&state, &request, caller.as_ref());
+    let mut applied = applicable(&state, &request, caller.as_ref());
+    if checked_anonymous {
+        applied.retain(|a| a.limit.scope.needs_caller());
+    }
     if applied.is_empty() {
         return next.run(request).await;
     }
+    match decide(&state, &applied).await {
+        Err(refused) => refused,
+        Ok(Decided::Undecided(reason)) => undecided(&state, &applied, reason, request, next).await,
+        Ok(Decided::Admitted { delay_ms, decisions }) => {
+            // A leaky bucket admits into a queue: the request leaves at the drain rate.
+            if delay_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            }
+            let mut response = next.run(request).await;
+            let (index, decision) = most_restrictive(&decisions);
+            set_headers(response.headers_mut(), &applied, &decisions, index, decision);
+            response
+        }
+    }
+}
+
+/// What the limiter said of some limits.
+enum Decided {
+    Admitted {
+        delay_ms: u64,
+        decisions: Vec<Decision>,
+    },
+    /// No decision in time: the limits' failure modes decide.
+    Undecided(String),
+}
+
+/// Asks the limiter about `applied`; `Err` is the 429 (or the 503 of a closed limit left
+/// undecided by the anonymous pre-check) to answer.
+async fn decide(state: &AppState, applied: &[Applied<'_>]) -> Result<Decided, Response> {
     let checks = applied.iter().map(|a| RateCheck { key: a.key.clone(), algorithm: a.limit.algorithm }).collect();
     let timeout = Duration::from_millis(state.config.rate_limiting.decision_timeout_ms);
     let deadline = tokio::time::Instant::now() + timeout;
     let decided = tokio::time::timeout_at(deadline, state.node.limiter().check(checks, deadline)).await;
     let RateAnswer { allowed, decisions } = match decided {
         Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => return undecided(&state, &applied, e.to_string(), request, next).await,
-        Err(_) => {
-            let reason = format!("no decision within {} ms", timeout.as_millis());
-            return undecided(&state, &applied, reason, request, next).await;
-        }
+        Ok(Err(e)) => return Ok(Decided::Undecided(e.to_string())),
+        Err(_) => return Ok(Decided::Undecided(format!("no decision within {} ms", timeout.as_millis()))),
     };
     let (index, decision) = most_restrictive(&decisions);
     let counted = if allowed { LimiterDecision::Admitted } else { LimiterDecision::Rejected };
     state.http_metrics.limiter_decision(counted);
-    let mut response = if allowed {
-        // A leaky bucket admits into a queue: the request leaves at the drain rate.
-        let delay_ms = decisions.iter().map(|d| d.delay_ms).max().unwrap_or(0);
-        if delay_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-        }
-        next.run(request).await
-    } else {
-        ApiError::RateLimited { retry_after_s: decision.retry_after_ms.div_ceil(1_000).max(1) }.into_response()
-    };
-    set_headers(response.headers_mut(), &applied, &decisions, index, decision);
-    response
+    if !allowed {
+        let mut response =
+            ApiError::RateLimited { retry_after_s: decision.retry_after_ms.div_ceil(1_000).max(1) }.into_response();
+        set_headers(response.headers_mut(), applied, &decisions, index, decision);
+        return Err(response);
+    }
+    let delay_ms = decisions.iter().map(|d| d.delay_ms).max().unwrap_or(0);
+    Ok(Decided::Admitted { delay_ms, decisions })
 }
 
 async fn undecided(

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod proposer;
+mod read_rounds;
 pub mod secret;
 pub mod service;
 pub mod snapshot;

@@ -24,6 +24,7 @@ use crate::network::{NetworkFactory, Peers};
 use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::{ReadIndexRequest, StatusRequest};
 use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
+use crate::read_rounds::{self, ReadRounds, Waiting};
 use crate::secret::ClusterSecret;
 use crate::state_machine::StateMachineStore;
 use crate::tls::NodeTls;
@@ -95,6 +96,29 @@ struct Inner {
     log_cache: LogCache,
     /// What this node promised leaders as a voter (leases for the rate limiter).
     promises: Arc<Promises>,
+    /// Read barriers share read-index rounds ([`crate::read_rounds`]).
+    barrier_rounds: ReadRounds,
+    /// So do the read indexes this node, as leader, hands followers.
+    leader_rounds: ReadRounds,
+}
+
+/// Runs read-index rounds for as long as the node lives (the task holds it weakly).
+fn spawn_rounds<F, Fut>(inner: &Arc<Inner>, waiting: Waiting, round: F)
+where
+    F: Fn(RaftNode) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Option<u64>> + Send + 'static,
+{
+    let node = Arc::downgrade(inner);
+    tokio::spawn(read_rounds::run(waiting, move || {
+        let node = node.upgrade().map(|inner| RaftNode { inner });
+        let round = node.map(&round);
+        async move {
+            match round {
+                Some(round) => round.await,
+                None => None,
+            }
+        }
+    }));
 }
 
 /// A cheap, cloneable handle to the node.
@@ -188,6 +212,8 @@ impl RaftNode {
             promises: promises.clone(),
         });
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
+        let (barrier_rounds, barrier_waiting) = ReadRounds::new();
+        let (leader_rounds, leader_waiting) = ReadRounds::new();
         let inner = Inner {
             id,
             db,
@@ -205,8 +231,13 @@ impl RaftNode {
             node_metrics,
             log_cache,
             promises,
+            barrier_rounds,
+            leader_rounds,
         };
-        Ok(RaftNode { inner: Arc::new(inner) })
+        let inner = Arc::new(inner);
+        spawn_rounds(&inner, barrier_waiting, RaftNode::barrier_round);
+        spawn_rounds(&inner, leader_waiting, RaftNode::leader_round);
+        Ok(RaftNode { inner })
     }
 
     /// The node's TLS, if it has any (its gRPC and HTTP listeners serve TLS then).
@@ -405,13 +436,8 @@ impl RaftNode {
     pub async fn read_barrier(&self) -> Result<(), WriteError> {
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
         loop {
-            let (leader, addr) = wait_for_leader(&self.inner.raft, deadline).await?;
-            let index = if leader == self.inner.id {
-                self.read_index_until(deadline).await
-            } else {
-                self.remote_read_index(&addr, deadline).await
-            };
-            if let Some(index) = index {
+            // The next round to begin, shared with every reader waiting now.
+            if let Some(index) = self.inner.barrier_rounds.next_index(deadline).await {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 return self
                     .inner
@@ -430,6 +456,24 @@ impl RaftNode {
         }
     }
 
+    /// One read-index round of the read barriers: the leader's index, confirmed with a
+    /// quorum here (when leading) or asked of the leader; `None` if none by the write timeout.
+    async fn barrier_round(self) -> Option<u64> {
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
+        let (leader, addr) = wait_for_leader(&self.inner.raft, deadline).await.ok()?;
+        if leader == self.inner.id {
+            self.read_index_until(deadline).await
+        } else {
+            self.remote_read_index(&addr, deadline).await
+        }
+    }
+
+    /// One round of the read indexes handed to followers: confirmed here, as leader.
+    async fn leader_round(self) -> Option<u64> {
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
+        self.read_index_until(deadline).await
+    }
+
     /// On the leader: confirms leadership with a quorum and returns the index a linearizable
     /// read must see applied; `None` if it cannot by `deadline` (e.g. it lost its quorum).
     async fn read_index_until(&self, deadline: Instant) -> Option<u64> {
@@ -441,10 +485,10 @@ impl RaftNode {
     }
 
     /// The read index this node hands a follower, if it is the leader and can confirm it
-    /// within the write timeout.
+    /// within the write timeout (sharing rounds with the other followers asking).
     pub async fn confirmed_read_index(&self) -> Option<u64> {
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
-        self.read_index_until(deadline).await
+        self.inner.leader_rounds.next_index(deadline).await
     }
 
     async fn remote_read_index(&self, addr: &str, deadline: Instant) -> Option<u64> {

@@ -116,3 +116,43 @@ async fn deep_json(cluster: &Cluster) -> Result<()> {
         format!("{} requests: {accepted} accepted (payloads up to 32 deep), {refused} refused", accepted + refused);
     judge("JSON nested 1-200 deep to every JSON route", &attacker, baseline, during, (before, after))
 }
+
+// ---------------------------------------------------------------------------------------
+// A flood of requests with forged tokens: each costs the cluster no more than a share of
+// one read-index round.
+
+cluster_test!(a_flood_of_forged_tokens_moves_no_term, forged_tokens);
+
+async fn forged_tokens(cluster: &Cluster) -> Result<()> {
+    let bystander = Bystander::start(cluster, 3).await?;
+    bystander.wait_for(BASELINE_COMMITS).await?;
+    let before = term(cluster, 1).await?;
+    let mark = bystander.count();
+    let http = cluster.client();
+    let urls = cluster.http_urls(&[1, 2]);
+    let started = std::time::Instant::now();
+    let mut sent = 0usize;
+    let mut unauthenticated = 0usize;
+    // 64 at a time, through the leader and a follower, for a few seconds.
+    while started.elapsed() < Duration::from_secs(6) {
+        let batch: Vec<_> = (0..64)
+            .map(|i| {
+                let url = urls[i % urls.len()].clone();
+                let http = http.clone();
+                let token = format!("rbx_forged{}", rand::random::<u64>());
+                tokio::spawn(async move { http.get(format!("{url}/v1/me")).bearer_auth(token).send().await })
+            })
+            .collect();
+        for request in batch {
+            sent += 1;
+            if matches!(request.await?, Ok(answer) if answer.status().as_u16() == 401) {
+                unauthenticated += 1;
+            }
+        }
+    }
+    let after = term(cluster, 1).await?;
+    let (baseline, during) = bystander.stop(mark).await;
+    ensure!(unauthenticated == sent, "{unauthenticated} of {sent} forged tokens were refused 401");
+    let attacker = format!("{sent} requests with forged tokens in 6 s, all 401");
+    judge("a flood of forged tokens", &attacker, baseline, during, (before, after))
+}
