@@ -181,8 +181,9 @@ pub fn sync_command(args: &[&str]) -> Result<Output> {
     Command::new(raftbox_bin()?).arg("sync").args(args).output().context("run raftbox sync")
 }
 
-/// Every regular file under `dir` but the client's own `.raftbox/`, with its bytes; links
-/// are not followed.
+/// Every regular file under `dir` but the client's own `.raftbox/` and its in-flight
+/// temporary files (`.raftbox-<hex>.tmp`, not a place a user keeps anything), with its
+/// bytes; links are not followed.
 pub fn tree(dir: &Path) -> Result<Tree> {
     fn visit(root: &Path, dir: &Path, out: &mut Tree) -> Result<()> {
         let entries = match std::fs::read_dir(dir) {
@@ -195,7 +196,7 @@ pub fn tree(dir: &Path) -> Result<Tree> {
             let Ok(entry) = entry else { continue };
             let path = entry.path();
             let relative = path.strip_prefix(root)?.to_string_lossy().into_owned();
-            if relative == ".raftbox" {
+            if relative == ".raftbox" || is_client_temporary(&entry.file_name().to_string_lossy()) {
                 continue;
             }
             let Ok(kind) = entry.file_type() else { continue };
@@ -212,6 +213,13 @@ pub fn tree(dir: &Path) -> Result<Tree> {
     let mut out = Tree::new();
     visit(dir, dir, &mut out)?;
     Ok(out)
+}
+
+/// A name the client gives a download in flight: `.raftbox-<16 hex>.tmp`.
+fn is_client_temporary(name: &str) -> bool {
+    name.strip_prefix(".raftbox-")
+        .and_then(|rest| rest.strip_suffix(".tmp"))
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
 
 /// Deterministic bytes for `seed`.
