@@ -35,6 +35,8 @@ pub struct Principal {
     pub user: User,
     pub token_id: String,
     pub token_name: String,
+    /// When the token stops working, Unix ms (the notification channels close then).
+    pub token_expires_ms: Option<u64>,
 }
 
 impl Principal {
@@ -119,7 +121,12 @@ fn principal_of(found: Option<(raftbox_storage::records::Token, User)>) -> Resul
         Some((token, _)) if token.expires_ms.is_some_and(|at| at <= now_ms()) => {
             Err(ApiError::Unauthenticated("token expired".into()))
         }
-        found => Ok(found.map(|(token, user)| Principal { user, token_id: token.id, token_name: token.name })),
+        found => Ok(found.map(|(token, user)| Principal {
+            user,
+            token_id: token.id,
+            token_name: token.name,
+            token_expires_ms: token.expires_ms,
+        })),
     }
 }
 

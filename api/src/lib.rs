@@ -23,6 +23,7 @@ pub mod idempotency;
 pub mod json;
 mod limit;
 pub mod metrics;
+pub mod notify;
 pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
@@ -54,6 +55,8 @@ pub struct Shared {
     pub config: Arc<ApiConfig>,
     /// Open notification channels (long polls and WebSockets), for their limits.
     pub channels: routes::sync::Channels,
+    /// What each applied entry may have changed, for those channels.
+    pub hub: notify::Hub,
     /// Per-route request counts and latencies, in the node's registry.
     pub http_metrics: metrics::HttpMetrics,
     /// Places for requests in flight (`[http] requests_in_flight_max`): a request beyond is
@@ -70,11 +73,13 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
+    /// Starts the node's notification hub: call within a Tokio runtime.
     pub fn new(node: RaftNode, config: ApiConfig) -> AppState {
         let http_metrics = metrics::HttpMetrics::new(node.node_metrics().registry());
         let channels = routes::sync::Channels::default();
         let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.requests_in_flight_max));
-        AppState(Arc::new(Shared { node, config: Arc::new(config), channels, http_metrics, in_flight }))
+        let hub = notify::Hub::start(&node);
+        AppState(Arc::new(Shared { node, config: Arc::new(config), channels, hub, http_metrics, in_flight }))
     }
 }
 

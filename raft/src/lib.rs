@@ -47,5 +47,6 @@ pub use metrics::NodeMetrics;
 pub use node::{RaftNode, RaftSettings};
 pub use secret::ClusterSecret;
 pub use service::{serve, RaftGrpc};
+pub use state_machine::Applied;
 pub use tls::NodeTls;
 pub use types::{NodeId, NodeInfo, RaftMetrics};

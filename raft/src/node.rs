@@ -26,7 +26,7 @@ use crate::pb::{ReadIndexRequest, StatusRequest};
 use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
 use crate::read_rounds::{self, ReadRounds, Waiting};
 use crate::secret::ClusterSecret;
-use crate::state_machine::StateMachineStore;
+use crate::state_machine::{Applied, StateMachineStore};
 use crate::tls::NodeTls;
 use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
 
@@ -100,6 +100,8 @@ struct Inner {
     barrier_rounds: ReadRounds,
     /// So do the read indexes this node, as leader, hands followers.
     leader_rounds: ReadRounds,
+    /// The state machine's adapter, for its applied-entry events.
+    applied: StateMachineStore,
 }
 
 /// Runs read-index rounds for as long as the node lives (the task holds it weakly).
@@ -165,6 +167,7 @@ impl RaftNode {
         let vote_right = watch::Sender::new(membership::initial_vote_right(&db)?);
         let state = StateMachine::new(db.clone());
         let sm_store = StateMachineStore::new(state.clone())?;
+        let applied = sm_store.clone();
         let peers = Peers::with_tls(secret.clone(), tls.clone());
         let node_metrics = NodeMetrics::new(id);
         node_metrics.set_db(db.clone());
@@ -233,6 +236,7 @@ impl RaftNode {
             promises,
             barrier_rounds,
             leader_rounds,
+            applied,
         };
         let inner = Arc::new(inner);
         spawn_rounds(&inner, barrier_waiting, RaftNode::barrier_round);
@@ -413,6 +417,11 @@ impl RaftNode {
     /// linearizable read).
     pub fn state(&self) -> &StateMachine {
         &self.inner.state
+    }
+
+    /// Hears what every entry this node applies from now on did (the notification channels).
+    pub fn applied_events(&self) -> tokio::sync::broadcast::Receiver<Applied> {
+        self.inner.applied.applied_events()
     }
 
     pub fn metrics(&self) -> RaftMetrics {

@@ -40,6 +40,20 @@ pub struct StateMachineStore {
     /// Held while the current snapshot's record changes and old files are removed, so a
     /// build finishing during an install cannot replace a newer snapshot.
     record: Arc<std::sync::Mutex<()>>,
+    /// What each applied entry did, for the node's listeners (the API's notifications).
+    events: tokio::sync::broadcast::Sender<Applied>,
+}
+
+/// Applied entries waiting for a slow listener, at most (it then hears [`Applied::Reset`]).
+const APPLIED_EVENTS_QUEUED_MAX: usize = 1_024;
+
+/// What one applied entry did, as the node's listeners hear it.
+#[derive(Debug, Clone)]
+pub enum Applied {
+    /// A batch of commands (applied; some may have been rejected, and changed nothing).
+    Commands(Arc<[raftbox_storage::Command]>),
+    /// A snapshot replaced the state: anything may have changed.
+    Reset,
 }
 
 impl StateMachineStore {
@@ -68,12 +82,18 @@ impl StateMachineStore {
             marker: Arc::new(Mutex::new(marker)),
             snapshots,
             record: Arc::new(std::sync::Mutex::new(())),
+            events: tokio::sync::broadcast::channel(APPLIED_EVENTS_QUEUED_MAX).0,
         })
     }
 
     /// The storage-level state machine, for reads.
     pub fn state(&self) -> &StateMachine {
         &self.sm
+    }
+
+    /// Hears what every entry applied from now on did.
+    pub fn applied_events(&self) -> tokio::sync::broadcast::Receiver<Applied> {
+        self.events.subscribe()
     }
 
     fn current_record(&self) -> Result<Option<SnapshotRecord>, StorageError> {
@@ -240,6 +260,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let outcomes = self.sm.apply(&encoded, batch).map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
             *marker = next;
             replies.push(outcomes);
+            if let (Some(batch), true) = (batch, self.events.receiver_count() > 0) {
+                let _ = self.events.send(Applied::Commands(batch.commands.clone()));
+            }
         }
         Ok(replies)
     }
@@ -276,6 +299,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))??;
         *marker = AppliedMarker { last_applied: meta.last_log_id, membership: meta.last_membership.clone() };
+        let _ = self.events.send(Applied::Reset);
         tracing::info!(snapshot_id = %meta.snapshot_id, "installed snapshot");
         Ok(())
     }

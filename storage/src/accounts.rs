@@ -142,7 +142,12 @@ impl StateMachine {
         Ok(Some((token, user)))
     }
 
-    /// A user's tokens (those created since tokens are indexed by user), by token id.
+    /// Whether the user's token `token_id` still exists (not revoked; expiry is the
+    /// reader's to judge). One point read (the notification channels, after a snapshot).
+    pub fn token_active(&self, user_id: &str, token_id: &str) -> Result<bool, StorageError> {
+        Ok(self.read_bytes(&keys::user_token(user_id, token_id))?.is_some())
+    }
+
     /// A user's tokens (tests; requests page through [`StateMachine::tokens_page`]).
     pub fn tokens(&self, user_id: &str) -> Result<Vec<Token>, StorageError> {
         self.tokens_page(user_id, None, usize::MAX)

@@ -260,6 +260,80 @@ pub enum Command {
     },
 }
 
+/// What applied commands may have changed for the notification channels: which change
+/// feeds moved, whose access to which namespace, whose groups, which tokens stopped. A
+/// listener reads this instead of re-reading everything the caller can see, so what an
+/// entry costs a channel does not grow with the caller's namespaces. Rejected commands are
+/// included (they changed nothing: a listener that looks finds nothing new).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// Namespaces whose change feed (or cursor) moved.
+    pub namespaces: Vec<String>,
+    /// A grantee's access to a namespace may have changed; `None`: everyone's (the folder
+    /// was deleted).
+    pub access: Vec<(Option<Grantee>, String)>,
+    /// Users whose group memberships changed (their whole set of namespaces may differ).
+    pub members: Vec<String>,
+    /// Tokens revoked (by id).
+    pub revoked_tokens: Vec<String>,
+}
+
+impl Touched {
+    /// Adds what `command` may change. Every variant is named, so a new command decides here
+    /// whether channels hear of it.
+    pub fn add(&mut self, command: &Command) {
+        match command {
+            Command::CommitFile(commit) => self.namespaces.push(commit.namespace_id.clone()),
+            Command::MoveFile(moved) => self.namespaces.push(moved.namespace_id.clone()),
+            Command::CreateSharedFolder { namespace_id, owner_user_id, .. } => {
+                self.access.push((Some(Grantee::User(owner_user_id.clone())), namespace_id.clone()))
+            }
+            Command::SetAccess { namespace_id, grantee, .. } => {
+                self.namespaces.push(namespace_id.clone());
+                self.access.push((Some(grantee.clone()), namespace_id.clone()));
+            }
+            Command::DeleteSharedFolder { namespace_id, .. } => {
+                self.namespaces.push(namespace_id.clone());
+                self.access.push((None, namespace_id.clone()));
+            }
+            Command::SetGroupMember { user_id, .. } => self.members.push(user_id.clone()),
+            Command::RevokeToken { token_id, .. } => self.revoked_tokens.push(token_id.clone()),
+            Command::Idempotent { command, .. } | Command::Once { command, .. } => self.add(command),
+            Command::CreateUser { .. }
+            | Command::CreateToken { .. }
+            | Command::EnsureAdmin { .. }
+            | Command::IdempotencyBegin { .. }
+            | Command::IdempotencyComplete { .. }
+            | Command::IdempotencyRelease { .. }
+            | Command::RateCheck { .. }
+            | Command::RateSet { .. }
+            | Command::RegisterChunk { .. }
+            | Command::ExpireVersions { .. }
+            | Command::CollectOrphans { .. }
+            | Command::CreateJob(_)
+            | Command::PatchJob { .. }
+            | Command::CancelJob { .. }
+            | Command::ClaimJobs { .. }
+            | Command::StartRun { .. }
+            | Command::RenewLease { .. }
+            | Command::FinishRun(_)
+            | Command::ExpireRuns { .. }
+            | Command::PurgeExpired { .. }
+            | Command::CreateGroup { .. }
+            | Command::Migrate { .. }
+            | Command::ClaimAndStartJobs { .. } => {}
+        }
+    }
+
+    /// Whether nothing a channel listens for happened.
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty()
+            && self.access.is_empty()
+            && self.members.is_empty()
+            && self.revoked_tokens.is_empty()
+    }
+}
+
 /// A commit request, with the ids the leader may need already generated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileCommit {

@@ -253,6 +253,11 @@ impl StateMachine {
         raw.map(|bytes| decode(what, &bytes)).transpose()
     }
 
+    /// The raw value at `key` of the state.
+    pub(crate) fn read_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.db.rocks().get_cf(self.db.state(), key)?)
+    }
+
     /// Keys of `[start, end)`, at most `limit`.
     pub(crate) fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StorageError> {
         range(&self.db, start, end, limit, |key, _| Ok(key.into_vec()))

@@ -5,9 +5,10 @@
 //! seen. `cursor=0` starts from nothing (the whole tree). A namespace granted since the
 //! cursor joins at 0; one the caller can no longer read is reported once as
 //! `{"namespaceId": …, "namespaceRemoved": true}` and dropped. Notifications come from this
-//! node's own apply stream (Raft metrics change on every apply) and carry no data.
+//! node's own apply stream (the hub's summary of each applied entry, `notify.rs`) and carry
+//! no data.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,12 +20,14 @@ use axum::Json;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use raftbox_storage::blocks::BlockHash;
+use raftbox_storage::records::Grantee;
 use raftbox_storage::schedule::format_utc;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::access;
 use crate::auth::Principal;
+use crate::notify::{Event, Listener};
 use crate::{ApiError, AppState};
 
 /// Changes per sync page: default and largest.
@@ -267,81 +270,198 @@ pub async fn long_poll(
             "timeout is {NOTIFY_TIMEOUT_S_MIN} to {NOTIFY_TIMEOUT_S_MAX} seconds"
         )));
     }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    // Listening before the state is read: nothing applied after the read goes unheard.
+    let mut listener = state.hub.listen();
     // As in /v1/sync: a cursor from a node a few ms ahead is servable once this one caught up.
     state.node.read_barrier().await?;
-    let mut applied = state.node.raft().metrics();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    let position = decode_cursor(&state, &principal, &query.cursor)?;
+    if pending(&state, &position, &query.cursor)? {
+        return Ok(Json(json!({ "changes": true })));
+    }
+    let mut watch = Watch::new(&state, &principal, position.cursor)?;
     loop {
-        applied.borrow_and_update();
-        // Read again on every apply: a namespace granted while the poll is open counts.
-        let position = decode_cursor(&state, &principal, &query.cursor)?;
-        if pending(&state, &position, &query.cursor)? {
-            return Ok(Json(json!({ "changes": true })));
-        }
-        match tokio::time::timeout_at(deadline, applied.changed()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return Err(ApiError::Unavailable("node is shutting down".into())),
-            Err(_) => return Ok(Json(json!({ "changes": false }))),
+        let event = tokio::select! {
+            event = listener.next() => event,
+            () = watch.token_expiry() => return Err(ApiError::Unauthenticated("token expired".into())),
+            () = tokio::time::sleep_until(deadline) => return Ok(Json(json!({ "changes": false }))),
+        };
+        let Some(event) = event else { return Err(ApiError::Unavailable("node is shutting down".into())) };
+        match watch.hear(&state, &event)? {
+            Heard::Revoked => return Err(ApiError::Unauthenticated("token revoked".into())),
+            Heard::Changed(changed) if !changed.is_empty() => return Ok(Json(json!({ "changes": true }))),
+            Heard::Changed(_) => {}
         }
     }
 }
 
 /// Sends `{"type":"namespace_changed","namespaceId":…}` whenever a readable namespace
 /// changes on this node, and when one is granted or taken away (the client's next sync then
-/// brings its tree or its removal), until the client goes away. The caller's namespaces are
-/// read again on every apply.
+/// brings its tree or its removal), until the client goes away. A revoked or expired token
+/// closes the socket (close code 1008, policy violation).
 pub async fn websocket(
     State(state): State<AppState>,
     principal: Principal,
     upgrade: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
-    // Positions are taken before the upgrade answer, so no commit after it goes unheard.
+    let slot = state.channels.open(&principal.user.id, &state.config.notify_limits)?;
+    // Listening, then the positions, before the upgrade answer: no commit after it goes
+    // unheard.
+    let listener = state.hub.listen();
     let mut seen: Cursor = BTreeMap::new();
     for ns in readable(&state, &principal.user.id)? {
         let at = state.node.state().namespace_cursor(&ns)?;
         seen.insert(ns, at);
     }
-    let applied = state.node.raft().metrics();
-    let slot = state.channels.open(&principal.user.id, &state.config.notify_limits)?;
+    let watch = Watch::new(&state, &principal, seen)?;
     Ok(upgrade.on_upgrade(move |socket| async move {
-        notify_socket(state, principal.user.id, seen, applied, socket).await;
+        notify_socket(state, watch, listener, socket).await;
         drop(slot);
     }))
 }
 
-async fn notify_socket(
-    state: AppState,
-    user_id: String,
-    mut seen: Cursor,
-    mut applied: tokio::sync::watch::Receiver<raftbox_raft::RaftMetrics>,
-    mut socket: WebSocket,
-) {
+async fn notify_socket(state: AppState, mut watch: Watch, mut listener: Listener, mut socket: WebSocket) {
     loop {
-        // Anything applied between the positions above and now is found by this check.
-        for ns in moved(&state, &user_id, &mut seen).unwrap_or_default() {
+        let event = tokio::select! {
+            event = listener.next() => event,
+            () = watch.token_expiry() => return close(socket, "token expired").await,
+            incoming = socket.recv() => match incoming {
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => continue,
+            },
+        };
+        let Some(event) = event else { return };
+        let changed = match watch.hear(&state, &event) {
+            Ok(Heard::Changed(changed)) => changed,
+            Ok(Heard::Revoked) => return close(socket, "token revoked").await,
+            Err(e) => {
+                tracing::warn!(error = %e, "a notification channel could not read the state");
+                return;
+            }
+        };
+        for ns in changed {
             let message = json!({ "type": "namespace_changed", "namespaceId": ns }).to_string();
             if socket.send(Message::Text(message.into())).await.is_err() {
                 return;
             }
         }
-        tokio::select! {
-            change = applied.changed() => {
-                if change.is_err() {
-                    return;
-                }
-            }
-            incoming = socket.recv() => match incoming {
-                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
-                Some(Ok(_)) => continue,
-            },
-        }
     }
 }
 
-/// The namespaces that changed, joined or left since `seen`, which is brought up to date.
+/// Closes a socket whose token stopped working (1008: policy violation).
+async fn close(mut socket: WebSocket, reason: &'static str) {
+    let frame = axum::extract::ws::CloseFrame { code: 1008, reason: reason.into() };
+    let _ = socket.send(Message::Close(Some(frame))).await;
+}
+
+/// What one channel follows: its caller, their token and groups, and a position in each
+/// namespace they read.
+struct Watch {
+    user_id: String,
+    token_id: String,
+    /// When the token stops working, on this node's clock.
+    expires: Option<tokio::time::Instant>,
+    groups: HashSet<String>,
+    seen: Cursor,
+}
+
+/// What an event meant for a channel.
+enum Heard {
+    /// These namespaces changed, joined or left (the positions moved on).
+    Changed(Vec<String>),
+    /// The channel's token was revoked.
+    Revoked,
+}
+
+impl Watch {
+    fn new(state: &AppState, principal: &Principal, seen: Cursor) -> Result<Watch, ApiError> {
+        let expires = principal
+            .token_expires_ms
+            .map(|at| tokio::time::Instant::now() + Duration::from_millis(at.saturating_sub(crate::auth::now_ms())));
+        let mut watch = Watch {
+            user_id: principal.user.id.clone(),
+            token_id: principal.token_id.clone(),
+            expires,
+            groups: HashSet::new(),
+            seen,
+        };
+        watch.read_groups(state)?;
+        Ok(watch)
+    }
+
+    fn read_groups(&mut self, state: &AppState) -> Result<(), ApiError> {
+        let groups = state.node.state().user(&self.user_id)?.map(|u| u.groups).unwrap_or_default();
+        self.groups = groups.into_iter().collect();
+        Ok(())
+    }
+
+    /// Resolves when the token expires (never, for a token without expiry).
+    async fn token_expiry(&self) {
+        match self.expires {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// What `event` changed for this channel. A summary costs a look at each of its items
+    /// (a point read for those that concern the caller), whatever the caller's namespace
+    /// count; only [`Event::Everything`] and a change to the caller's own groups read all
+    /// their namespaces again.
+    fn hear(&mut self, state: &AppState, event: &Event) -> Result<Heard, ApiError> {
+        let touched = match event {
+            Event::Everything => {
+                if !state.node.state().token_active(&self.user_id, &self.token_id)? {
+                    return Ok(Heard::Revoked);
+                }
+                self.read_groups(state)?;
+                return Ok(Heard::Changed(moved(state, &self.user_id, &mut self.seen)?));
+            }
+            Event::Touched(touched) => touched,
+        };
+        if touched.revoked_tokens.contains(&self.token_id) {
+            return Ok(Heard::Revoked);
+        }
+        if touched.members.contains(&self.user_id) {
+            self.read_groups(state)?;
+            return Ok(Heard::Changed(moved(state, &self.user_id, &mut self.seen)?));
+        }
+        let mut changed = Vec::new();
+        for (grantee, ns) in &touched.access {
+            let concerns_me = match grantee {
+                Some(Grantee::User(user)) => *user == self.user_id,
+                Some(Grantee::Group(group)) => self.groups.contains(group),
+                None => self.seen.contains_key(ns),
+            };
+            if !concerns_me {
+                continue;
+            }
+            let readable = state.node.state().role(&self.user_id, ns)?.is_some();
+            if readable && !self.seen.contains_key(ns) {
+                self.seen.insert(ns.clone(), state.node.state().namespace_cursor(ns)?);
+                changed.push(ns.clone());
+            } else if !readable && self.seen.remove(ns).is_some() {
+                changed.push(ns.clone());
+            }
+        }
+        for ns in &touched.namespaces {
+            let Some(before) = self.seen.get(ns).copied() else { continue };
+            let at = state.node.state().namespace_cursor(ns)?;
+            if at > before {
+                self.seen.insert(ns.clone(), at);
+                if !changed.contains(ns) {
+                    changed.push(ns.clone());
+                }
+            }
+        }
+        Ok(Heard::Changed(changed))
+    }
+}
+
+/// The namespaces that changed, joined or left since `seen`, which is brought up to date
+/// (reads every namespace the caller can read: the channels' fallback).
 fn moved(state: &AppState, user_id: &str, seen: &mut Cursor) -> Result<Vec<String>, ApiError> {
-    let now = readable(state, user_id)?;
-    let mut out: Vec<String> = seen.keys().filter(|ns| !now.contains(ns)).cloned().collect();
+    let now: HashSet<String> = readable(state, user_id)?.into_iter().collect();
+    let mut out: Vec<String> = seen.keys().filter(|ns| !now.contains(*ns)).cloned().collect();
     seen.retain(|ns, _| now.contains(ns));
     for ns in now {
         let at = state.node.state().namespace_cursor(&ns)?;

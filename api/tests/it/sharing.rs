@@ -491,3 +491,107 @@ async fn sharing_posts_are_keyed() {
     let (b, _, g2) = node.call_with("POST", "/v1/admin/groups", Some(ADMIN_TOKEN), Some(body), &group).await;
     assert_eq!((a, b, g1.clone()), (StatusCode::CREATED, StatusCode::CREATED, g2));
 }
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A token of `user_id` (admin-made, expiring after `expires_in_s` if given): the token and
+/// its id.
+async fn token_of(node: &TestNode, user_id: &str, expires_in_s: Option<u64>) -> (String, String) {
+    let body = json!({ "name": "channel", "expiresInS": expires_in_s }).to_string();
+    let path = format!("/v1/admin/users/{user_id}/tokens");
+    let (status, _, created) = node.call("POST", &path, Some(ADMIN_TOKEN), Some(&body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    (created["token"].as_str().expect("token").into(), created["tokenId"].as_str().expect("tokenId").into())
+}
+
+/// How a socket ended within `wait`: the close code, or "open" if it did not.
+async fn close_code(socket: &mut Socket, wait: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match tokio::time::timeout_at(deadline, socket.next()).await {
+            Err(_) => return "open".into(),
+            Ok(Some(Ok(Message::Close(Some(frame))))) => return format!("{} {}", u16::from(frame.code), frame.reason),
+            Ok(Some(Ok(Message::Close(None)))) | Ok(None) | Ok(Some(Err(_))) => return "closed without a code".into(),
+            Ok(Some(Ok(_))) => continue,
+        }
+    }
+}
+
+/// A channel hears a folder granted to its caller (directly, or through a group they join
+/// later), its changes and its removal, from the sharing commands' summaries; a revoked or
+/// expired token ends its WebSockets (close 1008) and long polls (401) within a second.
+#[tokio::test]
+async fn channels_follow_access_and_end_with_their_token() {
+    // One channel a user: a second is refused while the first is open (how the test knows
+    // the long poll below is waiting).
+    let limits = raftbox_api::NotifyLimits { per_principal_max: 1, per_node_max: 16 };
+    let config = raftbox_api::ApiConfig { notify_limits: limits, ..raftbox_api::ApiConfig::default() };
+    let node = TestNode::start_with(config, axum::Router::new()).await;
+    let owner = caller(&node, "owner").await;
+    let reader = caller(&node, "reader").await;
+    let mut socket = reader.websocket().await;
+    let team = owner.create_folder("team").await;
+    assert_eq!(heard(&mut socket, &team, Duration::from_millis(500)).await, "quiet", "not shared yet");
+    assert_eq!(owner.grant(&team, json!({ "userId": reader.user_id }), "viewer").await, StatusCode::NO_CONTENT);
+    assert_eq!(heard(&mut socket, &team, Duration::from_secs(5)).await, "team", "granted");
+    let block = owner.upload("plan");
+    let block = block.await;
+    assert_eq!(owner.commit(&team, "/plan.txt", &[&block], 0).await.0, StatusCode::CREATED);
+    assert_eq!(heard(&mut socket, &team, Duration::from_secs(5)).await, "team", "changed");
+    let via_group = owner.create_folder("via group").await;
+    let group = create_group(&node, "crew", &[]).await;
+    assert_eq!(owner.grant(&via_group, json!({ "groupId": group }), "viewer").await, StatusCode::NO_CONTENT);
+    assert_eq!(heard(&mut socket, &via_group, Duration::from_millis(500)).await, "quiet", "not a member yet");
+    let path = format!("/v1/admin/groups/{group}/members/{}", reader.user_id);
+    assert_eq!(node.call("PUT", &path, Some(ADMIN_TOKEN), None).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(heard(&mut socket, &via_group, Duration::from_secs(5)).await, "team", "joined the group");
+    let path = format!("/v1/namespaces/{team}/acl/users/{}", reader.user_id);
+    assert_eq!(owner.call("DELETE", &path, None).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(heard(&mut socket, &team, Duration::from_secs(5)).await, "team", "revoked");
+    drop(socket);
+
+    // Revoked: the socket and a long poll of that token end within a second.
+    let holder = caller(&node, "holder").await;
+    let (token, token_id) = token_of(&node, &holder.user_id, None).await;
+    let revocable = Caller { node: &node, token: token.clone(), user_id: holder.user_id.clone() };
+    let mut socket = revocable.websocket().await;
+    let poller = caller(&node, "poller").await;
+    let (token, poll_token_id) = token_of(&node, &poller.user_id, None).await;
+    let polling = Caller { node: &node, token: token.clone(), user_id: poller.user_id.clone() };
+    let end = polling.sync("0").await["cursor"].as_str().expect("cursor").to_string();
+    let poll = {
+        let (node_url, client) = (node.url.clone(), node.client.clone());
+        tokio::spawn(async move {
+            loop {
+                let answer = client
+                    .get(format!("{node_url}/v1/notify?cursor={end}&timeout=30"))
+                    .bearer_auth(&token)
+                    .send()
+                    .await
+                    .expect("poll");
+                // 429: the probe below held the user's one channel for an instant.
+                if answer.status() != StatusCode::TOO_MANY_REQUESTS {
+                    return (tokio::time::Instant::now(), answer.status());
+                }
+            }
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while poller.call("GET", "/v1/notify?cursor=0&timeout=1", None).await.0 != StatusCode::TOO_MANY_REQUESTS {
+        assert!(tokio::time::Instant::now() < deadline && !poll.is_finished(), "the long poll never opened");
+    }
+    let revoked_at = tokio::time::Instant::now();
+    for (who, id) in [(&holder, &token_id), (&poller, &poll_token_id)] {
+        assert_eq!(who.call("DELETE", &format!("/v1/me/tokens/{id}"), None).await.0, StatusCode::OK);
+    }
+    assert_eq!(close_code(&mut socket, Duration::from_secs(1)).await, "1008 token revoked");
+    let (answered_at, status) = poll.await.expect("poll task");
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(answered_at - revoked_at < Duration::from_secs(1), "{:?}", answered_at - revoked_at);
+
+    // Expired: the socket ends when the token does.
+    let (token, _) = token_of(&node, &holder.user_id, Some(2)).await;
+    let expiring = Caller { node: &node, token, user_id: holder.user_id.clone() };
+    let mut socket = expiring.websocket().await;
+    assert_eq!(close_code(&mut socket, Duration::from_secs(4)).await, "1008 token expired");
+}
