@@ -608,6 +608,9 @@ async function runsPage(jobId) {
 async function whoAmI() {
   const me = await api("/v1/me");
   byId("who-name").textContent = `${me.name} (${me.userId})`;
+  // What the user stores, against their quota (an admin has none).
+  const quota = me.quotaBytes === undefined ? "" : ` of ${bytes(me.quotaBytes)}`;
+  byId("who-storage").textContent = `${bytes(me.storedBytes)}${quota} stored`;
 }
 
 async function logIn(event) {

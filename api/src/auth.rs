@@ -37,6 +37,8 @@ pub struct Principal {
     pub token_name: String,
     /// When the token stops working, Unix ms (the notification channels close then).
     pub token_expires_ms: Option<u64>,
+    /// The token's stored hash (a channel asks whether the token still exists).
+    pub token_hash: [u8; 32],
 }
 
 impl Principal {
@@ -99,7 +101,7 @@ pub struct LookedUp(pub Option<Principal>);
 
 /// The principal holding the token with this hash as this node knows it, without a barrier.
 pub fn lookup_local(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principal>, ApiError> {
-    principal_of(state.node.state().token(hash)?)
+    principal_of(state.node.state().token(hash)?, hash)
 }
 
 /// The principal holding the token with this hash. A token unknown here may have been
@@ -113,10 +115,13 @@ pub async fn lookup(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principa
         state.node.read_barrier().await?;
         found = state_machine.token(hash)?;
     }
-    principal_of(found)
+    principal_of(found, hash)
 }
 
-fn principal_of(found: Option<(raftbox_storage::records::Token, User)>) -> Result<Option<Principal>, ApiError> {
+fn principal_of(
+    found: Option<(raftbox_storage::records::Token, User)>,
+    hash: &[u8; 32],
+) -> Result<Option<Principal>, ApiError> {
     match found {
         Some((token, _)) if token.expires_ms.is_some_and(|at| at <= now_ms()) => {
             Err(ApiError::Unauthenticated("token expired".into()))
@@ -126,6 +131,7 @@ fn principal_of(found: Option<(raftbox_storage::records::Token, User)>) -> Resul
             token_id: token.id,
             token_name: token.name,
             token_expires_ms: token.expires_ms,
+            token_hash: *hash,
         })),
     }
 }

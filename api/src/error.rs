@@ -21,6 +21,9 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    /// The caller's storage quota would be exceeded (507).
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -57,6 +60,9 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
+            ApiError::QuotaExceeded(_) => {
+                (StatusCode::INSUFFICIENT_STORAGE, "quota-exceeded", "Storage quota exceeded")
+            }
             ApiError::MissingChunks(_) => (StatusCode::UNPROCESSABLE_ENTITY, "missing-chunks", "Missing chunks"),
             ApiError::CommitConflict { .. } => (StatusCode::CONFLICT, "conflict", "Conflict"),
             ApiError::StaleFence(_) => (StatusCode::CONFLICT, "stale-fence", "Stale fence"),
@@ -108,12 +114,13 @@ impl From<StorageError> for ApiError {
 impl From<Rejection> for ApiError {
     fn from(rejection: Rejection) -> ApiError {
         match rejection {
-            Rejection::Conflict(detail) => ApiError::Conflict(detail),
+            Rejection::Conflict(detail) | Rejection::LimitReached(detail) => ApiError::Conflict(detail),
             Rejection::NotFound(detail) => ApiError::NotFound(detail),
             Rejection::StaleFence { current } => ApiError::StaleFence(current),
             Rejection::MissingChunks(missing) => ApiError::MissingChunks(missing.iter().map(|h| h.to_hex()).collect()),
             Rejection::Forbidden(detail) => ApiError::Forbidden(detail),
             Rejection::Invalid(detail) => ApiError::BadRequest(detail),
+            rejection @ Rejection::QuotaExceeded { .. } => ApiError::QuotaExceeded(rejection.to_string()),
         }
     }
 }
@@ -121,7 +128,8 @@ impl From<Rejection> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, slug, title) = self.parts();
-        if status.is_server_error() {
+        // A full quota is the caller's condition, not the server's.
+        if status.is_server_error() && !matches!(self, ApiError::QuotaExceeded(_)) {
             tracing::warn!(status = status.as_u16(), error = %self, "request failed");
         }
         let mut body = json!({ "type": slug, "title": title, "status": status.as_u16(), "detail": self.to_string() });

@@ -96,6 +96,26 @@ pub struct ApiConfig {
     pub job_limits: JobLimits,
     /// How many notification channels may be open.
     pub notify_limits: NotifyLimits,
+    /// What one non-admin user may store and own.
+    pub quotas: Quotas,
+}
+
+/// Per-user quotas of non-admins (node TOML `[quotas]`), enforced in apply (the limit travels
+/// in the command, so every node judges it alike).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Quotas {
+    /// Bytes of blocks a user stores, each block counted once per user who uploaded it
+    /// (507 `quota-exceeded` beyond). Default 100 GiB.
+    pub stored_bytes_per_user: u64,
+    /// Shared folders a user may have created and not deleted. Default 1,000.
+    pub folders_per_user: u32,
+}
+
+impl Default for Quotas {
+    fn default() -> Quotas {
+        Quotas { stored_bytes_per_user: 100 << 30, folders_per_user: 1_000 }
+    }
 }
 
 /// Open long polls and WebSockets allowed (node TOML `[notify_limits]`).
@@ -124,7 +144,7 @@ pub struct JobLimits {
 
 impl Default for JobLimits {
     fn default() -> JobLimits {
-        JobLimits { min_cron_interval_s: 60, active_jobs_per_owner_max: 1_000 }
+        JobLimits { min_cron_interval_s: 60, active_jobs_per_owner_max: 256 }
     }
 }
 

@@ -338,6 +338,30 @@ pub struct AclEntry {
     #[schema(required = false)]
     group_name: Option<String>,
     role: String,
+    /// An invitation not yet accepted (it grants nothing); absent when accepted.
+    #[schema(required = false)]
+    pending: bool,
+}
+
+/// A shared folder the caller is invited to.
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct InvitationView {
+    namespace_id: String,
+    name: String,
+    /// The role accepting gives: `viewer`, `editor` or `owner`.
+    role: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[allow(dead_code)]
+#[serde(rename_all = "camelCase")]
+pub struct InvitationList {
+    invitations: Vec<InvitationView>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[schema(required = false)]
+    next_page_token: String,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -408,9 +432,10 @@ pub struct GroupDetail {
         ops::get_file, ops::commit_file, ops::file_history, ops::restore_file, ops::delete_file, ops::move_file,
         ops::list_folder,
         ops::create_job, ops::list_jobs, ops::get_job, ops::patch_job, ops::cancel_job, ops::job_runs,
-        ops::sync, ops::notify, ops::notify_ws,
+        ops::sync, ops::sync_post, ops::notify, ops::notify_post, ops::notify_ws,
         ops::create_namespace, ops::list_namespaces, ops::get_namespace, ops::delete_namespace, ops::get_acl, ops::grant,
-        ops::revoke_user, ops::revoke_group, ops::leave,
+        ops::revoke_user, ops::revoke_group, ops::leave, ops::accept_invitation, ops::decline_invitation,
+        ops::my_invitations,
         ops::create_group, ops::list_groups, ops::get_group, ops::add_group_member, ops::remove_group_member,
     ),
     components(schemas(Problem)),
@@ -587,7 +612,7 @@ mod ops {
     ))]
     fn revoke_token() {}
 
-    #[utoipa::path(get, path = "/v1/me", tag = "me", responses((status = 200, description = "The caller.", body = accounts::UserView)))]
+    #[utoipa::path(get, path = "/v1/me", tag = "me", responses((status = 200, description = "The caller, with the bytes they store and their quota.", body = accounts::MeView)))]
     fn me() {}
 
     #[utoipa::path(get, path = "/v1/me/tokens", tag = "me", params(crate::routes::PageQuery), responses((status = 200, description = "The caller's tokens.", body = TokenList)))]
@@ -614,6 +639,7 @@ mod ops {
         request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "At most 4 MiB."), responses(
         (status = 201, description = "Durable on a majority and indexed."),
         (status = 422, description = "The body does not hash to `hash`.", body = Problem, content_type = "application/problem+json"),
+        (status = 507, description = "The block would take the caller past their storage quota (`quota-exceeded`).", body = Problem, content_type = "application/problem+json"),
     ))]
     fn put_block() {}
 
@@ -719,11 +745,23 @@ mod ops {
     ))]
     fn sync() {}
 
+    #[utoipa::path(post, path = "/v1/sync", tag = "sync", request_body = sync::SyncQuery, responses(
+        (status = 200, description = "As `GET /v1/sync`, the cursor in the body (a cursor never meets a URL length limit).", body = sync::SyncPage),
+        (status = 410, description = "The cursor can no longer be served: sync again from 0.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn sync_post() {}
+
     #[utoipa::path(get, path = "/v1/notify", tag = "sync", params(sync::NotifyQuery), responses(
         (status = 200, description = "Whether anything is newer than the cursor, as soon as it is or at the timeout.", body = NotifyAnswer),
         (status = 410, description = "The cursor can no longer be served.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn notify() {}
+
+    #[utoipa::path(post, path = "/v1/notify", tag = "sync", request_body = sync::NotifyQuery, responses(
+        (status = 200, description = "As `GET /v1/notify`, the cursor in the body.", body = NotifyAnswer),
+        (status = 410, description = "The cursor can no longer be served.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn notify_post() {}
 
     #[utoipa::path(get, path = "/v1/notify/ws", tag = "sync", responses(
         (status = 101, description = "A WebSocket: `{\"type\":\"namespace_changed\",\"namespaceId\":…}` per change."),
@@ -734,7 +772,7 @@ mod ops {
 
     #[utoipa::path(post, path = "/v1/namespaces", tag = "sharing", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
         (status = 201, description = "The new shared folder, owned by the caller.", body = NamespaceView),
-        (status = 409, description = "A request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The caller has created `[quotas] folders_per_user` folders, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn create_namespace() {}
@@ -763,7 +801,7 @@ mod ops {
     fn get_acl() {}
 
     #[utoipa::path(put, path = "/v1/namespaces/{namespace_id}/acl", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), request_body = crate::routes::sharing::GrantRequest, responses(
-        (status = 204, description = "Granted or changed."),
+        (status = 204, description = "Invited (a new entry naming someone else is pending until they accept), or the role changed."),
         (status = 403, description = "Not its owner.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such namespace, user or group.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not allowed on this namespace, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
@@ -795,6 +833,29 @@ mod ops {
         (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn leave() {}
+
+    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/accept", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), request_body(content = Option<crate::routes::sharing::InvitationRequest>, description = "Empty for the caller's own invitation; a group's (admin) by `groupId` or `groupName`."), responses(
+        (status = 204, description = "Accepted (or accepted already): the folder is the grantee's."),
+        (status = 403, description = "Not the invited user, or a group's invitation and not an admin.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such invitation.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn accept_invitation() {}
+
+    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/decline", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), request_body(content = Option<crate::routes::sharing::InvitationRequest>, description = "Empty for the caller's own invitation; a group's (admin) by `groupId` or `groupName`."), responses(
+        (status = 204, description = "Declined: the invitation is gone."),
+        (status = 403, description = "Not the invited user, or a group's invitation and not an admin.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such pending invitation.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn decline_invitation() {}
+
+    #[utoipa::path(get, path = "/v1/me/invitations", tag = "sharing", params(crate::routes::PageQuery), responses(
+        (status = 200, description = "The caller's pending invitations.", body = InvitationList),
+    ))]
+    fn my_invitations() {}
 
     #[utoipa::path(post, path = "/v1/admin/groups", tag = "admin", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
         (status = 201, description = "The new group.", body = GroupView),

@@ -404,7 +404,7 @@ pub async fn create_folder(http: &reqwest::Client, url: &str, token: &str, name:
     send(http.post(format!("{url}/v1/namespaces")).bearer_auth(token).json(&json!({ "name": name }))).await
 }
 
-/// `PUT /v1/namespaces/{id}/acl`: grants `role` to `grantee` (`{"userId"}`, `{"userName"}`,
+/// `PUT /v1/namespaces/{id}/acl`: invites `grantee` with `role`, or changes its role (`{"userId"}`, `{"userName"}`,
 /// `{"groupId"}` or `{"groupName"}`).
 pub async fn grant(
     http: &reqwest::Client,
@@ -416,6 +416,11 @@ pub async fn grant(
 ) -> Result<Outcome> {
     grantee["role"] = json!(role);
     send(http.put(format!("{url}/v1/namespaces/{namespace_id}/acl")).bearer_auth(token).json(&grantee)).await
+}
+
+/// `POST /v1/namespaces/{id}/accept`: the caller accepts their invitation to the folder.
+pub async fn accept_invitation(http: &reqwest::Client, url: &str, token: &str, namespace_id: &str) -> Result<Outcome> {
+    send(http.post(format!("{url}/v1/namespaces/{namespace_id}/accept")).bearer_auth(token)).await
 }
 
 /// `DELETE /v1/namespaces/{id}/acl/users/{userId}`.

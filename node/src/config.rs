@@ -90,6 +90,8 @@ struct FileConfig {
     job_limits: JobLimits,
     #[serde(default)]
     notify_limits: NotifyLimits,
+    #[serde(default)]
+    quotas: raftbox_api::Quotas,
     tls: Option<TlsConfig>,
 }
 
@@ -237,6 +239,8 @@ impl Config {
             1,
             10_000_000,
         )?;
+        in_range("quotas.stored_bytes_per_user", file.quotas.stored_bytes_per_user, 1, u64::MAX)?;
+        in_range("quotas.folders_per_user", file.quotas.folders_per_user as u64, 1, 1_000_000)?;
         in_range("raft.membership_timeout_ms", raft.membership_timeout_ms, 1_000, 3_600_000)?;
         in_range("raft.max_clock_offset_ms", raft.max_clock_offset_ms, 10, 3_600_000)?;
         in_range("http.request_timeout_ms", file.http.request_timeout_ms, 1_000, 3_600_000)?;
@@ -285,6 +289,7 @@ impl Config {
                 webhooks: WebhookPolicy::new(&file.webhooks).map_err(|e| anyhow::anyhow!(e))?,
                 job_limits: file.job_limits,
                 notify_limits: file.notify_limits,
+                quotas: file.quotas,
             },
         })
     }

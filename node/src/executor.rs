@@ -50,6 +50,12 @@ const CLAIM_SHARE_MIN: usize = 4;
 /// Jobs one claim takes, at most: a claim's entry is applied on every node, and a large one
 /// holds up the claims of the other nodes queued behind it.
 const CLAIM_JOBS_MAX: usize = 256;
+/// One owner's attempts run in at most 1/N of this node's slots at once; the owner's other
+/// claimed jobs wait (their leases renewed) while other owners' jobs take the free slots.
+const OWNER_SLOTS_SHARE: usize = 4;
+/// Slots of the node's own `maintenance.*` jobs, apart from the users' slots: they never wait
+/// behind users' attempts (a `sleep` job may hold a slot for its whole timeout).
+const MAINTENANCE_SLOTS: usize = 2;
 /// Jobs a node holds claimed, per attempt slot. In a burst every slot runs a job while as many
 /// more wait on this node for the next free slot (their leases renewed from the claim on), so
 /// a freed slot starts its next job at once instead of waiting out a claim's commit.
@@ -84,8 +90,13 @@ struct Context {
     files: FilesConfig,
     http: reqwest::Client,
     webhooks: WebhookPolicy,
-    /// One per attempt running its work.
+    /// One per users' attempt running its work.
     slots: Arc<Semaphore>,
+    /// Places for one owner's attempts (`1/OWNER_SLOTS_SHARE` of the slots), by owner, while
+    /// any of theirs runs or waits.
+    owners: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
+    /// One per `maintenance.*` attempt running its work.
+    maintenance_slots: Arc<Semaphore>,
     /// One per job claimed by this node whose work is not done yet (running or waiting for a
     /// slot): `HELD_PER_SLOT` per slot.
     held: Arc<Semaphore>,
@@ -97,6 +108,24 @@ struct Context {
     claims: Arc<Semaphore>,
     /// True while the last claim took all it asked for: more may be due.
     burst: watch::Sender<bool>,
+}
+
+impl Context {
+    /// The places of `owner`'s share of the slots (made when their first job waits).
+    fn owner_share(&self, owner: &str) -> Arc<Semaphore> {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        let share = (self.config.concurrency.max(1) as usize).div_ceil(OWNER_SLOTS_SHARE);
+        owners.entry(owner.to_string()).or_insert_with(|| Arc::new(Semaphore::new(share))).clone()
+    }
+
+    /// Drops `owner`'s share once none of their attempts holds or waits for it (the map holds
+    /// only owners with work on this node).
+    fn forget_idle_owner(&self, owner: &str) {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        if owners.get(owner).is_some_and(|share| Arc::strong_count(share) == 1) {
+            owners.remove(owner);
+        }
+    }
 }
 
 /// Runs until `stopped` resolves.
@@ -123,8 +152,22 @@ pub async fn run(
     let freed = Notify::new();
     let burst = watch::Sender::new(false);
     let claims = Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT_MAX));
-    let ctx =
-        Arc::new(Context { node, worker, config, files, http, webhooks, slots, held, reports, freed, claims, burst });
+    let ctx = Arc::new(Context {
+        node,
+        worker,
+        config,
+        files,
+        http,
+        webhooks,
+        slots,
+        owners: Default::default(),
+        maintenance_slots: Arc::new(Semaphore::new(MAINTENANCE_SLOTS)),
+        held,
+        reports,
+        freed,
+        claims,
+        burst,
+    });
     let mut wake = tokio::time::Instant::now();
     tokio::pin!(stopped);
     loop {
@@ -245,8 +288,15 @@ async fn claim(ctx: &Arc<Context>, mut held: OwnedSemaphorePermit, free: usize) 
 async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphorePermit) {
     let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, ctx.config.lease_ms));
     // Never closed: the error arm is unreachable, and running without a slot would only
-    // exceed the concurrency, never lose the job.
-    let slot = ctx.slots.clone().acquire_owned().await.ok();
+    // exceed the concurrency, never lose the job. A user's attempt first takes a place of its
+    // owner's share, so one owner never holds more than that share of the slots.
+    let slot = if job.job_type.starts_with("maintenance.") {
+        (None, ctx.maintenance_slots.clone().acquire_owned().await.ok())
+    } else {
+        let share = ctx.owner_share(&job.owner_user_id);
+        let owner_place = share.acquire_owned().await.ok();
+        (owner_place, ctx.slots.clone().acquire_owned().await.ok())
+    };
     if let Some(scheduled_ms) = job.scheduled_for_ms {
         let late_s = now_ms().saturating_sub(scheduled_ms) as f64 / 1_000.0;
         ctx.node.node_metrics().job_start_lateness_seconds.observe(late_s);
@@ -258,6 +308,7 @@ async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphoreP
     // lease), and the semaphore is never closed.
     let report_place = ctx.reports.clone().acquire_owned().await.ok();
     drop(slot);
+    ctx.forget_idle_owner(&job.owner_user_id);
     drop(place);
     ctx.freed.notify_one();
     let report = RunReport {

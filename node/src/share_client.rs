@@ -45,7 +45,9 @@ enum ShareCommand {
     Create { name: String },
     /// List the members of shared folder ID (users and groups, with their roles).
     Members { id: String },
-    /// Give a user or a group a role on shared folder ID, or change it (owners only).
+    /// Invite a user or a group to shared folder ID with a role, or change the role of an
+    /// existing member (owners only). An invitation grants nothing until accepted: the user
+    /// runs `raftbox share accept ID` (a group's: an admin, with --group or --group-id).
     /// Name exactly one of --user, --user-id, --group, --group-id.
     Grant {
         id: String,
@@ -71,6 +73,29 @@ enum ShareCommand {
         id: String,
         #[arg(long, conflicts_with = "group_id", required_unless_present = "group_id")]
         user_id: Option<String>,
+        #[arg(long)]
+        group_id: Option<String>,
+    },
+    /// List the shared folders you are invited to (accept or decline each by its id).
+    Invitations,
+    /// Accept the invitation to shared folder ID: it then syncs like your other folders.
+    /// An admin accepts a group's invitation with --group or --group-id.
+    Accept {
+        id: String,
+        /// A group's invitation, by group name (admin token).
+        #[arg(long, conflicts_with = "group_id")]
+        group: Option<String>,
+        /// A group's invitation, by group id (admin token).
+        #[arg(long)]
+        group_id: Option<String>,
+    },
+    /// Decline the invitation to shared folder ID (removes it).
+    Decline {
+        id: String,
+        /// A group's invitation, by group name (admin token).
+        #[arg(long, conflicts_with = "group_id")]
+        group: Option<String>,
+        /// A group's invitation, by group id (admin token).
         #[arg(long)]
         group_id: Option<String>,
     },
@@ -109,6 +134,11 @@ fn text<'a>(value: &'a Value, key: &str) -> &'a str {
 
 pub async fn run_share(args: ShareArgs) -> anyhow::Result<()> {
     let api = Api::new(&args.connection, None)?;
+    let (verb, done) = if matches!(args.command, ShareCommand::Accept { .. }) {
+        ("accept", "accepted")
+    } else {
+        ("decline", "declined")
+    };
     match args.command {
         ShareCommand::Ls => {
             let answer = api.call(Method::GET, "/v1/namespaces", None).await?;
@@ -130,7 +160,8 @@ pub async fn run_share(args: ShareArgs) -> anyhow::Result<()> {
                     Some(user_id) => ("user", user_id, text(entry, "userName")),
                     None => ("group", text(entry, "groupId"), text(entry, "groupName")),
                 };
-                println!("{:<7} {kind:<6} {id:<36}  {name}", text(entry, "role"));
+                let pending = if entry["pending"] == true { "  (invited, not yet accepted)" } else { "" };
+                println!("{:<7} {kind:<6} {id:<36}  {name}{pending}", text(entry, "role"));
             }
         }
         ShareCommand::Grant { id, role, user, user_id, group, group_id } => {
@@ -141,7 +172,7 @@ pub async fn run_share(args: ShareArgs) -> anyhow::Result<()> {
                 }
             }
             api.call(Method::PUT, &format!("/v1/namespaces/{id}/acl"), Some(body)).await?;
-            eprintln!("granted {}", role.as_str());
+            eprintln!("{}: a new member is invited and accepts with `raftbox share accept {id}`", role.as_str());
         }
         ShareCommand::Revoke { id, user_id, group_id } => {
             let path = match (user_id, group_id) {
@@ -151,6 +182,34 @@ pub async fn run_share(args: ShareArgs) -> anyhow::Result<()> {
             };
             api.call(Method::DELETE, &path, None).await?;
             eprintln!("revoked");
+        }
+        ShareCommand::Invitations => {
+            let mut page_token: Option<String> = None;
+            println!("{:<36}  {:<7} name", "id", "role");
+            loop {
+                let path = match &page_token {
+                    Some(token) => format!("/v1/me/invitations?pageToken={token}"),
+                    None => "/v1/me/invitations".to_string(),
+                };
+                let answer = api.call(Method::GET, &path, None).await?;
+                for invitation in answer["invitations"].as_array().into_iter().flatten() {
+                    let (id, role) = (text(invitation, "namespaceId"), text(invitation, "role"));
+                    println!("{id:<36}  {role:<7} {}", text(invitation, "name"));
+                }
+                match answer["nextPageToken"].as_str() {
+                    Some(next) => page_token = Some(next.to_string()),
+                    None => break,
+                }
+            }
+        }
+        ShareCommand::Accept { id, group, group_id } | ShareCommand::Decline { id, group, group_id } => {
+            let body = match (group, group_id) {
+                (Some(name), _) => Some(json!({ "groupName": name })),
+                (None, Some(group_id)) => Some(json!({ "groupId": group_id })),
+                (None, None) => None,
+            };
+            api.call(Method::POST, &format!("/v1/namespaces/{id}/{verb}"), body).await?;
+            eprintln!("{done} {id}");
         }
         ShareCommand::Leave { id } => {
             api.call(Method::POST, &format!("/v1/namespaces/{id}/leave"), None).await?;

@@ -37,6 +37,7 @@ pub(crate) fn create_user(
         owner_user_id: user_id.into(),
         created_ms,
         name: String::new(),
+        counted: false,
         deleting: false,
     };
     txn.put(keys::user(user_id), &user);
@@ -142,10 +143,11 @@ impl StateMachine {
         Ok(Some((token, user)))
     }
 
-    /// Whether the user's token `token_id` still exists (not revoked; expiry is the
-    /// reader's to judge). One point read (the notification channels, after a snapshot).
-    pub fn token_active(&self, user_id: &str, token_id: &str) -> Result<bool, StorageError> {
-        Ok(self.read_bytes(&keys::user_token(user_id, token_id))?.is_some())
+    /// Whether the token with this hash is still `token_id` of `user_id` (not revoked;
+    /// expiry is the reader's to judge). One point read (the notification channels).
+    pub fn token_active(&self, token_hash: &[u8; 32], user_id: &str, token_id: &str) -> Result<bool, StorageError> {
+        let found = self.read::<Token>("token", &keys::token(token_hash))?;
+        Ok(found.is_some_and(|t| t.id == token_id && t.user_id == user_id))
     }
 
     /// A user's tokens (tests; requests page through [`StateMachine::tokens_page`]).

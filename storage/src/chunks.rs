@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 use crate::blocks::BlockHash;
-use crate::command::Outcome;
+use crate::command::{Outcome, Rejection};
 use crate::records::Chunk;
 use crate::state::{Reads, StateMachine, Txn};
 use crate::{keys, sharing, StorageError};
@@ -18,17 +18,42 @@ pub(crate) fn register(
     hash: &BlockHash,
     size: u64,
     uploader: &str,
+    quota_bytes: Option<u64>,
 ) -> Result<Outcome, StorageError> {
     let key = keys::chunk(&hash.0);
-    if txn.get_raw(&key)?.is_none() {
+    let known = txn.get::<Chunk>("chunk", &key)?;
+    // A known block keeps the size it was indexed with.
+    let size = known.as_ref().map_or(size, |c| c.size);
+    let mark = keys::chunk_uploader(&hash.0, uploader);
+    let newly_theirs = !uploader.is_empty() && txn.get_raw(&mark)?.is_none();
+    if newly_theirs {
+        match quota_bytes {
+            // Counted: the mark holds the size it added to the uploader's stored bytes, which
+            // its collection gives back. Only a command with a quota counts, so entries from
+            // before the count (and an admin's uploads) neither raise nor lower it.
+            Some(quota_bytes) => {
+                let stored_bytes = stored_bytes(txn, uploader)?;
+                if stored_bytes.saturating_add(size) > quota_bytes {
+                    return Ok(Outcome::Rejected(Rejection::QuotaExceeded { stored_bytes, quota_bytes, size }));
+                }
+                txn.put(keys::stored_bytes(uploader), &stored_bytes.saturating_add(size));
+                txn.put_raw(mark, size.to_be_bytes().to_vec());
+            }
+            None => txn.put_raw(mark, Vec::new()),
+        }
+    }
+    if known.is_none() {
         let now = txn.now_ms;
         txn.put(key, &Chunk { size, refcount: 0, created_ms: now, orphan_since_ms: now });
         txn.put_raw(keys::orphan(now, &hash.0), Vec::new());
     }
-    if !uploader.is_empty() {
-        txn.put_raw(keys::chunk_uploader(&hash.0, uploader), Vec::new());
-    }
     Ok(Outcome::Done)
+}
+
+/// The bytes `user_id` stores: every block they uploaded (their mark on it), once each,
+/// until the block is collected. Marks from before the count existed are not in it.
+pub fn stored_bytes<R: Reads>(state: &R, user_id: &str) -> Result<u64, StorageError> {
+    Ok(state.get_record::<u64>("stored bytes", &keys::stored_bytes(user_id))?.unwrap_or(0))
 }
 
 /// Namespaces referencing a block examined for one the reader can read, at most, before
@@ -176,13 +201,25 @@ pub(crate) fn collect_orphans(txn: &mut Txn<'_>, orphaned_before_ms: u64, max: u
         };
         let key = keys::chunk(&hash);
         if txn.get::<Chunk>("chunk", &key)?.is_some_and(|c| c.refcount == 0) {
-            // Its uploaders' marks go first, within the step's budget; the chunk and its
-            // index entry only once none is left (the next step goes on).
+            // Its uploaders' marks go first, within the step's budget (each gives the block's
+            // size back to its uploader's stored bytes); the chunk and its index entry only
+            // once none is left (the next step goes on).
             let (start, end) = keys::chunk_uploader_range(&hash);
             let uploaders = txn.keys_in(&start, &end, budget.saturating_add(1))?;
             let all = uploaders.len() <= budget;
-            for uploader in uploaders.into_iter().take(budget) {
-                txn.delete(uploader);
+            for mark in uploaders.into_iter().take(budget) {
+                // A counted mark holds the bytes it added (see `register`).
+                let counted = txn.get_raw(&mark)?.and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok());
+                if let Some(size) = counted.map(u64::from_be_bytes) {
+                    let user_id = String::from_utf8_lossy(&mark[start.len()..]).into_owned();
+                    let left = stored_bytes(txn, &user_id)?.saturating_sub(size);
+                    if left == 0 {
+                        txn.delete(keys::stored_bytes(&user_id));
+                    } else {
+                        txn.put(keys::stored_bytes(&user_id), &left);
+                    }
+                }
+                txn.delete(mark);
                 budget -= 1;
             }
             if !all {
@@ -206,6 +243,11 @@ impl StateMachine {
     /// Whether `user_id` may read the block (see [`readable`]).
     pub fn chunk_readable(&self, user_id: &str, hash: &BlockHash) -> Result<bool, StorageError> {
         readable(self, user_id, hash)
+    }
+
+    /// The bytes `user_id` stores (see [`stored_bytes`]).
+    pub fn stored_bytes(&self, user_id: &str) -> Result<u64, StorageError> {
+        stored_bytes(self, user_id)
     }
 
     /// Whether `user_id` uploaded the block.

@@ -150,6 +150,11 @@ pub enum Command {
         /// each user who uploads the same content). Empty in entries from before sharing.
         #[serde(default)]
         uploader: String,
+        /// The uploader's storage quota, in bytes (`None`: no quota). A block is counted once
+        /// per user who uploaded it ([`crate::chunks::stored_bytes`]); one that would take the
+        /// uploader past the quota is refused (`Rejection::QuotaExceeded`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quota_bytes: Option<u64>,
     },
     /// Commits a file version with the conflict rules of DESIGN.md §4 (a stale base makes a
     /// conflicted copy with the client's content, in this same apply).
@@ -171,6 +176,12 @@ pub enum Command {
     },
     /// Schedules a new job (fully formed by the API, status SCHEDULED).
     CreateJob(Box<Job>),
+    /// Schedules a new job if its owner has fewer than `active_jobs_max` jobs that may still
+    /// run (a non-admin's creation: the quota is checked in apply, atomically).
+    CreateJobWithin {
+        job: Box<Job>,
+        active_jobs_max: u32,
+    },
     PatchJob {
         job_id: String,
         patch: Box<JobPatch>,
@@ -211,11 +222,14 @@ pub enum Command {
     PurgeExpired {
         max_records: u32,
     },
-    /// Creates a shared folder; its creator becomes its (first) owner.
+    /// Creates a shared folder; its creator becomes its (first) owner. With `folders_max`,
+    /// only if the creator has fewer shared folders (created and not deleted).
     CreateSharedFolder {
         namespace_id: String,
         name: String,
         owner_user_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        folders_max: Option<u32>,
     },
     /// Grants (`role: Some`), changes or revokes (`None`) a user's or a group's access. Only
     /// an owner acts, except that anyone may revoke their own entry (leaving); the last
@@ -225,6 +239,18 @@ pub enum Command {
         namespace_id: String,
         grantee: Grantee,
         role: Option<Role>,
+        /// A new entry naming someone else is an invitation (pending until accepted). Absent
+        /// in entries from before invitations, which granted at once and still do.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        invite: bool,
+    },
+    /// Accepts or declines a pending invitation (an ACL entry `pending`): the user it names,
+    /// or for a group an admin. Accepting one already accepted changes nothing.
+    RespondInvitation {
+        actor_user_id: String,
+        namespace_id: String,
+        grantee: Grantee,
+        accept: bool,
     },
     /// Deletes a shared folder (owner only): its ACL, files, versions, chunk references and
     /// change feed, in this one apply.
@@ -274,8 +300,9 @@ pub struct Touched {
     pub access: Vec<(Option<Grantee>, String)>,
     /// Users whose group memberships changed (their whole set of namespaces may differ).
     pub members: Vec<String>,
-    /// Tokens revoked (by id).
-    pub revoked_tokens: Vec<String>,
+    /// Tokens revoked, by user and token id (a listener confirms with a point read: a
+    /// refused revocation names a token too).
+    pub revoked_tokens: Vec<(String, String)>,
 }
 
 impl Touched {
@@ -292,12 +319,16 @@ impl Touched {
                 self.namespaces.push(namespace_id.clone());
                 self.access.push((Some(grantee.clone()), namespace_id.clone()));
             }
+            Command::RespondInvitation { namespace_id, grantee, .. } => {
+                self.namespaces.push(namespace_id.clone());
+                self.access.push((Some(grantee.clone()), namespace_id.clone()));
+            }
             Command::DeleteSharedFolder { namespace_id, .. } => {
                 self.namespaces.push(namespace_id.clone());
                 self.access.push((None, namespace_id.clone()));
             }
             Command::SetGroupMember { user_id, .. } => self.members.push(user_id.clone()),
-            Command::RevokeToken { token_id, .. } => self.revoked_tokens.push(token_id.clone()),
+            Command::RevokeToken { user_id, token_id } => self.revoked_tokens.push((user_id.clone(), token_id.clone())),
             Command::Idempotent { command, .. } | Command::Once { command, .. } => self.add(command),
             Command::CreateUser { .. }
             | Command::CreateToken { .. }
@@ -311,6 +342,7 @@ impl Touched {
             | Command::ExpireVersions { .. }
             | Command::CollectOrphans { .. }
             | Command::CreateJob(_)
+            | Command::CreateJobWithin { .. }
             | Command::PatchJob { .. }
             | Command::CancelJob { .. }
             | Command::ClaimJobs { .. }
@@ -504,13 +536,22 @@ pub enum Rejection {
     /// The request makes no sense for its target (sharing a personal namespace).
     #[error("invalid: {0}")]
     Invalid(String),
+    /// A per-user limit is reached (jobs that may still run, folders, pending invitations):
+    /// 409, and curable (the user cancels, deletes, or the grantee answers), so not saved
+    /// under an idempotency key.
+    #[error("limit reached: {0}")]
+    LimitReached(String),
+    /// The block would take its uploader past their storage quota.
+    #[error("storage quota exceeded: {stored_bytes} of {quota_bytes} bytes stored, this block is {size} more")]
+    QuotaExceeded { stored_bytes: u64, quota_bytes: u64, size: u64 },
 }
 
 impl Rejection {
     /// A rejection the client can cure and then retry with the same request (upload the
-    /// missing chunks): not saved under an idempotency key, so the retry runs.
+    /// missing chunks, make room under a limit): not saved under an idempotency key, so the
+    /// retry runs.
     pub fn is_curable(&self) -> bool {
-        matches!(self, Rejection::MissingChunks(_))
+        matches!(self, Rejection::MissingChunks(_) | Rejection::LimitReached(_) | Rejection::QuotaExceeded { .. })
     }
 }
 

@@ -90,6 +90,11 @@ pub struct Job {
     pub created_ms: u64,
     pub updated_ms: u64,
     pub last_error: Option<String>,
+    /// In its owner's count of jobs that may still run (`keys::jobs_active`): created by
+    /// `CreateJobWithin`, the only command that counts, so entries from before the count
+    /// and an admin's jobs neither raise it nor lower it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
 }
 
 impl Eq for Job {}
@@ -132,6 +137,7 @@ impl Job {
             created_ms: 0,
             updated_ms: 0,
             last_error: None,
+            counted: false,
         }
     }
 }
@@ -228,14 +234,39 @@ fn store(txn: &mut Txn<'_>, before: Option<&Job>, job: &Job) -> Result<(), Stora
         txn.put_raw(key, Vec::new());
     }
     txn.put(keys::job(&job.id), job);
+    // The owner's count of jobs that may still run follows every change of status of the
+    // jobs it counts.
+    let was_active = before.is_some_and(|b| b.counted && !b.status.is_final());
+    let is_active = job.counted && !job.status.is_final();
+    if was_active != is_active {
+        let key = keys::jobs_active(&job.owner_user_id);
+        let count = txn.get::<u64>("active jobs", &key)?.unwrap_or(0);
+        let count = if is_active { count.saturating_add(1) } else { count.saturating_sub(1) };
+        if count == 0 {
+            txn.delete(key);
+        } else {
+            txn.put(key, &count);
+        }
+    }
     Ok(())
 }
 
-pub(crate) fn create(txn: &mut Txn<'_>, job: &Job) -> Result<Outcome, StorageError> {
+/// Schedules `job`; with `active_max`, only if its owner has fewer jobs that may still run
+/// (checked here, in log order, so parallel creations cannot all pass).
+pub(crate) fn create(txn: &mut Txn<'_>, job: &Job, active_max: Option<u32>) -> Result<Outcome, StorageError> {
     if load(txn, &job.id)?.is_some() {
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {} exists", job.id))));
     }
+    if let Some(max) = active_max {
+        let active = txn.get::<u64>("active jobs", &keys::jobs_active(&job.owner_user_id))?.unwrap_or(0);
+        if active >= u64::from(max) {
+            return Ok(Outcome::Rejected(Rejection::LimitReached(format!(
+                "you have {active} jobs that may still run, the most allowed; cancel some first"
+            ))));
+        }
+    }
     let mut job = job.clone();
+    job.counted = active_max.is_some();
     job.created_ms = txn.now_ms;
     job.updated_ms = txn.now_ms;
     txn.put(keys::job_owner(&job.owner_user_id, job.created_ms, &job.id), &job.id);
@@ -554,30 +585,17 @@ impl StateMachine {
         if let Some(before) = before {
             end = keys::job_run(job_id, before);
         }
-        let mut runs: Vec<JobRun> =
-            self.scan("job run", &start, &end, usize::MAX)?.into_iter().map(|(_, r)| r).collect();
-        runs.reverse();
-        runs.truncate(limit);
-        Ok(runs)
+        // From the newest down: reads the page, whatever the job's run count.
+        Ok(self.scan_rev("job run", &start, &end, limit)?.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// How many of `owner`'s jobs may still run (scheduled, claimed or running): one read of
+    /// the count every job write keeps (jobs created before the count existed are not in it).
+    pub fn active_jobs_of(&self, owner: &str) -> Result<u64, StorageError> {
+        Ok(self.read::<u64>("active jobs", &keys::jobs_active(owner))?.unwrap_or(0))
     }
 
     /// A user's jobs by creation, after `after` (a key from a previous page), at most `limit`.
-    /// How many of `owner`'s jobs may still run (scheduled, claimed or running), counting
-    /// up to `stop_at`.
-    pub fn active_jobs_of(&self, owner: &str, stop_at: usize) -> Result<usize, StorageError> {
-        let (start, end) = keys::job_owner_range(owner);
-        let mut active = 0;
-        for (_, job_id) in self.scan::<String>("job owner", &start, &end, usize::MAX)? {
-            let job: Option<Job> = self.read("job", &keys::job(&job_id))?;
-            if job.is_some_and(|j| matches!(j.status, JobStatus::Scheduled | JobStatus::Claimed | JobStatus::Running)) {
-                active += 1;
-                if active >= stop_at {
-                    break;
-                }
-            }
-        }
-        Ok(active)
-    }
 
     pub fn jobs_of(&self, owner: &str, after: Option<&Job>, limit: usize) -> Result<Vec<Job>, StorageError> {
         let (mut start, end) = keys::job_owner_range(owner);

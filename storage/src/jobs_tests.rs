@@ -445,3 +445,47 @@ fn an_expired_lease_is_found_past_the_lease_index_floor() {
     assert_eq!(claim(&sm, 2_000, "w").iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["b"]);
     assert_eq!(claim(&sm, 2_500, "w").iter().map(|j| j.id.as_str()).collect::<Vec<_>>(), ["b"], "b's lease expired");
 }
+
+#[test]
+fn the_active_job_quota_is_checked_in_apply_and_follows_every_status() {
+    let (_dir, sm) = open();
+    let once = |id: &str| job(id, Schedule::Once { run_at_ms: 1_000 }, 0);
+    let within = |j: Job| Command::CreateJobWithin { job: Box::new(j), active_jobs_max: 2 };
+    // Three creations in one entry (as parallel requests batched together): two pass.
+    let batch = Batch { now_ms: 1, commands: vec![within(once("a")), within(once("b")), within(once("c"))].into() };
+    let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
+    assert_eq!(outcomes[..2], [Outcome::Done, Outcome::Done]);
+    assert!(matches!(&outcomes[2], Outcome::Rejected(Rejection::LimitReached(_))), "{outcomes:?}");
+    assert_eq!(sm.active_jobs_of("u").expect("count"), 2);
+    // Claimed and running still count; a finished one does not, and makes room.
+    let claimed = claim(&sm, 1_000, "w");
+    assert_eq!(claimed.len(), 2);
+    assert_eq!(sm.active_jobs_of("u").expect("count"), 2);
+    assert_eq!(at(&sm, 1_001, report("a", claimed[0].fence, RunStatus::Succeeded, 0)), Outcome::Done);
+    assert_eq!(sm.active_jobs_of("u").expect("count"), 1);
+    assert_eq!(at(&sm, 1_002, within(once("c"))), Outcome::Done);
+    assert_eq!(at(&sm, 1_003, Command::CancelJob { job_id: "c".into() }), Outcome::Done);
+    assert_eq!(sm.active_jobs_of("u").expect("count"), 1);
+}
+
+#[test]
+fn a_page_of_runs_reads_the_page_whatever_the_job_has() {
+    let (_dir, sm) = open();
+    assert_eq!(
+        at(&sm, 1, Command::CreateJob(Box::new(job("j", Schedule::Once { run_at_ms: 10 }, 500)))),
+        Outcome::Done
+    );
+    let mut now = 10;
+    for _ in 0..300 {
+        let claimed = claim(&sm, now, "w");
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(start(&sm, now, "j", claimed[0].fence, "w"), Outcome::Done);
+        assert_eq!(at(&sm, now, report("j", claimed[0].fence, RunStatus::Failed, now + 1)), Outcome::Done);
+        now += 1;
+    }
+    let newest = sm.job_runs("j", None, 10).expect("runs");
+    assert_eq!(newest.len(), 10);
+    assert!(newest.windows(2).all(|w| w[0].seq > w[1].seq), "newest first");
+    let next = sm.job_runs("j", Some(newest[9].seq), 10).expect("runs");
+    assert_eq!(next[0].seq, newest[9].seq - 1);
+}

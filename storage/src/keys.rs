@@ -62,6 +62,10 @@ mod tag {
     pub const CHUNK_UPLOADER: u8 = 0x21;
     pub const CHUNK_NAMESPACE: u8 = 0x22;
     pub const NAMESPACE_PURGE: u8 = 0x23;
+    pub const INVITATION: u8 = 0x24;
+    pub const JOBS_ACTIVE: u8 = 0x25;
+    pub const STORED_BYTES: u8 = 0x26;
+    pub const FOLDERS_CREATED: u8 = 0x27;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -96,6 +100,21 @@ pub fn job_owner(owner: &str, created_ms: u64, job_id: &str) -> Vec<u8> {
 
 pub fn job_owner_range(owner: &str) -> (Vec<u8>, Vec<u8>) {
     (joined(tag::JOB_OWNER, owner, &[]), joined(tag::JOB_OWNER, owner, &[0xff; 9]))
+}
+
+/// The bytes a user stores (u64): the size of every block they uploaded, once each.
+pub fn stored_bytes(user_id: &str) -> Vec<u8> {
+    tagged(tag::STORED_BYTES, user_id.as_bytes())
+}
+
+/// A user's count of shared folders created and not deleted (u64).
+pub fn folders_created(user_id: &str) -> Vec<u8> {
+    tagged(tag::FOLDERS_CREATED, user_id.as_bytes())
+}
+
+/// A user's count of jobs that may still run (u64).
+pub fn jobs_active(owner: &str) -> Vec<u8> {
+    tagged(tag::JOBS_ACTIVE, owner.as_bytes())
 }
 
 /// Runs of a job by sequence.
@@ -309,6 +328,17 @@ pub fn acl_grantee(grantee_key: &str, namespace_id: &str) -> Vec<u8> {
 /// Every [`acl_grantee`] key of a grantee; the namespace id is the key past the prefix.
 pub fn acl_grantee_range(grantee_key: &str) -> (Vec<u8>, Vec<u8>) {
     (joined(tag::ACL_GRANTEE, grantee_key, &[]), joined(tag::ACL_GRANTEE, grantee_key, &[0xff]))
+}
+
+/// A grantee's pending invitations: (grantee key, namespace) → nothing (the entry itself is
+/// the [`acl`] record, `pending`).
+pub fn invitation(grantee_key: &str, namespace_id: &str) -> Vec<u8> {
+    joined(tag::INVITATION, grantee_key, namespace_id.as_bytes())
+}
+
+/// Every [`invitation`] key of a grantee; the namespace id is the key past the prefix.
+pub fn invitation_range(grantee_key: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::INVITATION, grantee_key, &[]), joined(tag::INVITATION, grantee_key, &[0xff]))
 }
 
 pub fn group(group_id: &str) -> Vec<u8> {

@@ -43,6 +43,10 @@ pub struct Namespace {
     /// A shared folder's name (empty for a personal namespace).
     #[serde(default)]
     pub name: String,
+    /// In its creator's count of folders (`keys::folders_created`): made by a command with
+    /// a folder quota, so folders from before the count neither raise it nor lower it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted: bool,
     /// Deleted: gone for everyone (`sharing::role` answers none) while its records are
     /// removed a bounded step at a time.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -110,6 +114,11 @@ pub struct AclEntry {
     pub grantee: Grantee,
     pub role: Role,
     pub granted_ms: u64,
+    /// An invitation not yet accepted: it grants nothing ([`crate::sharing::role`] skips
+    /// it) and is indexed under the grantee's invitations, not their folders. Entries from
+    /// before invitations existed have none (accepted).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// A group of users (managed by the admin).

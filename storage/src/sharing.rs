@@ -23,6 +23,9 @@ pub const SCHEMA_CURRENT: u32 = 2;
 pub const ACL_ENTRIES_MAX: usize = 1_000;
 /// Groups one user belongs to, at most: every permission check reads one entry per group.
 pub const GROUPS_PER_USER_MAX: usize = 100;
+/// Pending invitations one grantee (user or group) may have, at most (an invitation beyond
+/// is refused until they accept or decline some): what a stranger can make them carry.
+pub const INVITATIONS_PENDING_MAX: usize = 100;
 /// Namespaces [`StateMachine::namespaces_of`] lists, at most.
 pub const LISTED_NAMESPACES_MAX: usize = 10_000;
 
@@ -40,9 +43,10 @@ pub fn role<R: Reads>(state: &R, user_id: &str, namespace_id: &str) -> Result<Op
     let Some(user) = state.get_record::<User>("user", &keys::user(user_id))? else {
         return Ok(None);
     };
-    let mut best = entry(state, namespace_id, &Grantee::User(user.id.clone()))?.map(|e| e.role);
+    let accepted = |e: AclEntry| (!e.pending).then_some(e.role);
+    let mut best = entry(state, namespace_id, &Grantee::User(user.id.clone()))?.and_then(accepted);
     for group in &user.groups {
-        let via_group = entry(state, namespace_id, &Grantee::Group(group.clone()))?.map(|e| e.role);
+        let via_group = entry(state, namespace_id, &Grantee::Group(group.clone()))?.and_then(accepted);
         best = best.max(via_group);
     }
     Ok(best)
@@ -80,9 +84,16 @@ pub(crate) fn create_folder(
     namespace_id: &str,
     name: &str,
     owner_user_id: &str,
+    folders_max: Option<u32>,
 ) -> Result<Outcome, StorageError> {
     if txn.get::<User>("user", &keys::user(owner_user_id))?.is_none() {
         return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {owner_user_id}"))));
+    }
+    let created = txn.get::<u64>("folders created", &keys::folders_created(owner_user_id))?.unwrap_or(0);
+    if folders_max.is_some_and(|max| created >= u64::from(max)) {
+        return Ok(Outcome::Rejected(Rejection::LimitReached(format!(
+            "you have created {created} shared folders, the most allowed; delete some first"
+        ))));
     }
     if txn.get_raw(&keys::namespace(namespace_id))?.is_some() {
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("namespace id {namespace_id} is taken"))));
@@ -93,17 +104,58 @@ pub(crate) fn create_folder(
         owner_user_id: owner_user_id.into(),
         created_ms: txn.now_ms,
         name: name.into(),
+        counted: folders_max.is_some(),
         deleting: false,
     };
     txn.put(keys::namespace(namespace_id), &namespace);
-    put_entry(txn, namespace_id, &Grantee::User(owner_user_id.into()), Role::Owner);
+    if namespace.counted {
+        txn.put(keys::folders_created(owner_user_id), &created.saturating_add(1));
+    }
+    put_entry(txn, namespace_id, &Grantee::User(owner_user_id.into()), Role::Owner, false);
     Ok(Outcome::NamespaceCreated { namespace_id: namespace_id.into() })
 }
 
-fn put_entry(txn: &mut Txn<'_>, namespace_id: &str, grantee: &Grantee, role: Role) {
-    let entry = AclEntry { namespace_id: namespace_id.into(), grantee: grantee.clone(), role, granted_ms: txn.now_ms };
+/// Writes an entry and its reverse index (the grantee's folders, or their invitations while
+/// `pending`); a caller changing `pending` removes the other index first.
+fn put_entry(txn: &mut Txn<'_>, namespace_id: &str, grantee: &Grantee, role: Role, pending: bool) {
+    let entry =
+        AclEntry { namespace_id: namespace_id.into(), grantee: grantee.clone(), role, granted_ms: txn.now_ms, pending };
     txn.put(keys::acl(namespace_id, &grantee.key()), &entry);
-    txn.put_raw(keys::acl_grantee(&grantee.key(), namespace_id), Vec::new());
+    txn.put_raw(reverse_key(grantee, namespace_id, pending), Vec::new());
+}
+
+/// The reverse index key of an entry: the grantee's folders, or their invitations.
+fn reverse_key(grantee: &Grantee, namespace_id: &str, pending: bool) -> Vec<u8> {
+    if pending {
+        keys::invitation(&grantee.key(), namespace_id)
+    } else {
+        keys::acl_grantee(&grantee.key(), namespace_id)
+    }
+}
+
+/// Pending invitations of `grantee` to folders not being deleted, counting up to
+/// [`INVITATIONS_PENDING_MAX`] (a point read each).
+fn pending_invitations(txn: &Txn<'_>, grantee: &Grantee) -> Result<usize, StorageError> {
+    let (start, end) = keys::invitation_range(&grantee.key());
+    let mut pending = 0;
+    // Keys of folders being deleted are skipped, so a few more than the limit are read.
+    for key in txn.keys_in(&start, &end, INVITATIONS_PENDING_MAX.saturating_mul(2))? {
+        let namespace_id = String::from_utf8_lossy(&key[start.len()..]).into_owned();
+        let live = txn.get::<Namespace>("namespace", &keys::namespace(&namespace_id))?.is_some_and(|n| !n.deleting);
+        if live {
+            pending += 1;
+            if pending >= INVITATIONS_PENDING_MAX {
+                break;
+            }
+        }
+    }
+    Ok(pending)
+}
+
+/// Removes an entry and its reverse index.
+fn delete_entry(txn: &mut Txn<'_>, entry: &AclEntry) {
+    txn.delete(keys::acl(&entry.namespace_id, &entry.grantee.key()));
+    txn.delete(reverse_key(&entry.grantee, &entry.namespace_id, entry.pending));
 }
 
 fn grantee_exists(txn: &Txn<'_>, grantee: &Grantee) -> Result<bool, StorageError> {
@@ -120,7 +172,10 @@ fn direct_owners(txn: &Txn<'_>, namespace_id: &str) -> Result<usize, StorageErro
     for key in txn.keys_in(&start, &end, ACL_ENTRIES_MAX)? {
         let found = txn.get::<AclEntry>("acl entry", &key)?;
         if found.is_some_and(|e| {
-            e.namespace_id == namespace_id && matches!(e.grantee, Grantee::User(_)) && e.role == Role::Owner
+            e.namespace_id == namespace_id
+                && matches!(e.grantee, Grantee::User(_))
+                && e.role == Role::Owner
+                && !e.pending
         }) {
             owners += 1;
         }
@@ -144,6 +199,7 @@ pub(crate) fn set_access(
     namespace_id: &str,
     grantee: &Grantee,
     role_wanted: Option<Role>,
+    invite: bool,
 ) -> Result<Outcome, StorageError> {
     let actor_role = match folder_role(txn, actor_user_id, namespace_id, "shared")? {
         Ok(role) => role,
@@ -164,13 +220,15 @@ pub(crate) fn set_access(
     if existing.is_none() && role_wanted.is_none() {
         return Ok(Outcome::Rejected(Rejection::NotFound("no such ACL entry".into())));
     }
-    let was_owner = existing.as_ref().is_some_and(|e| e.role == Role::Owner);
+    let was_owner = existing.as_ref().is_some_and(|e| e.role == Role::Owner && !e.pending);
     let demoted = matches!(grantee, Grantee::User(_)) && was_owner && role_wanted != Some(Role::Owner);
     if demoted && direct_owners(txn, namespace_id)? <= 1 {
         return Ok(Outcome::Rejected(Rejection::Conflict(
             "the last owner can neither leave nor be demoted; make someone else an owner first".into(),
         )));
     }
+    // A new entry is an invitation, unless the actor names themself (they consent).
+    let invited = invite && existing.is_none() && *grantee != Grantee::User(actor_user_id.into());
     if existing.is_none() && role_wanted.is_some() {
         let (start, end) = keys::acl_range(namespace_id);
         if txn.keys_in(&start, &end, ACL_ENTRIES_MAX)?.len() >= ACL_ENTRIES_MAX {
@@ -178,13 +236,60 @@ pub(crate) fn set_access(
                 "this folder has {ACL_ENTRIES_MAX} access entries, the most allowed; share with a group instead"
             ))));
         }
-    }
-    match role_wanted {
-        Some(role) => put_entry(txn, namespace_id, grantee, role),
-        None => {
-            txn.delete(keys::acl(namespace_id, &grantee.key()));
-            txn.delete(keys::acl_grantee(&grantee.key(), namespace_id));
+        if invited && pending_invitations(txn, grantee)? >= INVITATIONS_PENDING_MAX {
+            return Ok(Outcome::Rejected(Rejection::LimitReached(format!(
+                "they have {INVITATIONS_PENDING_MAX} pending invitations, the most allowed, until they accept or \
+                 decline some"
+            ))));
         }
+    }
+    match (role_wanted, existing) {
+        // A role change keeps an invitation an invitation, an accepted entry accepted.
+        (Some(role), Some(existing)) => put_entry(txn, namespace_id, grantee, role, existing.pending),
+        (Some(role), None) => put_entry(txn, namespace_id, grantee, role, invited),
+        (None, Some(existing)) => delete_entry(txn, &existing),
+        (None, None) => unreachable!("refused above: no such ACL entry"),
+    }
+    touch(txn, namespace_id)?;
+    Ok(Outcome::Done)
+}
+
+/// Accepts or declines the pending invitation of `grantee` to `namespace_id`: a user
+/// answers their own, an admin a group's. Accepting moves the entry from the grantee's
+/// invitations to their folders; declining removes it.
+pub(crate) fn respond_invitation(
+    txn: &mut Txn<'_>,
+    actor_user_id: &str,
+    namespace_id: &str,
+    grantee: &Grantee,
+    accept: bool,
+) -> Result<Outcome, StorageError> {
+    let allowed = match grantee {
+        Grantee::User(id) => id == actor_user_id,
+        Grantee::Group(_) => txn.get::<User>("user", &keys::user(actor_user_id))?.is_some_and(|u| u.admin),
+    };
+    if !allowed {
+        return Ok(Outcome::Rejected(Rejection::Forbidden(
+            "an invitation is answered by the user it names, or for a group by an admin".into(),
+        )));
+    }
+    let live = txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))?.is_some_and(|n| !n.deleting);
+    let found = if live { entry(txn, namespace_id, grantee)? } else { None };
+    let Some(found) = found else {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("an invitation to namespace {namespace_id}"))));
+    };
+    match (found.pending, accept) {
+        (false, true) => return Ok(Outcome::Done),
+        (false, false) => {
+            return Ok(Outcome::Rejected(Rejection::NotFound(format!(
+                "a pending invitation to namespace {namespace_id} (to leave an accepted share, leave it)"
+            ))))
+        }
+        (true, true) => {
+            txn.delete(keys::invitation(&grantee.key(), namespace_id));
+            put_entry(txn, namespace_id, grantee, found.role, false);
+        }
+        (true, false) => delete_entry(txn, &found),
     }
     touch(txn, namespace_id)?;
     Ok(Outcome::Done)
@@ -230,6 +335,12 @@ pub(crate) fn delete_folder(
     let Some(namespace) = txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))? else {
         return Ok(Outcome::Rejected(Rejection::NotFound(format!("namespace {namespace_id}"))));
     };
+    // Its creator may make another in its place.
+    if namespace.counted {
+        let created_key = keys::folders_created(&namespace.owner_user_id);
+        let created = txn.get::<u64>("folders created", &created_key)?.unwrap_or(0);
+        txn.put(created_key, &created.saturating_sub(1));
+    }
     txn.put(keys::namespace(namespace_id), &Namespace { deleting: true, ..namespace });
     txn.put_raw(keys::namespace_purge(namespace_id), Vec::new());
     touch(txn, namespace_id)?;
@@ -261,7 +372,7 @@ fn purge_namespace_step(txn: &mut Txn<'_>, namespace_id: &str, budget: &mut usiz
     let (start, end) = keys::acl_range(namespace_id);
     for key in txn.keys_in(&start, &end, *budget)? {
         if let Some(entry) = txn.get::<AclEntry>("acl entry", &key)? {
-            txn.delete(keys::acl_grantee(&entry.grantee.key(), &entry.namespace_id));
+            txn.delete(reverse_key(&entry.grantee, &entry.namespace_id, entry.pending));
         }
         txn.delete(key);
         *budget -= 1;
@@ -481,6 +592,41 @@ impl StateMachine {
             .map(|(_, e)| e)
             .filter(|e| e.namespace_id == namespace_id)
             .collect())
+    }
+
+    /// The pending invitations of `grantee` after namespace `after`, by namespace id, with
+    /// their folders: those among the next `limit` index keys, and the namespace id to go on
+    /// after when more keys follow.
+    pub fn invitations_page(
+        &self,
+        grantee: &Grantee,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<(AclEntry, Namespace)>, Option<String>), StorageError> {
+        let (mut start, end) = keys::invitation_range(&grantee.key());
+        let prefix = start.len();
+        if let Some(after) = after {
+            start.extend_from_slice(after.as_bytes());
+            start.push(0);
+        }
+        let mut scanned = self.scan_keys(&start, &end, limit.saturating_add(1))?;
+        let next = (scanned.len() > limit).then(|| {
+            scanned.truncate(limit);
+            scanned.last().map(|key| String::from_utf8_lossy(&key[prefix..]).into_owned())
+        });
+        let mut out = Vec::new();
+        for key in scanned {
+            let namespace_id = String::from_utf8_lossy(&key[prefix..]).into_owned();
+            let found = self.read::<AclEntry>("acl entry", &keys::acl(&namespace_id, &grantee.key()))?;
+            let Some(entry) = found.filter(|e| e.pending && e.namespace_id == namespace_id && e.grantee == *grantee)
+            else {
+                continue;
+            };
+            if let Some(namespace) = self.namespace(&namespace_id)?.filter(|n| !n.deleting) {
+                out.push((entry, namespace));
+            }
+        }
+        Ok((out, next.flatten()))
     }
 
     /// A namespace's ACL entries (at most [`ACL_ENTRIES_MAX`]).

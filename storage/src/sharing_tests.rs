@@ -13,9 +13,45 @@ fn open() -> (tempfile::TempDir, StateMachine) {
     (dir, sm)
 }
 
-fn apply(sm: &StateMachine, command: Command) -> Outcome {
+fn apply_raw(sm: &StateMachine, command: Command) -> Outcome {
     let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command].into() })).expect("apply");
     out.pop().expect("one outcome")
+}
+
+/// Applies `command`; a grant that made an invitation is accepted at once (by the user it
+/// names, or for a group by the admin `root`), as these tests are about roles once shared.
+/// The invitation tests use [`apply_raw`].
+fn apply(sm: &StateMachine, command: Command) -> Outcome {
+    let outcome = apply_raw(sm, command.clone());
+    if let (Outcome::Done, Command::SetAccess { namespace_id, grantee, role: Some(_), .. }) = (&outcome, &command) {
+        accept(sm, namespace_id, grantee);
+    }
+    outcome
+}
+
+/// Accepts the invitation of `grantee` to `namespace_id` (accepting an accepted entry
+/// changes nothing).
+fn accept(sm: &StateMachine, namespace_id: &str, grantee: &Grantee) {
+    let actor = match grantee {
+        Grantee::User(id) => id.clone(),
+        Grantee::Group(_) => {
+            let admin = Command::EnsureAdmin {
+                user_id: "root".into(),
+                namespace_id: "home-root".into(),
+                token_id: "root-token".into(),
+                token_hash: [7; 32],
+            };
+            assert!(matches!(apply_raw(sm, admin), Outcome::AdminReady { .. }));
+            "root".into()
+        }
+    };
+    let respond = Command::RespondInvitation {
+        actor_user_id: actor,
+        namespace_id: namespace_id.into(),
+        grantee: grantee.clone(),
+        accept: true,
+    };
+    assert_eq!(apply_raw(sm, respond), Outcome::Done);
 }
 
 fn h(name: &str) -> BlockHash {
@@ -31,14 +67,18 @@ fn world() -> (tempfile::TempDir, StateMachine) {
             Command::CreateUser { user_id: name.into(), namespace_id: format!("home-{name}"), name: name.into() };
         assert!(matches!(apply(&sm, create), Outcome::UserCreated { .. }));
     }
-    let folder =
-        Command::CreateSharedFolder { namespace_id: "team".into(), name: "Team".into(), owner_user_id: "ann".into() };
+    let folder = Command::CreateSharedFolder {
+        namespace_id: "team".into(),
+        name: "Team".into(),
+        owner_user_id: "ann".into(),
+        folders_max: None,
+    };
     assert_eq!(apply(&sm, folder), Outcome::NamespaceCreated { namespace_id: "team".into() });
     (dir, sm)
 }
 
 fn set(actor: &str, grantee: Grantee, role: Option<Role>) -> Command {
-    Command::SetAccess { actor_user_id: actor.into(), namespace_id: "team".into(), grantee, role }
+    Command::SetAccess { actor_user_id: actor.into(), namespace_id: "team".into(), grantee, role, invite: true }
 }
 
 fn user(id: &str) -> Grantee {
@@ -46,7 +86,7 @@ fn user(id: &str) -> Grantee {
 }
 
 fn upload(sm: &StateMachine, content: &str, uploader: &str) {
-    apply(sm, Command::RegisterChunk { hash: h(content), size: 1, uploader: uploader.into() });
+    apply(sm, Command::RegisterChunk { hash: h(content), size: 1, uploader: uploader.into(), quota_bytes: None });
 }
 
 fn commit(actor: &str, namespace: &str, path: &str, chunks: &[&str], base: u64, device: &str) -> Command {
@@ -127,6 +167,7 @@ fn only_owners_manage_access_and_anyone_may_leave() {
         namespace_id: "home-ann".into(),
         grantee: user("bob"),
         role: Some(Role::Viewer),
+        invite: true,
     };
     assert!(matches!(apply(&sm, personal), Outcome::Rejected(Rejection::Invalid(_))));
     // bob leaves.
@@ -346,7 +387,12 @@ fn a_block_many_namespaces_reference_is_judged_by_bounded_reads() {
         let ns = format!("f{i}");
         apply(
             &sm,
-            Command::CreateSharedFolder { namespace_id: ns.clone(), name: ns.clone(), owner_user_id: "ann".into() },
+            Command::CreateSharedFolder {
+                namespace_id: ns.clone(),
+                name: ns.clone(),
+                owner_user_id: "ann".into(),
+                folders_max: None,
+            },
         );
         apply(&sm, commit("ann", &ns, "/p", &["popular"], 0, "d"));
     }
@@ -356,6 +402,7 @@ fn a_block_many_namespaces_reference_is_judged_by_bounded_reads() {
         namespace_id: "f199".into(),
         grantee: user("bob"),
         role: Some(Role::Viewer),
+        invite: true,
     };
     assert_eq!(apply(&sm, grant), Outcome::Done);
     assert!(sm.chunk_readable("bob", &h("popular")).expect("readable"), "found through bob's own namespaces");
@@ -417,13 +464,19 @@ fn namespaces_and_acl_entries_come_in_pages() {
         let ns = format!("s{i}");
         apply(
             &sm,
-            Command::CreateSharedFolder { namespace_id: ns.clone(), name: ns.clone(), owner_user_id: "ann".into() },
+            Command::CreateSharedFolder {
+                namespace_id: ns.clone(),
+                name: ns.clone(),
+                owner_user_id: "ann".into(),
+                folders_max: None,
+            },
         );
         let grant = Command::SetAccess {
             actor_user_id: "ann".into(),
             namespace_id: ns,
             grantee: user("bob"),
             role: Some(Role::Viewer),
+            invite: true,
         };
         apply(&sm, grant);
     }
@@ -439,4 +492,150 @@ fn namespaces_and_acl_entries_come_in_pages() {
     let rest = sm.acl_page("team", Some(&acl[1]), 10).expect("acl");
     assert_eq!(rest.len(), 1);
     assert!(!acl.contains(&rest[0].grantee.key()));
+}
+
+#[test]
+fn a_share_is_an_invitation_until_accepted_and_invitations_are_capped() {
+    let (_dir, sm) = world();
+    let invitations = |grantee: &Grantee| -> Vec<String> {
+        let (page, next) = sm.invitations_page(grantee, None, 1_000).expect("invitations");
+        assert_eq!(next, None);
+        page.into_iter().map(|(_, namespace)| namespace.id).collect()
+    };
+    let respond = |actor: &str, grantee: Grantee, accept: bool| Command::RespondInvitation {
+        actor_user_id: actor.into(),
+        namespace_id: "team".into(),
+        grantee,
+        accept,
+    };
+    // Invited: no role, not listed, no leaving; only bob answers for bob.
+    assert_eq!(apply_raw(&sm, set("ann", user("bob"), Some(Role::Viewer))), Outcome::Done);
+    assert_eq!(sm.role("bob", "team").expect("role"), None);
+    assert!(sm.namespaces_of("bob").expect("list").iter().all(|a| a.namespace.id != "team"));
+    assert_eq!(invitations(&user("bob")), ["team"]);
+    assert!(matches!(apply_raw(&sm, set("bob", user("bob"), None)), Outcome::Rejected(Rejection::NotFound(_))));
+    assert!(matches!(apply_raw(&sm, respond("cat", user("bob"), true)), Outcome::Rejected(Rejection::Forbidden(_))));
+    // A role change keeps it an invitation; accepted, it is a share; a later change keeps that.
+    assert_eq!(apply_raw(&sm, set("ann", user("bob"), Some(Role::Editor))), Outcome::Done);
+    assert_eq!(sm.role("bob", "team").expect("role"), None);
+    assert_eq!(apply_raw(&sm, respond("bob", user("bob"), true)), Outcome::Done);
+    assert_eq!(sm.role("bob", "team").expect("role"), Some(Role::Editor));
+    assert!(invitations(&user("bob")).is_empty());
+    assert!(sm.namespaces_of("bob").expect("list").iter().any(|a| a.namespace.id == "team"));
+    assert_eq!(apply_raw(&sm, set("ann", user("bob"), Some(Role::Viewer))), Outcome::Done);
+    assert_eq!(sm.role("bob", "team").expect("role"), Some(Role::Viewer));
+    assert_eq!(apply_raw(&sm, respond("bob", user("bob"), true)), Outcome::Done, "accepting again changes nothing");
+    // Declined: the entry is gone; a pending owner is no owner (ann stays the last one).
+    assert_eq!(apply_raw(&sm, set("ann", user("cat"), Some(Role::Owner))), Outcome::Done);
+    assert!(matches!(apply_raw(&sm, set("ann", user("ann"), None)), Outcome::Rejected(Rejection::Conflict(_))));
+    assert_eq!(apply_raw(&sm, respond("cat", user("cat"), false)), Outcome::Done);
+    assert!(sm.acl("team").expect("acl").iter().all(|e| e.grantee != user("cat")));
+    assert!(invitations(&user("cat")).is_empty());
+    // A group's invitation is answered by an admin, not by a member.
+    apply(&sm, Command::CreateGroup { group_id: "g1".into(), name: "crew".into() });
+    apply(&sm, Command::SetGroupMember { group_id: "g1".into(), user_id: "cat".into(), member: true });
+    let crew = Grantee::Group("g1".into());
+    assert_eq!(apply_raw(&sm, set("ann", crew.clone(), Some(Role::Viewer))), Outcome::Done);
+    assert_eq!(sm.role("cat", "team").expect("role"), None);
+    assert!(matches!(apply_raw(&sm, respond("cat", crew.clone(), true)), Outcome::Rejected(Rejection::Forbidden(_))));
+    accept(&sm, "team", &crew);
+    assert_eq!(sm.role("cat", "team").expect("role"), Some(Role::Viewer));
+
+    // At most INVITATIONS_PENDING_MAX pending for one grantee, whoever sends them; one
+    // answered makes room.
+    apply(&sm, Command::CreateUser { user_id: "dan".into(), namespace_id: "home-dan".into(), name: "dan".into() });
+    for i in 0..=crate::sharing::INVITATIONS_PENDING_MAX {
+        let folder = format!("f{i}");
+        let create = Command::CreateSharedFolder {
+            namespace_id: folder.clone(),
+            name: folder.clone(),
+            owner_user_id: "bob".into(),
+            folders_max: None,
+        };
+        assert!(matches!(apply(&sm, create), Outcome::NamespaceCreated { .. }));
+        let invite = Command::SetAccess {
+            actor_user_id: "bob".into(),
+            namespace_id: folder,
+            grantee: user("dan"),
+            role: Some(Role::Viewer),
+            invite: true,
+        };
+        let outcome = apply_raw(&sm, invite);
+        if i < crate::sharing::INVITATIONS_PENDING_MAX {
+            assert_eq!(outcome, Outcome::Done, "invitation {i}");
+        } else {
+            assert!(matches!(outcome, Outcome::Rejected(Rejection::LimitReached(_))), "{outcome:?}");
+        }
+    }
+    assert_eq!(invitations(&user("dan")).len(), crate::sharing::INVITATIONS_PENDING_MAX);
+    let decline = Command::RespondInvitation {
+        actor_user_id: "dan".into(),
+        namespace_id: "f0".into(),
+        grantee: user("dan"),
+        accept: false,
+    };
+    assert_eq!(apply_raw(&sm, decline), Outcome::Done);
+    let last = format!("f{}", crate::sharing::INVITATIONS_PENDING_MAX);
+    let invite = Command::SetAccess {
+        actor_user_id: "bob".into(),
+        namespace_id: last,
+        grantee: user("dan"),
+        role: Some(Role::Viewer),
+        invite: true,
+    };
+    assert_eq!(apply_raw(&sm, invite), Outcome::Done);
+    // A folder deleted: its invitations go with it.
+    let delete = Command::DeleteSharedFolder { actor_user_id: "bob".into(), namespace_id: "f1".into() };
+    assert_eq!(apply(&sm, delete), Outcome::Done);
+    assert!(!invitations(&user("dan")).contains(&"f1".to_string()));
+    purge_all(&sm, 10);
+    let (start, end) = keys::invitation_range(&user("dan").key());
+    assert_eq!(sm.scan_keys(&start, &end, 1_000).expect("keys").len(), crate::sharing::INVITATIONS_PENDING_MAX - 1);
+}
+
+#[test]
+fn stored_bytes_count_each_block_once_per_uploader_and_the_quota_is_kept_in_apply() {
+    let (_dir, sm) = world();
+    let register = |content: &str, uploader: &str, size: u64| Command::RegisterChunk {
+        hash: h(content),
+        size,
+        uploader: uploader.into(),
+        quota_bytes: Some(25),
+    };
+    assert_eq!(apply(&sm, register("a", "ann", 10)), Outcome::Done);
+    assert_eq!(apply(&sm, register("a", "ann", 10)), Outcome::Done, "known to ann: counted once");
+    assert_eq!(apply(&sm, register("b", "ann", 10)), Outcome::Done);
+    assert_eq!(sm.stored_bytes("ann").expect("bytes"), 20);
+    let refused = apply(&sm, register("c", "ann", 10));
+    assert_eq!(refused, Outcome::Rejected(Rejection::QuotaExceeded { stored_bytes: 20, quota_bytes: 25, size: 10 }));
+    assert!(sm.chunk(&h("c")).expect("chunk").is_none(), "a refused block is not indexed");
+    // bob's upload of the same content counts for bob, at the size it was indexed with.
+    assert_eq!(apply(&sm, register("a", "bob", 999)), Outcome::Done);
+    assert_eq!(sm.stored_bytes("bob").expect("bytes"), 10);
+    // Collected blocks give their bytes back to every uploader.
+    let collect = Command::CollectOrphans { orphaned_before_ms: u64::MAX, max_chunks: 100 };
+    assert!(matches!(apply(&sm, collect), Outcome::Collected { .. }));
+    assert_eq!(sm.stored_bytes("ann").expect("bytes"), 0);
+    assert_eq!(sm.stored_bytes("bob").expect("bytes"), 0);
+    assert_eq!(apply(&sm, register("c", "ann", 10)), Outcome::Done);
+}
+
+#[test]
+fn the_folder_quota_counts_folders_created_and_not_deleted() {
+    let (_dir, sm) = world();
+    let create = |id: &str| Command::CreateSharedFolder {
+        namespace_id: id.into(),
+        name: id.into(),
+        owner_user_id: "ann".into(),
+        folders_max: Some(2),
+    };
+    // `team` came from a command without a quota: not counted, either way.
+    assert!(matches!(apply(&sm, create("f1")), Outcome::NamespaceCreated { .. }));
+    assert!(matches!(apply(&sm, create("f2")), Outcome::NamespaceCreated { .. }));
+    assert!(matches!(apply(&sm, create("f3")), Outcome::Rejected(Rejection::LimitReached(_))));
+    let delete = |id: &str| Command::DeleteSharedFolder { actor_user_id: "ann".into(), namespace_id: id.into() };
+    assert_eq!(apply(&sm, delete("team")), Outcome::Done);
+    assert!(matches!(apply(&sm, create("f3")), Outcome::Rejected(Rejection::LimitReached(_))), "team was not counted");
+    assert_eq!(apply(&sm, delete("f1")), Outcome::Done);
+    assert!(matches!(apply(&sm, create("f3")), Outcome::NamespaceCreated { .. }), "f1's place");
 }

@@ -253,11 +253,6 @@ impl StateMachine {
         raw.map(|bytes| decode(what, &bytes)).transpose()
     }
 
-    /// The raw value at `key` of the state.
-    pub(crate) fn read_bytes(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.db.rocks().get_cf(self.db.state(), key)?)
-    }
-
     /// Keys of `[start, end)`, at most `limit`.
     pub(crate) fn scan_keys(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Vec<u8>>, StorageError> {
         range(&self.db, start, end, limit, |key, _| Ok(key.into_vec()))
@@ -323,7 +318,9 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
         Command::RateSet { entries } => guards::rate_set(txn, entries),
         Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
-        Command::RegisterChunk { hash, size, uploader } => chunks::register(txn, hash, *size, uploader),
+        Command::RegisterChunk { hash, size, uploader, quota_bytes } => {
+            chunks::register(txn, hash, *size, uploader, *quota_bytes)
+        }
         Command::CollectOrphans { orphaned_before_ms, max_chunks } => {
             chunks::collect_orphans(txn, *orphaned_before_ms, *max_chunks as usize)
         }
@@ -332,7 +329,8 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::ExpireVersions { superseded_before_ms, max_versions } => {
             files::expire_versions(txn, *superseded_before_ms, *max_versions as usize)
         }
-        Command::CreateJob(job) => jobs::create(txn, job),
+        Command::CreateJob(job) => jobs::create(txn, job, None),
+        Command::CreateJobWithin { job, active_jobs_max } => jobs::create(txn, job, Some(*active_jobs_max)),
         Command::PatchJob { job_id, patch } => jobs::patch(txn, job_id, patch),
         Command::CancelJob { job_id } => jobs::cancel(txn, job_id),
         Command::ClaimJobs { worker, lease_ms, max_jobs } => {
@@ -344,11 +342,14 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::RenewLease { job_id, fence, lease_ms } => jobs::renew(txn, job_id, *fence, *lease_ms),
         Command::FinishRun(report) => jobs::finish(txn, report),
         Command::ExpireRuns { before_ms, max_runs } => jobs::expire_runs(txn, *before_ms, *max_runs as usize),
-        Command::CreateSharedFolder { namespace_id, name, owner_user_id } => {
-            sharing::create_folder(txn, namespace_id, name, owner_user_id)
+        Command::CreateSharedFolder { namespace_id, name, owner_user_id, folders_max } => {
+            sharing::create_folder(txn, namespace_id, name, owner_user_id, *folders_max)
         }
-        Command::SetAccess { actor_user_id, namespace_id, grantee, role } => {
-            sharing::set_access(txn, actor_user_id, namespace_id, grantee, *role)
+        Command::SetAccess { actor_user_id, namespace_id, grantee, role, invite } => {
+            sharing::set_access(txn, actor_user_id, namespace_id, grantee, *role, *invite)
+        }
+        Command::RespondInvitation { actor_user_id, namespace_id, grantee, accept } => {
+            sharing::respond_invitation(txn, actor_user_id, namespace_id, grantee, *accept)
         }
         Command::DeleteSharedFolder { actor_user_id, namespace_id } => {
             sharing::delete_folder(txn, actor_user_id, namespace_id)

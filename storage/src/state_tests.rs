@@ -217,10 +217,16 @@ fn chunks_register_once() {
     let (_dir, sm) = open();
     let hash = crate::blocks::BlockHash::of(b"x");
     assert!(sm.chunk(&hash).expect("read").is_none());
-    sm.apply(b"m1", Some(&batch(7, vec![Command::RegisterChunk { hash, size: 1, uploader: String::new() }])))
-        .expect("apply");
-    sm.apply(b"m2", Some(&batch(9, vec![Command::RegisterChunk { hash, size: 1, uploader: String::new() }])))
-        .expect("apply");
+    sm.apply(
+        b"m1",
+        Some(&batch(7, vec![Command::RegisterChunk { hash, size: 1, uploader: String::new(), quota_bytes: None }])),
+    )
+    .expect("apply");
+    sm.apply(
+        b"m2",
+        Some(&batch(9, vec![Command::RegisterChunk { hash, size: 1, uploader: String::new(), quota_bytes: None }])),
+    )
+    .expect("apply");
     let chunk = sm.chunk(&hash).expect("read").expect("registered");
     assert_eq!((chunk.size, chunk.refcount, chunk.created_ms), (1, 0, 7));
 }

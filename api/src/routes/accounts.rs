@@ -126,9 +126,28 @@ pub async fn create_token(
         .await
 }
 
-/// The caller. Authentication already read the user after a read barrier where needed.
-pub async fn me(principal: Principal) -> Json<UserView> {
-    Json(principal.user.into())
+/// The caller as `GET /v1/me` shows them: who they are and what they store.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MeView {
+    user_id: String,
+    name: String,
+    namespace_id: String,
+    /// Bytes of the blocks the caller uploaded, each counted once.
+    stored_bytes: u64,
+    /// The most the caller may store (`[quotas] stored_bytes_per_user`); absent for an admin.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    quota_bytes: Option<u64>,
+}
+
+/// The caller. Authentication already read the user after a read barrier where needed; the
+/// stored bytes are this node's (one point read).
+pub async fn me(State(state): State<AppState>, principal: Principal) -> Result<Json<MeView>, ApiError> {
+    let stored_bytes = state.node.state().stored_bytes(&principal.user.id)?;
+    let quota_bytes = (!principal.user.admin).then_some(state.config.quotas.stored_bytes_per_user);
+    let user = principal.user;
+    Ok(Json(MeView { user_id: user.id, name: user.name, namespace_id: user.namespace_id, stored_bytes, quota_bytes }))
 }
 
 /// A user's tokens as the API shows them (never their secrets).

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
 use raftbox_storage::blocks::{BlockHash, BlockReceiver, BLOCK_BYTES_MAX};
-use raftbox_storage::Command;
+use raftbox_storage::{Command, Outcome, Rejection};
 use serde::{Deserialize, Serialize};
 
 use crate::access;
@@ -82,15 +82,31 @@ pub async fn put(
     let blocks = state.node.blocks();
     let size = block.len() as u64;
     let uploader = caller.user.id.clone();
+    // The quota is judged in apply; a block that plainly does not fit is refused before its
+    // bytes are written anywhere.
+    let quota_bytes = (!caller.user.admin).then_some(state.config.quotas.stored_bytes_per_user);
+    let register = |uploader| Command::RegisterChunk { hash, size, uploader, quota_bytes };
+    let registered = |outcome: Outcome| match outcome {
+        Outcome::Rejected(rejection) => Err(ApiError::from(rejection)),
+        _ => Ok(StatusCode::CREATED),
+    };
     if state.node.state().chunk(&hash)?.is_some() && blocks.store().has(&hash) {
-        if !state.node.state().uploaded_by(&uploader, &hash)? {
-            state.node.write(Command::RegisterChunk { hash, size, uploader }).await?;
+        if state.node.state().uploaded_by(&uploader, &hash)? {
+            return Ok(StatusCode::CREATED);
         }
-        return Ok(StatusCode::CREATED);
+        return registered(state.node.write(register(uploader)).await?);
+    }
+    let over = |stored_bytes: u64| quota_bytes.filter(|q| stored_bytes.saturating_add(size) > *q);
+    if over(state.node.state().stored_bytes(&uploader)?).is_some() {
+        // This node may lag: judged again once it has applied everything acknowledged.
+        state.node.read_barrier().await?;
+        let stored_bytes = state.node.state().stored_bytes(&uploader)?;
+        if let Some(quota_bytes) = over(stored_bytes) {
+            return Err(ApiError::from(Rejection::QuotaExceeded { stored_bytes, quota_bytes, size }));
+        }
     }
     blocks.put_replicated(block).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    state.node.write(Command::RegisterChunk { hash, size, uploader }).await?;
-    Ok(StatusCode::CREATED)
+    registered(state.node.write(register(uploader)).await?)
 }
 
 /// Reads a PUT body into a [`BlockReceiver`] (413 past `BLOCK_BYTES_MAX`, declared or sent).

@@ -53,16 +53,11 @@ fn shortest_interval_ms(cron: &CronSchedule, first: u64) -> Option<u64> {
     shortest
 }
 
-/// The limits a non-admin's jobs keep (admins are exempt): a recurring schedule fires at
-/// most once per `[job_limits] min_cron_interval_s`, and an owner has at most
-/// `[job_limits] active_jobs_per_owner_max` jobs that may still run.
-async fn check_limits(
-    state: &AppState,
-    principal: &Principal,
-    schedule: &Schedule,
-    first: u64,
-    creating: bool,
-) -> Result<(), ApiError> {
+/// The limit a non-admin's schedule keeps (admins are exempt): a recurring schedule fires at
+/// most once per `[job_limits] min_cron_interval_s`. (The other, at most
+/// `[job_limits] active_jobs_per_owner_max` jobs that may still run, is checked in apply:
+/// `Command::CreateJobWithin`.)
+fn check_limits(state: &AppState, principal: &Principal, schedule: &Schedule, first: u64) -> Result<(), ApiError> {
     if principal.user.admin {
         return Ok(());
     }
@@ -73,15 +68,6 @@ async fn check_limits(
             return Err(ApiError::BadRequest(format!(
                 "schedule {:?} fires more often than once every {} s, the shortest interval allowed",
                 cron.expr, limits.min_cron_interval_s
-            )));
-        }
-    }
-    if creating {
-        state.node.read_barrier().await?;
-        let active = state.node.state().active_jobs_of(&principal.user.id, limits.active_jobs_per_owner_max)?;
-        if active >= limits.active_jobs_per_owner_max {
-            return Err(ApiError::Conflict(format!(
-                "you have {active} jobs that may still run, the most allowed; cancel some first"
             )));
         }
     }
@@ -170,7 +156,7 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
         return Err(ApiError::BadRequest("retryBackoffMs is 1 to 3600000".into()));
     }
     let (schedule, next_run_at) = parse_schedule(&request.schedule, now_ms())?;
-    check_limits(&state, &principal, &schedule, next_run_at, true).await?;
+    check_limits(&state, &principal, &schedule, next_run_at)?;
     let spec = JobSpec {
         id: new_id(),
         owner_user_id: principal.user.id.clone(),
@@ -185,7 +171,14 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
     let job = Job::scheduled(spec, Some(next_run_at));
     let success =
         Success::created(json!({ "jobId": job.id, "nextRunAt": format_utc(next_run_at), "status": "SCHEDULED" }));
-    keyed.write(&state, &principal, Command::CreateJob(Box::new(job)), success).await
+    // A non-admin's quota of jobs that may still run is checked in apply, in log order.
+    let command = if principal.user.admin {
+        Command::CreateJob(Box::new(job))
+    } else {
+        let active_jobs_max = u32::try_from(state.config.job_limits.active_jobs_per_owner_max).unwrap_or(u32::MAX);
+        Command::CreateJobWithin { job: Box::new(job), active_jobs_max }
+    };
+    keyed.write(&state, &principal, command, success).await
 }
 
 /// The job if the caller may see it (owner or admin), after a read barrier; else 404.
@@ -295,7 +288,7 @@ pub async fn patch(
         let merged: ScheduleRequest = serde_json::from_value(merged)
             .map_err(|e| ApiError::BadRequest(format!("schedule after the merge: {e}")))?;
         let (schedule, next) = parse_schedule(&merged, now_ms())?;
-        check_limits(&state, &principal, &schedule, next, false).await?;
+        check_limits(&state, &principal, &schedule, next)?;
         patch.schedule = Some(schedule);
         patch.next_run_at_ms = Some(next);
     }

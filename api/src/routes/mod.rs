@@ -88,13 +88,16 @@ pub fn router() -> Router<AppState> {
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/v1/jobs/{job_id}", get(jobs::get).patch(jobs::patch).delete(jobs::cancel))
         .route("/v1/jobs/{job_id}/runs", get(jobs::runs))
-        .route("/v1/sync", get(sync::sync))
+        .route("/v1/sync", get(sync::sync).post(sync::sync_post))
         .route("/v1/namespaces", post(sharing::create).get(sharing::list))
         .route("/v1/namespaces/{namespace_id}", get(sharing::get_one).delete(sharing::delete))
         .route("/v1/namespaces/{namespace_id}/acl", get(sharing::acl).put(sharing::grant))
         .route("/v1/namespaces/{namespace_id}/acl/users/{user_id}", delete(sharing::revoke_user))
         .route("/v1/namespaces/{namespace_id}/acl/groups/{group_id}", delete(sharing::revoke_group))
         .route("/v1/namespaces/{namespace_id}/leave", post(sharing::leave))
+        .route("/v1/namespaces/{namespace_id}/accept", post(sharing::accept))
+        .route("/v1/namespaces/{namespace_id}/decline", post(sharing::decline))
+        .route("/v1/me/invitations", get(sharing::invitations))
         .route("/v1/admin/groups", post(sharing::create_group).get(sharing::list_groups))
         .route("/v1/admin/groups/{group_id}", get(sharing::get_group))
         .route(
@@ -119,5 +122,7 @@ pub fn probe_router() -> Router<AppState> {
 /// The notification channels: a long poll bounds its own wait (at most
 /// `NOTIFY_TIMEOUT_S_MAX`), and a WebSocket lives as long as its client.
 pub fn notify_router() -> Router<AppState> {
-    Router::new().route("/v1/notify", get(sync::long_poll)).route("/v1/notify/ws", get(sync::websocket))
+    Router::new()
+        .route("/v1/notify", get(sync::long_poll).post(sync::long_poll_post))
+        .route("/v1/notify/ws", get(sync::websocket))
 }

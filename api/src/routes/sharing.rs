@@ -6,7 +6,9 @@
 //! | `GET /v1/namespaces` | any user | the namespaces the caller can access, with their role |
 //! | `GET /v1/namespaces/{id}` | readers | one namespace with the caller's role |
 //! | `GET /v1/namespaces/{id}/acl` | readers | the folder's ACL |
-//! | `PUT /v1/namespaces/{id}/acl` | owners | grant or change: `{userId\|userName\|groupId\|groupName, role}`; keyed |
+//! | `PUT /v1/namespaces/{id}/acl` | owners | invite, or change a role: `{userId\|userName\|groupId\|groupName, role}`; keyed |
+//! | `GET /v1/me/invitations` | any user | the caller's pending invitations |
+//! | `POST /v1/namespaces/{id}/accept`, `…/decline` | the invited user (a group's: an admin, body `{groupId\|groupName}`) | answer an invitation; keyed |
 //! | `DELETE /v1/namespaces/{id}/acl/users/{userId}` | owners | revoke a user's entry |
 //! | `DELETE /v1/namespaces/{id}/acl/groups/{groupId}` | owners | revoke a group's entry |
 //! | `POST /v1/namespaces/{id}/leave` | members | remove one's own entry; keyed |
@@ -17,7 +19,10 @@
 //!
 //! Every change is one command carrying the caller as its actor: apply judges it with
 //! `sharing::role` in log order (404 for a folder the caller cannot read, 403 for a
-//! non-owner, 409 when the last owner would leave or be demoted).
+//! non-owner, 409 when the last owner would leave or be demoted). A new entry naming someone
+//! else is an invitation (`"pending": true` in the ACL) that grants nothing until its
+//! grantee accepts it: nobody can put a folder into another user's namespaces, sync and
+//! notifications, and a grantee holds at most `INVITATIONS_PENDING_MAX` (409 beyond).
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -61,7 +66,9 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
     let name = json::name("name", &request.name)?;
     let namespace_id = new_id();
     let body = json!({ "namespaceId": namespace_id, "kind": "shared_folder", "name": name, "role": "owner" });
-    let command = Command::CreateSharedFolder { namespace_id, name, owner_user_id: principal.user.id.clone() };
+    let folders_max = (!principal.user.admin).then_some(state.config.quotas.folders_per_user);
+    let command =
+        Command::CreateSharedFolder { namespace_id, name, owner_user_id: principal.user.id.clone(), folders_max };
     keyed.write(&state, &principal, command, Success::created(body)).await
 }
 
@@ -141,6 +148,11 @@ pub async fn acl(
                     json!({ "groupId": id, "groupName": name, "role": entry.role.as_str() })
                 }
             });
+            if entry.pending {
+                if let Some(last) = entries.last_mut() {
+                    last["pending"] = json!(true);
+                }
+            }
         }
         let mut body = json!({
             "namespaceId": namespace_id, "kind": kind(namespace.kind), "name": namespace.name, "entries": entries,
@@ -198,8 +210,13 @@ pub async fn grant(
     let role = Role::parse(&request.role)
         .ok_or_else(|| ApiError::BadRequest(format!("role {:?} is not viewer, editor or owner", request.role)))?;
     let grantee = grantee(&state, &request).await?;
-    let command =
-        Command::SetAccess { actor_user_id: principal.user.id.clone(), namespace_id, grantee, role: Some(role) };
+    let command = Command::SetAccess {
+        actor_user_id: principal.user.id.clone(),
+        namespace_id,
+        grantee,
+        role: Some(role),
+        invite: true,
+    };
     keyed.write_with(&state, &principal, command, no_content).await
 }
 
@@ -209,7 +226,13 @@ async fn revoke(
     namespace_id: String,
     grantee: Grantee,
 ) -> Result<Response, ApiError> {
-    let command = Command::SetAccess { actor_user_id: principal.user.id.clone(), namespace_id, grantee, role: None };
+    let command = Command::SetAccess {
+        actor_user_id: principal.user.id.clone(),
+        namespace_id,
+        grantee,
+        role: None,
+        invite: false,
+    };
     no_content(state.node.write(command).await?)
 }
 
@@ -240,9 +263,96 @@ pub async fn leave(
     keyed: Keyed,
 ) -> Result<Response, ApiError> {
     let me = Grantee::User(principal.user.id.clone());
-    let command =
-        Command::SetAccess { actor_user_id: principal.user.id.clone(), namespace_id, grantee: me, role: None };
+    let command = Command::SetAccess {
+        actor_user_id: principal.user.id.clone(),
+        namespace_id,
+        grantee: me,
+        role: None,
+        invite: false,
+    };
     keyed.write_with(&state, &principal, command, no_content).await
+}
+
+/// Whose invitation an answer is about: the caller's own, or (admin) a group's.
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct InvitationRequest {
+    group_id: Option<String>,
+    group_name: Option<String>,
+}
+
+async fn respond(
+    state: AppState,
+    principal: Principal,
+    namespace_id: String,
+    keyed: Keyed,
+    accept: bool,
+) -> Result<Response, ApiError> {
+    let body = &keyed.body;
+    let request: InvitationRequest =
+        if body.iter().all(u8::is_ascii_whitespace) { InvitationRequest::default() } else { json::parse(body)? };
+    let grantee = match (request.group_id, request.group_name) {
+        (None, None) => Grantee::User(principal.user.id.clone()),
+        (Some(id), None) => Grantee::Group(id),
+        (None, Some(name)) => {
+            state.node.read_barrier().await?;
+            let id = state
+                .node
+                .state()
+                .group_by_name(&name)?
+                .ok_or_else(|| ApiError::NotFound(format!("group {name:?}")))?;
+            Grantee::Group(id)
+        }
+        (Some(_), Some(_)) => return Err(ApiError::BadRequest("name at most one of groupId, groupName".into())),
+    };
+    let command =
+        Command::RespondInvitation { actor_user_id: principal.user.id.clone(), namespace_id, grantee, accept };
+    keyed.write_with(&state, &principal, command, no_content).await
+}
+
+/// `POST /v1/namespaces/{id}/accept` (keyed): the caller (or, admin, a group) accepts an
+/// invitation; 204. The folder then syncs like any other.
+pub async fn accept(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(namespace_id): Path<String>,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    respond(state, principal, namespace_id, keyed, true).await
+}
+
+/// `POST /v1/namespaces/{id}/decline` (keyed): the invitation is removed; 204.
+pub async fn decline(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(namespace_id): Path<String>,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    respond(state, principal, namespace_id, keyed, false).await
+}
+
+/// `GET /v1/me/invitations`: the caller's pending invitations, by namespace id, paged.
+pub async fn invitations(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
+    state.node.read_barrier().await?;
+    let me = Grantee::User(principal.user.id.clone());
+    let after = query.page_token.clone();
+    let (found, next) = read_state(&state, move |sm| Ok(sm.invitations_page(&me, after.as_deref(), limit)?)).await?;
+    let invitations: Vec<Value> = found
+        .iter()
+        .map(|(entry, namespace)| {
+            json!({ "namespaceId": namespace.id, "name": namespace.name, "role": entry.role.as_str() })
+        })
+        .collect();
+    let mut body = json!({ "invitations": invitations });
+    if let Some(next) = next {
+        body["nextPageToken"] = json!(next);
+    }
+    Ok(Json(body))
 }
 
 /// `DELETE /v1/namespaces/{id}`: deletes a shared folder and everything in it; 204.

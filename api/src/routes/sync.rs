@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderValue};
@@ -22,6 +23,7 @@ use base64::Engine;
 use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::records::Grantee;
 use raftbox_storage::schedule::format_utc;
+use raftbox_storage::sharing::LISTED_NAMESPACES_MAX;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -63,12 +65,17 @@ struct Position {
 }
 
 fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<Position, ApiError> {
-    let namespaces = readable(state, &principal.user.id)?;
+    let namespaces: HashSet<String> = readable(state, &principal.user.id)?.into_iter().collect();
     if text == "0" {
         return Ok(Position { cursor: namespaces.into_iter().map(|ns| (ns, 0)).collect(), removed: Vec::new() });
     }
     let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
     let given: Cursor = serde_json::from_slice(&bytes).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
+    // No cursor this server made holds more (a namespace the caller lost is dropped once
+    // reported).
+    if given.len() > LISTED_NAMESPACES_MAX {
+        return Err(ApiError::BadRequest(format!("a cursor holds at most {LISTED_NAMESPACES_MAX} namespaces")));
+    }
     let mut position = Position { cursor: Cursor::new(), removed: Vec::new() };
     for (ns, seq) in given {
         if !namespaces.contains(&ns) {
@@ -85,7 +92,11 @@ fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<
     Ok(position)
 }
 
-#[derive(Deserialize, utoipa::IntoParams)]
+/// Where a sync page starts: in the query of `GET /v1/sync`, or the body of `POST /v1/sync`
+/// (the cursor holds a position for each namespace the caller reads, at most
+/// `LISTED_NAMESPACES_MAX`: too long for a URL once they read a few hundred; the POST never
+/// meets a URL limit).
+#[derive(Deserialize, utoipa::IntoParams, utoipa::ToSchema)]
 #[into_params(parameter_in = Query)]
 pub struct SyncQuery {
     cursor: String,
@@ -133,14 +144,25 @@ pub struct SyncPage<'a> {
     has_more: bool,
 }
 
+/// `GET /v1/sync?cursor=…`: the changes after the cursor.
 pub async fn sync(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<SyncQuery>,
 ) -> Result<Response, ApiError> {
+    sync_page(&state, &principal, query).await
+}
+
+/// `POST /v1/sync {"cursor", "limit"}`: the same, the cursor in the body.
+pub async fn sync_post(State(state): State<AppState>, principal: Principal, body: Bytes) -> Result<Response, ApiError> {
+    let query: SyncQuery = crate::json::parse(&body)?;
+    sync_page(&state, &principal, query).await
+}
+
+async fn sync_page(state: &AppState, principal: &Principal, query: SyncQuery) -> Result<Response, ApiError> {
     let limit = super::page_limit(query.limit, SYNC_PAGE_DEFAULT, SYNC_PAGE_MAX)?;
     state.node.read_barrier().await?;
-    let Position { mut cursor, removed } = decode_cursor(&state, &principal, &query.cursor)?;
+    let Position { mut cursor, removed } = decode_cursor(state, principal, &query.cursor)?;
     let mut changes: Vec<SyncEntry<'_>> =
         removed.iter().map(|ns| SyncEntry::Removed { namespace_id: ns, namespace_removed: true }).collect();
     let limit = limit.saturating_add(changes.len());
@@ -202,7 +224,9 @@ fn pending(state: &AppState, position: &Position, given: &str) -> Result<bool, A
     Ok(false)
 }
 
-#[derive(Deserialize, utoipa::IntoParams)]
+/// What a long poll waits on: in the query of `GET /v1/notify`, or the body of
+/// `POST /v1/notify`.
+#[derive(Deserialize, utoipa::IntoParams, utoipa::ToSchema)]
 #[into_params(parameter_in = Query)]
 pub struct NotifyQuery {
     cursor: String,
@@ -258,10 +282,29 @@ impl Drop for ChannelSlot {
     }
 }
 
+/// `GET /v1/notify?cursor=…&timeout=…`.
 pub async fn long_poll(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<NotifyQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    wait_for_changes(state, principal, query).await
+}
+
+/// `POST /v1/notify {"cursor", "timeout"}`: the same, the cursor in the body.
+pub async fn long_poll_post(
+    State(state): State<AppState>,
+    principal: Principal,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let query: NotifyQuery = crate::json::parse(&body)?;
+    wait_for_changes(state, principal, query).await
+}
+
+async fn wait_for_changes(
+    state: AppState,
+    principal: Principal,
+    query: NotifyQuery,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let _slot = state.channels.open(&principal.user.id, &state.config.notify_limits)?;
     let timeout = query.timeout.unwrap_or(NOTIFY_TIMEOUT_S_DEFAULT);
@@ -359,6 +402,7 @@ async fn close(mut socket: WebSocket, reason: &'static str) {
 struct Watch {
     user_id: String,
     token_id: String,
+    token_hash: [u8; 32],
     /// When the token stops working, on this node's clock.
     expires: Option<tokio::time::Instant>,
     groups: HashSet<String>,
@@ -381,6 +425,7 @@ impl Watch {
         let mut watch = Watch {
             user_id: principal.user.id.clone(),
             token_id: principal.token_id.clone(),
+            token_hash: principal.token_hash,
             expires,
             groups: HashSet::new(),
             seen,
@@ -393,6 +438,11 @@ impl Watch {
         let groups = state.node.state().user(&self.user_id)?.map(|u| u.groups).unwrap_or_default();
         self.groups = groups.into_iter().collect();
         Ok(())
+    }
+
+    /// Whether the channel's token still exists.
+    fn token_active(&self, state: &AppState) -> Result<bool, ApiError> {
+        Ok(state.node.state().token_active(&self.token_hash, &self.user_id, &self.token_id)?)
     }
 
     /// Resolves when the token expires (never, for a token without expiry).
@@ -410,7 +460,7 @@ impl Watch {
     fn hear(&mut self, state: &AppState, event: &Event) -> Result<Heard, ApiError> {
         let touched = match event {
             Event::Everything => {
-                if !state.node.state().token_active(&self.user_id, &self.token_id)? {
+                if !self.token_active(state)? {
                     return Ok(Heard::Revoked);
                 }
                 self.read_groups(state)?;
@@ -418,7 +468,8 @@ impl Watch {
             }
             Event::Touched(touched) => touched,
         };
-        if touched.revoked_tokens.contains(&self.token_id) {
+        let named = touched.revoked_tokens.iter().any(|(user, token)| *user == self.user_id && *token == self.token_id);
+        if named && !self.token_active(state)? {
             return Ok(Heard::Revoked);
         }
         if touched.members.contains(&self.user_id) {

@@ -295,3 +295,21 @@ async fn move_renames_and_both_paths_sync() {
         .await;
     assert_problem(status, &problem, StatusCode::CONFLICT, "conflict");
 }
+
+/// A commit naming 15,000 blocks nobody uploaded is refused by the node that receives it,
+/// before it is proposed, listing at most `MISSING_REPORTED_MAX` of them.
+#[tokio::test]
+async fn a_hopeless_commit_is_refused_before_it_reaches_the_log() {
+    let node = TestNode::start().await;
+    let token = node.create_token(node.create_user("namer").await["userId"].as_str().expect("id")).await;
+    let chunks: Vec<String> = (0..15_000u32).map(|i| blake3::hash(&i.to_le_bytes()).to_hex().to_string()).collect();
+    let body = json!({ "path": "/x", "chunks": chunks, "baseVersion": 0, "size": 1, "mtime": 0 }).to_string();
+    let started = std::time::Instant::now();
+    let (status, _, problem) = node.call("POST", "/v1/files/commit", Some(&token), Some(&body)).await;
+    eprintln!("refused in {:?}", started.elapsed());
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    assert_eq!(problem["type"], "missing-chunks");
+    let missing = problem["missing"].as_array().expect("missing");
+    assert_eq!(missing.len(), 1_000, "MISSING_REPORTED_MAX");
+    assert_eq!(missing[0], chunks[0].as_str());
+}

@@ -201,10 +201,29 @@ async fn user_token_and_me_round_trip() {
     assert!(token.starts_with("rbx_"));
     let (status, _, me) = node.call("GET", "/v1/me", Some(&token), None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(me, json!({ "userId": user_id, "name": "alice", "namespaceId": user["namespaceId"] }));
+    let quota = raftbox_api::Quotas::default().stored_bytes_per_user;
+    let expected = json!({
+        "userId": user_id, "name": "alice", "namespaceId": user["namespaceId"], "storedBytes": 0, "quotaBytes": quota,
+    });
+    assert_eq!(me, expected);
+    // An upload counts once, however often it is sent.
+    for _ in 0..2 {
+        let hash = blake3::hash(b"alice's bytes").to_hex().to_string();
+        let response = node
+            .client
+            .put(format!("{}/v1/blocks/{hash}", node.url))
+            .bearer_auth(&token)
+            .body(&b"alice's bytes"[..])
+            .send()
+            .await
+            .expect("put");
+        assert_eq!(response.status(), StatusCode::CREATED);
+    }
+    let (_, _, me) = node.call("GET", "/v1/me", Some(&token), None).await;
+    assert_eq!(me["storedBytes"], 13);
     let (status, _, fetched) = node.call("GET", &format!("/v1/admin/users/{user_id}"), Some(ADMIN_TOKEN), None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(fetched, me);
+    assert_eq!(fetched, json!({ "userId": user_id, "name": "alice", "namespaceId": user["namespaceId"] }));
 }
 
 #[tokio::test]

@@ -330,7 +330,7 @@ fn answers_that_break_the_description_are_caught() {
         let outcome = check(method, path, None, status, content_type, body, true);
         assert!(outcome.is_err(), "{method} {path} {status} {body} passed");
     }
-    let me = r#"{"userId":"a","name":"b","namespaceId":"c"}"#;
+    let me = r#"{"userId":"a","name":"b","namespaceId":"c","storedBytes":0}"#;
     check("GET", "/v1/me", None, StatusCode::OK, "application/json", me, true).expect("a valid answer");
     let problem = r#"{"type":"not-found","title":"Not found","status":404,"detail":"no such route"}"#;
     check("GET", "/v1/nothing", None, StatusCode::NOT_FOUND, "application/problem+json", problem, true).expect("404");

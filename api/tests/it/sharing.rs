@@ -89,10 +89,30 @@ impl Caller<'_> {
         body
     }
 
-    async fn grant(&self, namespace: &str, grantee: Value, role: &str) -> StatusCode {
+    /// `PUT …/acl`: an invitation for a new grantee, a role change for an existing one.
+    async fn invite(&self, namespace: &str, grantee: Value, role: &str) -> StatusCode {
         let mut body = grantee;
         body["role"] = json!(role);
         self.call("PUT", &format!("/v1/namespaces/{namespace}/acl"), Some(body)).await.0
+    }
+
+    /// Invites and has the grantee accept (a user with their own token, a group by the
+    /// admin): a share in effect.
+    async fn grant(&self, namespace: &str, grantee: Value, role: &str) -> StatusCode {
+        let status = self.invite(namespace, grantee.clone(), role).await;
+        if status != StatusCode::NO_CONTENT {
+            return status;
+        }
+        let path = format!("/v1/namespaces/{namespace}/accept");
+        let (token, body) = if grantee.get("groupId").is_some() || grantee.get("groupName").is_some() {
+            (ADMIN_TOKEN.to_string(), Some(grantee.to_string()))
+        } else {
+            let who = grantee["userId"].as_str().or(grantee["userName"].as_str()).expect("a grantee");
+            (token_of_known(self.node, who), None)
+        };
+        let (accepted, _, answer) = self.node.call("POST", &path, Some(&token), body.as_deref()).await;
+        assert_eq!(accepted, StatusCode::NO_CONTENT, "accept: {answer}");
+        status
     }
 
     async fn create_folder(&self, name: &str) -> String {
@@ -111,15 +131,34 @@ impl Caller<'_> {
     }
 }
 
+/// The tokens of the users these tests made, by (node, user id or name): who accepts an
+/// invitation in [`Caller::grant`].
+static KNOWN: std::sync::Mutex<BTreeMap<(String, String), String>> = std::sync::Mutex::new(BTreeMap::new());
+
+fn remember(node: &TestNode, names: [&str; 2], token: &str) {
+    let mut known = KNOWN.lock().expect("known tokens");
+    for name in names {
+        known.insert((node.url.clone(), name.to_string()), token.to_string());
+    }
+}
+
+fn token_of_known(node: &TestNode, who: &str) -> String {
+    KNOWN.lock().expect("known tokens").get(&(node.url.clone(), who.to_string())).cloned().expect("a known user")
+}
+
 async fn caller<'a>(node: &'a TestNode, name: &str) -> Caller<'a> {
     let user = node.create_user(name).await;
     let user_id = user["userId"].as_str().expect("id").to_string();
-    Caller { node, token: node.create_token(&user_id).await, user_id }
+    let token = node.create_token(&user_id).await;
+    remember(node, [name, &user_id], &token);
+    Caller { node, token, user_id }
 }
 
 async fn admin(node: &TestNode) -> Caller<'_> {
     let (_, _, me) = node.call("GET", "/v1/me", Some(ADMIN_TOKEN), None).await;
-    Caller { node, token: ADMIN_TOKEN.into(), user_id: me["userId"].as_str().expect("id").into() }
+    let (user_id, name) = (me["userId"].as_str().expect("id"), me["name"].as_str().unwrap_or("admin"));
+    remember(node, [name, user_id], ADMIN_TOKEN);
+    Caller { node, token: ADMIN_TOKEN.into(), user_id: user_id.into() }
 }
 
 async fn create_group(node: &TestNode, name: &str, members: &[&str]) -> String {
@@ -594,4 +633,74 @@ async fn channels_follow_access_and_end_with_their_token() {
     let expiring = Caller { node: &node, token, user_id: holder.user_id.clone() };
     let mut socket = expiring.websocket().await;
     assert_eq!(close_code(&mut socket, Duration::from_secs(4)).await, "1008 token expired");
+}
+
+/// A share is an invitation until its grantee accepts it: not in their namespaces, sync or
+/// notifications before; listed in `GET /v1/me/invitations` and as `pending` in the ACL;
+/// declined, it is gone.
+#[tokio::test]
+async fn a_share_is_an_invitation_until_accepted() {
+    let node = TestNode::start().await;
+    let ann = caller(&node, "ann").await;
+    let bob = caller(&node, "bob").await;
+    let team = ann.create_folder("team").await;
+    let block = ann.upload("the plan").await;
+    assert_eq!(ann.commit(&team, "/plan.txt", &[&block], 0).await.0, StatusCode::CREATED);
+    let end = bob.sync("0").await["cursor"].as_str().expect("cursor").to_string();
+    assert_eq!(ann.invite(&team, json!({ "userName": "bob" }), "editor").await, StatusCode::NO_CONTENT);
+    let (_, listed) = bob.call("GET", "/v1/namespaces", None).await;
+    assert!(listed["namespaces"].as_array().expect("list").iter().all(|n| n["namespaceId"] != team), "{listed}");
+    assert_eq!(bob.call("GET", &format!("/v1/namespaces/{team}"), None).await.0, StatusCode::NOT_FOUND);
+    let (status, _) = bob.call("GET", &format!("/v1/notify?cursor={end}&timeout=1"), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, quiet) = bob.call("GET", &format!("/v1/notify?cursor={end}&timeout=1"), None).await;
+    assert_eq!(quiet["changes"], false, "an invitation is no change to bob's namespaces");
+    let (status, invitations) = bob.call("GET", "/v1/me/invitations", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(invitations["invitations"], json!([{ "namespaceId": team, "name": "team", "role": "editor" }]));
+    let (_, acl) = ann.call("GET", &format!("/v1/namespaces/{team}/acl"), None).await;
+    let entry = acl["entries"].as_array().expect("entries").iter().find(|e| e["userName"] == "bob").cloned();
+    assert_eq!(entry.expect("bob's entry")["pending"], true, "{acl}");
+    // Nobody else answers for bob; bob accepts, and the folder is his.
+    let accept = format!("/v1/namespaces/{team}/accept");
+    let eve = caller(&node, "eve").await;
+    assert_eq!(eve.call("POST", &accept, None).await.0, StatusCode::NOT_FOUND, "eve has no invitation");
+    assert_eq!(bob.call("POST", &accept, Some(json!({ "groupName": "nobody" }))).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(bob.call("POST", &accept, None).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(bob.call("POST", &accept, None).await.0, StatusCode::NO_CONTENT, "accepting again changes nothing");
+    assert_eq!(sync_word(&bob.sync(&end).await, &team), "team");
+    let (_, invitations) = bob.call("GET", "/v1/me/invitations", None).await;
+    assert_eq!(invitations["invitations"], json!([]));
+    // Declined: gone from the ACL; declining again is 404.
+    let cat = caller(&node, "cat").await;
+    assert_eq!(ann.invite(&team, json!({ "userId": cat.user_id }), "viewer").await, StatusCode::NO_CONTENT);
+    let decline = format!("/v1/namespaces/{team}/decline");
+    assert_eq!(cat.call("POST", &decline, None).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(cat.call("POST", &decline, None).await.0, StatusCode::NOT_FOUND);
+    let (_, acl) = ann.call("GET", &format!("/v1/namespaces/{team}/acl"), None).await;
+    assert!(acl["entries"].as_array().expect("entries").iter().all(|e| e["userName"] != "cat"), "{acl}");
+}
+
+/// A user reading 1,300 folders has a cursor too long for a URL: `POST /v1/sync` and
+/// `POST /v1/notify` take it in the body.
+#[tokio::test]
+async fn a_cursor_of_many_folders_travels_in_the_body() {
+    let quotas = raftbox_api::Quotas { folders_per_user: 2_000, ..raftbox_api::Quotas::default() };
+    let config = raftbox_api::ApiConfig { quotas, ..raftbox_api::ApiConfig::default() };
+    let node = TestNode::start_with(config, axum::Router::new()).await;
+    let ann = caller(&node, "ann").await;
+    for i in 0..1_300 {
+        ann.create_folder(&format!("folder {i}")).await;
+    }
+    let (status, first) = ann.call("POST", "/v1/sync", Some(json!({ "cursor": "0" }))).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let cursor = first["cursor"].as_str().expect("cursor").to_string();
+    assert!(cursor.len() > 64 * 1024, "the cursor is {} bytes", cursor.len());
+    let (status, next) = ann.call("POST", "/v1/sync", Some(json!({ "cursor": cursor, "limit": 10 }))).await;
+    assert_eq!(status, StatusCode::OK, "{next}");
+    assert_eq!(next["changes"], json!([]));
+    let (status, poll) = ann.call("POST", "/v1/notify", Some(json!({ "cursor": cursor, "timeout": 1 }))).await;
+    assert_eq!((status, &poll["changes"]), (StatusCode::OK, &json!(false)), "{poll}");
+    let (status, problem) = ann.call("POST", "/v1/sync", Some(json!({ "limit": 1 }))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "no cursor: {problem}");
 }

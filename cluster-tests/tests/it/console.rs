@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::webdriver::Browser;
 use raftbox_cluster_tests::{
-    create_folder, grant, new_user, put_block, within, Cluster, ClusterOptions, Deadline, Seed,
+    accept_invitation, create_folder, grant, new_user, put_block, within, Cluster, ClusterOptions, Deadline, Seed,
 };
 use serde_json::{json, Value};
 
@@ -125,6 +125,8 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
     commit_in(&http, &n1, &owner_token, Some(&team_id), "/plan.txt", SECOND, 1).await?;
     let granted = grant(&http, &n1, &owner_token, &team_id, json!({ "userName": name }), "viewer").await?;
     ensure!(granted.is_ok(), "grant viewer: {granted:?}");
+    let accepted = accept_invitation(&http, &n1, &token, &team_id).await?;
+    ensure!(accepted.is_ok(), "accept: {accepted:?}");
     let job =
         json!({ "type": "noop", "payload": {}, "schedule": { "runAt": "2020-01-01T00:00:00Z" }, "maxRetries": 0 });
     let response = http.post(format!("{n1}/v1/jobs")).bearer_auth(&token).json(&job).send().await?;

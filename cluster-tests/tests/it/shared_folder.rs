@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    commit_in, create_folder, get_block, grant, missing_blocks, new_user, put_block, raftbox_bin, revoke_user, send,
-    sync_page, within, Cluster, ClusterOptions, Outcome,
+    accept_invitation, commit_in, create_folder, get_block, grant, missing_blocks, new_user, put_block, raftbox_bin,
+    revoke_user, send, sync_page, within, Cluster, ClusterOptions, Outcome,
 };
 use serde_json::{json, Value};
 
@@ -124,6 +124,8 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     }
     let granted = grant(&http, &n3, &ann, &ns, json!({ "userName": "bob" }), "editor").await?;
     ensure!(granted.is_ok(), "grant bob through node 3: {granted:?}");
+    let accepted = accept_invitation(&http, &n2, &bob, &ns).await?;
+    ensure!(accepted.is_ok(), "bob accepts through node 2: {accepted:?}");
 
     // ann's laptop (node 1) writes; bob's devices (nodes 2 and 3) and ann's phone see it.
     let v1 = put_block(&http, &n1, &ann, b"the plan, version one").await?;
@@ -228,6 +230,11 @@ async fn cli_scenario(cluster: &Cluster) -> Result<()> {
     cli(&n3, admin, &["groups", "add", &group, &bob_id]).await?;
     ensure!(cli(&n1, admin, &["groups", "show", &group]).await?.contains("bob"), "bob is not shown in the group");
     cli(&n1, &ann, &["share", "grant", &ns, "--group", "team", "--role", "editor"]).await?;
+    // An invitation until accepted (a group's, by an admin): bob does not list it yet.
+    let members = cli(&n2, &ann, &["share", "members", &ns]).await?;
+    ensure!(members.contains("not yet accepted"), "members:\n{members}");
+    ensure!(!cli(&n3, &bob, &["share", "ls"]).await?.contains(&ns), "bob lists a folder not accepted");
+    cli(&n3, admin, &["share", "accept", &ns, "--group", "team"]).await?;
     let members = cli(&n2, &ann, &["share", "members", &ns]).await?;
     ensure!(members.contains("team") && members.contains("editor"), "members:\n{members}");
     let listed = cli(&n3, &bob, &["share", "ls"]).await?;

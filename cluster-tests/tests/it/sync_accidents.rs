@@ -17,7 +17,9 @@ use anyhow::{bail, ensure, Context as _, Result};
 use raftbox_cluster_tests::sync_device::{
     history_contents, holds, pseudo_bytes, server_tree, sync_command, tree, wait_server, write_file, SyncDevice, Tree,
 };
-use raftbox_cluster_tests::{create_folder, grant, new_user, put_block, within, Cluster, ClusterOptions, Deadline};
+use raftbox_cluster_tests::{
+    accept_invitation, create_folder, grant, new_user, put_block, within, Cluster, ClusterOptions, Deadline,
+};
 use serde_json::{json, Value};
 
 const TEST_DEADLINE: Duration = Duration::from_secs(150);
@@ -645,6 +647,8 @@ async fn roles(cluster: &Cluster) -> Result<()> {
     let granted =
         grant(&owner.http, &owner.url, &owner.token, &ns, json!({ "userId": viewer.user_id }), "viewer").await?;
     ensure!(granted.is_ok(), "{granted:?}");
+    let accepted = accept_invitation(&viewer.http, &viewer.url, &viewer.token, &ns).await?;
+    ensure!(accepted.is_ok(), "{accepted:?}");
     commit_as(&owner.http, &owner.url, &owner.token, Some(&ns), "/plan.txt", b"the owner's plan").await?;
     let mut v = viewer.device("team", &["--namespace", &ns])?;
     wait_local(&mut v, "plan.txt", |t| t.contains_key("plan.txt")).await?;

@@ -211,9 +211,10 @@ impl Remote {
     /// (410), start again from `0`.
     pub async fn changes(&self, cursor: &str) -> anyhow::Result<Option<Page>> {
         self.read(|api| async move {
+            // The cursor in the body: it holds a position per readable namespace.
             let request = api
-                .request(reqwest::Method::GET, "/v1/sync")
-                .query(&[("cursor", cursor), ("limit", &SYNC_PAGE.to_string())]);
+                .request(reqwest::Method::POST, "/v1/sync")
+                .json(&serde_json::json!({ "cursor": cursor, "limit": SYNC_PAGE }));
             let response = api.send_raw(request).await?;
             match response.status() {
                 StatusCode::OK => Ok(Some(response.json::<Page>().await.context("read a sync page")?)),
@@ -432,8 +433,8 @@ async fn websocket(api: &Api, wake: &tokio::sync::mpsc::Sender<()>) -> anyhow::R
 /// One long poll: whether anything is newer than `cursor`.
 async fn long_poll(api: &Api, cursor: &str) -> anyhow::Result<bool> {
     let request = api
-        .request(reqwest::Method::GET, "/v1/notify")
-        .query(&[("cursor", cursor), ("timeout", &LONG_POLL_S.to_string())])
+        .request(reqwest::Method::POST, "/v1/notify")
+        .json(&serde_json::json!({ "cursor": cursor, "timeout": LONG_POLL_S }))
         .timeout(Duration::from_secs(LONG_POLL_S) + LONG_POLL_SLACK);
     let (status, body) = api.send(request).await?;
     if status != StatusCode::OK {

@@ -171,7 +171,9 @@ fn other_command() -> impl Strategy<Value = Command> {
             token_id,
             token_hash
         }),
-        (hash(), extreme(), id()).prop_map(|(hash, size, uploader)| Command::RegisterChunk { hash, size, uploader }),
+        (hash(), extreme(), id(), proptest::option::of(extreme())).prop_map(|(hash, size, uploader, quota_bytes)| {
+            Command::RegisterChunk { hash, size, uploader, quota_bytes }
+        }),
         (id(), path(), path(), 0..4u64, hostile(), (id(), id())).prop_map(
             |(namespace_id, from, to, base_version, device, (new_file_id, actor_user_id))| {
                 Command::MoveFile(Box::new(FileMove {
@@ -209,6 +211,8 @@ fn other_command() -> impl Strategy<Value = Command> {
         ),
         (0..5u32).prop_map(|max_records| Command::PurgeExpired { max_records }),
         job().prop_map(|j| Command::CreateJob(Box::new(j))),
+        (job(), 0u32..3)
+            .prop_map(|(j, active_jobs_max)| Command::CreateJobWithin { job: Box::new(j), active_jobs_max }),
         (id(), prop::option::of(schedule()), prop::option::of(extreme())).prop_map(|(job_id, schedule, next)| {
             let patch = JobPatch { schedule, next_run_at_ms: next, max_retries: Some(1), ..JobPatch::default() };
             Command::PatchJob { job_id, patch: Box::new(patch) }
@@ -263,14 +267,22 @@ fn grantee() -> impl Strategy<Value = Grantee> {
 /// Shared folders, ACL changes, groups and migrations, with ids that may or may not exist.
 fn sharing_command() -> impl Strategy<Value = Command> {
     prop_oneof![
-        (id(), hostile(), id()).prop_map(|(namespace_id, name, owner_user_id)| Command::CreateSharedFolder {
-            namespace_id,
-            name,
-            owner_user_id
+        (id(), hostile(), id(), proptest::option::of(0u32..3)).prop_map(
+            |(namespace_id, name, owner_user_id, folders_max)| Command::CreateSharedFolder {
+                namespace_id,
+                name,
+                owner_user_id,
+                folders_max,
+            }
+        ),
+        (id(), id(), grantee(), any::<bool>()).prop_map(|(actor_user_id, namespace_id, grantee, accept)| {
+            Command::RespondInvitation { actor_user_id, namespace_id, grantee, accept }
         }),
-        (id(), id(), grantee(), role()).prop_map(|(actor_user_id, namespace_id, grantee, role)| {
-            Command::SetAccess { actor_user_id, namespace_id, grantee, role }
-        }),
+        (id(), id(), grantee(), role(), any::<bool>()).prop_map(
+            |(actor_user_id, namespace_id, grantee, role, invite)| {
+                Command::SetAccess { actor_user_id, namespace_id, grantee, role, invite }
+            }
+        ),
         (id(), id())
             .prop_map(|(actor_user_id, namespace_id)| Command::DeleteSharedFolder { actor_user_id, namespace_id }),
         (id(), hostile()).prop_map(|(group_id, name)| Command::CreateGroup { group_id, name }),
