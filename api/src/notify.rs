@@ -43,6 +43,9 @@ impl Hub {
         tokio::spawn(async move {
             loop {
                 let event = match applied.recv().await {
+                    // No channel open: nothing to summarize, nobody to tell (a channel opened
+                    // later reads the state after it subscribed).
+                    Ok(Applied::Commands(_)) if sender.receiver_count() == 0 => continue,
                     Ok(Applied::Commands(commands)) => {
                         let mut touched = Touched::default();
                         for command in commands.iter() {
