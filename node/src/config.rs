@@ -199,7 +199,7 @@ impl Config {
             if !addrs.insert(m.http_addr) || !addrs.insert(m.grpc_addr) {
                 bail!("member {} reuses an address of another member", m.id);
             }
-            let info = NodeInfo { http_addr: m.http_addr.to_string(), grpc_addr: m.grpc_addr.to_string() };
+            let info = NodeInfo::new(m.http_addr.to_string(), m.grpc_addr.to_string());
             if members.insert(m.id, info).is_some() {
                 bail!("member id {} appears twice", m.id);
             }

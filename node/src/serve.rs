@@ -73,9 +73,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     tokio::spawn(ensure_system_jobs(node.clone(), config.files.maintenance_interval_s));
     tokio::spawn(migrate(node.clone()));
 
-    node.settle_vote_right(&config.members).await.context("check whether this node lost its data")?;
     if config.bootstrap {
-        node.bootstrap(config.members.clone()).await.context("bootstrap cluster")?;
+        // In the background: it waits for every member to answer (raftbox_raft::membership).
+        let (node, members) = (node.clone(), config.members.clone());
+        tokio::spawn(async move {
+            if let Err(e) = node.bootstrap(members).await {
+                tracing::error!(error = %e, "bootstrap failed");
+            }
+        });
     }
     if let Some(path) = &config.admin_token_file {
         let token = std::fs::read_to_string(path).with_context(|| format!("read admin token {}", path.display()))?;

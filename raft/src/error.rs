@@ -31,4 +31,6 @@ pub enum StartError {
     Config(#[from] openraft::ConfigError),
     #[error("raft: {0}")]
     Fatal(#[from] openraft::error::Fatal<u64>),
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
 }

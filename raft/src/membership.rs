@@ -12,16 +12,23 @@
 //! change asked of a follower is forwarded to the leader (`ChangeMembership` RPC).
 //!
 //! **A node that lost its disk must not vote.** Raft's safety rests on a voter remembering
-//! whom it voted for in each term; a node started on an empty data directory has forgotten
-//! that. So a node that starts with no Raft state asks its configured peers whether they
-//! belong to an initialized cluster that names it as a voter. If one does, the node was
-//! wiped (or started for the first time after the cluster formed without it, which it cannot
-//! tell apart): it records the highest log index its peers reported (the *floor*), refuses
-//! every vote request and does not stand for election, while still taking replication. It
-//! votes again once it sees a membership entry above the floor that makes it a voter — the
-//! operator removed it and added it again. The floor is kept in `raft_meta`, so a restart
-//! keeps the node silent. Until its start-up probe has answered, a fresh node does not vote
-//! either.
+//! whom it voted for in each term, and the entries it acknowledged; a node started on an
+//! empty data directory has forgotten both. So every data directory takes an *incarnation*
+//! (a random id, written durably before the node first answers anyone), and the membership
+//! records, for each member, the incarnation it joined with: the bootstrapping node reads
+//! each member's before initializing, and the leader reads a node's before adding it. A
+//! node votes and stands for election only while the configuration it holds counts its id
+//! as a voter *with its own incarnation* ([`vote_right`]). So:
+//! - a fresh member of a new cluster votes as soon as it holds the initial configuration,
+//!   which the bootstrapping node hands every member before initializing itself
+//!   (`Initialize`); nothing depends on which node answers first;
+//! - a wiped node takes a new incarnation and never matches its record: it takes
+//!   replication but stays silent until the operator removes it and adds it again (the new
+//!   record names the new incarnation, written above every entry it must hold);
+//! - a fresh node that reaches no one holds no configuration and does not vote.
+//! A data directory from a version without incarnations takes one at its first start and
+//! is trusted for records that name none (unless the earlier guard had found it wiped).
+//! ARCHITECTURE.md ("Membership identity") gives the argument.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -37,8 +44,8 @@ use crate::network::Peers;
 use crate::pb::{FillBlocksRequest, StatusRequest};
 use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
 
-/// How long one peer's answer to the start-up probe may take.
-const REJOIN_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a node asked for its incarnation (to be added) may take to answer.
+const IDENTITY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause between checks of a learner's progress while it catches up.
 const CATCH_UP_POLL: Duration = Duration::from_millis(50);
 
@@ -119,14 +126,14 @@ async fn add(
     deadline: Instant,
 ) -> Result<MembershipAnswer, MembershipError> {
     let members = members_of(&raft.metrics().borrow());
-    match members.iter().find(|m| m.id == id) {
-        Some(m) if m.info != *info => {
+    let existing = members.iter().find(|m| m.id == id);
+    match existing {
+        Some(m) if !m.info.same_addresses(info) => {
             return Err(MembershipError::Invalid(format!(
                 "node {id} is already a member with other addresses ({}); remove it first",
                 m.info
             )));
         }
-        Some(m) if m.voter => return Ok(MembershipAnswer { members, complete: true }),
         Some(_) => {}
         None => {
             if let Some(other) =
@@ -137,6 +144,28 @@ async fn add(
                     other.id, other.info
                 )));
             }
+        }
+    }
+    // The incarnation the node's record names: its data directory's, read from it now.
+    let Some(status) = peer_status(peers, &info.grpc_addr, IDENTITY_PROBE_TIMEOUT).await else {
+        return Err(MembershipError::Unavailable(format!(
+            "node {id} did not answer at {} (it must be running to be added)",
+            info.grpc_addr
+        )));
+    };
+    let info = &NodeInfo { incarnation: Some(status.incarnation.clone()), ..info.clone() };
+    match existing {
+        Some(m) if m.info.incarnation.is_some() && m.info.incarnation != info.incarnation => {
+            return Err(MembershipError::Invalid(format!(
+                "node {id} is a member with another data directory (incarnation {}; it now runs {}): it lost \
+                 its data; remove it first, then add it again",
+                m.info.incarnation.as_deref().unwrap_or("?"),
+                status.incarnation
+            )));
+        }
+        Some(m) if m.voter => return Ok(MembershipAnswer { members, complete: true }),
+        Some(_) => {}
+        None => {
             let joined = tokio::time::timeout_at(deadline, raft.add_learner(id, info.clone(), false)).await;
             finished(joined, "adding the learner")?;
             tracing::info!(node = id, %info, "node joined as a learner");
@@ -264,12 +293,15 @@ async fn blocks_filled(
 /// Whether this node may vote (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VoteRight {
-    /// An ordinary member: votes and stands for election.
+    /// The configuration counts this node, with this data directory's incarnation, as a
+    /// voter: it votes and stands for election.
     Votes,
-    /// Started on an empty data directory; the start-up probe has not answered yet.
-    Checking,
-    /// Lost its data: silent until a membership entry above `floor` makes it a voter.
-    AwaitingReadd { floor: u64 },
+    /// No configuration this node holds counts it as a voter (a fresh node that has not
+    /// received one yet, a learner, a removed node): it does not vote.
+    NotVoter,
+    /// The configuration counts this node id as a voter with another incarnation: the data
+    /// directory that voted is gone. Silent until removed and added again.
+    LostData,
 }
 
 impl VoteRight {
@@ -278,87 +310,98 @@ impl VoteRight {
     }
 }
 
-/// Reads the persisted vote right at start-up: `AwaitingReadd` if a floor is recorded,
-/// `Checking` if the node has no Raft state at all, `Votes` otherwise.
-pub(crate) fn initial_vote_right(db: &Db) -> Result<VoteRight, raftbox_storage::StorageError> {
-    if let Some(floor) = db.meta_get(keys::meta::REJOIN_FLOOR)?.and_then(|raw| <[u8; 8]>::try_from(raw).ok()) {
-        return Ok(VoteRight::AwaitingReadd { floor: u64::from_be_bytes(floor) });
+/// This data directory's identity (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub incarnation: String,
+    /// The directory held Raft state from a version without incarnations when it took this
+    /// one: a membership record naming no incarnation is taken as its own.
+    pub legacy: bool,
+}
+
+/// Reads this data directory's incarnation, or takes one (durably, before the node speaks
+/// to anyone) on its first start.
+pub(crate) fn load_identity(db: &Db) -> Result<Identity, raftbox_storage::StorageError> {
+    let legacy = db.meta_get(keys::meta::INCARNATION_LEGACY)?.is_some();
+    if let Some(raw) = db.meta_get(keys::meta::INCARNATION)? {
+        return Ok(Identity { incarnation: String::from_utf8_lossy(&raw).into_owned(), legacy });
     }
-    let fresh = db.meta_get(keys::meta::VOTE)?.is_none()
-        && db.log_last()?.is_none()
-        && db.meta_get(keys::meta::SNAPSHOT)?.is_none();
-    Ok(if fresh { VoteRight::Checking } else { VoteRight::Votes })
-}
-
-/// What one peer said about its cluster at start-up.
-struct PeerView {
-    initialized: bool,
-    voters: Vec<NodeId>,
-    last_log_index: u64,
-}
-
-async fn probe(peers: &Peers, addr: &str) -> Option<PeerView> {
-    let mut client = peers.client(addr).ok()?;
-    let mut request = tonic::Request::new(StatusRequest {});
-    request.set_timeout(REJOIN_PROBE_TIMEOUT);
-    let reply = tokio::time::timeout(REJOIN_PROBE_TIMEOUT, client.status(request)).await.ok()?.ok()?.into_inner();
-    Some(PeerView { initialized: reply.initialized, voters: reply.voter_ids, last_log_index: reply.last_log_index })
-}
-
-/// Settles a fresh node's vote right by asking its configured peers (once, bounded), and
-/// records a floor when the cluster already counts this node as a voter.
-pub(crate) async fn settle_fresh_node(
-    id: NodeId,
-    db: &Db,
-    peers: &Peers,
-    addrs: Vec<String>,
-    right: &watch::Sender<VoteRight>,
-) -> Result<(), raftbox_storage::StorageError> {
-    let views = futures::future::join_all(addrs.iter().map(|addr| probe(peers, addr))).await;
-    let naming_us: Vec<&PeerView> =
-        views.iter().flatten().filter(|v| v.initialized && v.voters.contains(&id)).collect();
-    if naming_us.is_empty() {
-        right.send_replace(VoteRight::Votes);
-        return Ok(());
+    let has_state = db.meta_get(keys::meta::VOTE)?.is_some()
+        || db.log_last()?.is_some()
+        || db.meta_get(keys::meta::SNAPSHOT)?.is_some();
+    // A floor set by the earlier guard: the directory was found wiped, so it is not trusted.
+    let floored = db.meta_get(keys::meta::REJOIN_FLOOR)?.is_some_and(|raw| !raw.is_empty());
+    let legacy = has_state && !floored;
+    let incarnation = uuid::Uuid::new_v4().simple().to_string();
+    if legacy {
+        db.meta_put(keys::meta::INCARNATION_LEGACY, b"1", false)?;
     }
-    let floor = naming_us.iter().map(|v| v.last_log_index).max().unwrap_or(0);
-    db.meta_put(keys::meta::REJOIN_FLOOR, &floor.to_be_bytes(), true)?;
-    tracing::warn!(
-        node = id,
-        floor,
-        "this node's data directory is empty but the cluster counts it as a voter: it has lost its \
-         votes, so it will not vote until it is removed and added again \
-         (raftbox cluster remove {id}; raftbox cluster add {id} HTTP_ADDR GRPC_ADDR)"
-    );
-    right.send_replace(VoteRight::AwaitingReadd { floor });
-    Ok(())
+    db.meta_put(keys::meta::INCARNATION, incarnation.as_bytes(), true)?;
+    tracing::info!(%incarnation, legacy, "this data directory took its incarnation");
+    Ok(Identity { incarnation, legacy })
 }
 
-/// While the node awaits being added again, watches the membership: a configuration above
-/// the floor that makes this node a voter restores its vote (and clears the stored floor).
-pub(crate) async fn watch_readd(id: NodeId, raft: Raft, db: Db, right: watch::Sender<VoteRight>) {
+/// The vote right of node `id` with `identity` under `membership`.
+pub fn vote_right(membership: &openraft::Membership<NodeId, NodeInfo>, id: NodeId, identity: &Identity) -> VoteRight {
+    if !membership.voter_ids().any(|v| v == id) {
+        return VoteRight::NotVoter;
+    }
+    let recorded = membership.get_node(&id).and_then(|info| info.incarnation.as_deref());
+    match recorded {
+        Some(incarnation) if incarnation == identity.incarnation => VoteRight::Votes,
+        None if identity.legacy => VoteRight::Votes,
+        _ => VoteRight::LostData,
+    }
+}
+
+/// Keeps this node's vote right in step with the configuration it holds (openraft's
+/// effective membership, appended or installed), for as long as the node runs.
+pub(crate) async fn watch_vote_right(id: NodeId, identity: Identity, raft: Raft, right: watch::Sender<VoteRight>) {
     let mut metrics = raft.metrics();
     loop {
-        let VoteRight::AwaitingReadd { floor } = *right.borrow() else {
-            return;
-        };
-        let readded = {
+        let now = {
             let m = metrics.borrow_and_update();
-            let index = m.membership_config.log_id().map_or(0, |l| l.index);
-            index > floor && m.membership_config.membership().voter_ids().any(|v| v == id)
+            vote_right(m.membership_config.membership(), id, &identity)
         };
-        if readded {
-            match db.meta_put(keys::meta::REJOIN_FLOOR, &[], true) {
-                Ok(()) => {
-                    tracing::info!(node = id, "added to the cluster again; this node votes again");
-                    right.send_replace(VoteRight::Votes);
+        let was = right.send_replace(now);
+        if was != now {
+            match now {
+                VoteRight::Votes => {
+                    tracing::info!(node = id, "the configuration counts this node as a voter; it votes")
                 }
-                Err(e) => tracing::error!(error = %e, "could not clear the rejoin floor; still not voting"),
+                VoteRight::NotVoter => tracing::info!(node = id, "this node is not a voter of its configuration"),
+                VoteRight::LostData => tracing::warn!(
+                    node = id,
+                    incarnation = %identity.incarnation,
+                    "the cluster counts node {id} as a voter with another data directory: this one lost \
+                     the votes that one cast, so it will not vote until it is removed and added again \
+                     (raftbox cluster remove {id}; raftbox cluster add {id} HTTP_ADDR GRPC_ADDR)"
+                ),
             }
-            return;
         }
         if metrics.changed().await.is_err() {
             return;
         }
     }
+}
+
+/// What a peer said about itself.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerStatus {
+    pub initialized: bool,
+    pub last_log_index: u64,
+    pub incarnation: String,
+}
+
+/// Asks the node at `addr` for its status, within `timeout`; `None` if it did not answer.
+pub(crate) async fn peer_status(peers: &Peers, addr: &str, timeout: Duration) -> Option<PeerStatus> {
+    let mut client = peers.client(addr).ok()?;
+    let mut request = tonic::Request::new(StatusRequest {});
+    request.set_timeout(timeout);
+    let reply = tokio::time::timeout(timeout, client.status(request)).await.ok()?.ok()?.into_inner();
+    Some(PeerStatus {
+        initialized: reply.initialized,
+        last_log_index: reply.last_log_index,
+        incarnation: reply.incarnation,
+    })
 }

@@ -22,7 +22,7 @@ use crate::membership::{self, Member, MembershipAnswer, MembershipChange, Member
 use crate::metrics::NodeMetrics;
 use crate::network::{NetworkFactory, Peers};
 use crate::pb::read_index_reply::Result as ReadIndexResult;
-use crate::pb::{ReadIndexRequest, StatusRequest};
+use crate::pb::ReadIndexRequest;
 use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
 use crate::read_rounds::{self, ReadRounds, Waiting};
 use crate::secret::ClusterSecret;
@@ -82,6 +82,7 @@ struct Inner {
     id: NodeId,
     db: Db,
     vote_right: watch::Sender<VoteRight>,
+    identity: membership::Identity,
     blocks: Blocks,
     raft: Raft,
     state: StateMachine,
@@ -164,7 +165,8 @@ impl RaftNode {
             ..Default::default()
         }
         .validate()?;
-        let vote_right = watch::Sender::new(membership::initial_vote_right(&db)?);
+        let identity = membership::load_identity(&db)?;
+        let vote_right = watch::Sender::new(VoteRight::NotVoter);
         let state = StateMachine::new(db.clone());
         let sm_store = StateMachineStore::new(state.clone())?;
         let applied = sm_store.clone();
@@ -189,10 +191,7 @@ impl RaftNode {
             clock_tx,
             vote_right.subscribe(),
         ));
-        if matches!(*vote_right.borrow(), VoteRight::AwaitingReadd { .. }) {
-            tracing::warn!(node = id, "this node lost its data and awaits being added again; it does not vote");
-            tokio::spawn(membership::watch_readd(id, raft.clone(), db.clone(), vote_right.clone()));
-        }
+        tokio::spawn(membership::watch_vote_right(id, identity.clone(), raft.clone(), vote_right.clone()));
         let proposer = Proposer::spawn(ProposerContext {
             node_id: id,
             raft: raft.clone(),
@@ -221,6 +220,7 @@ impl RaftNode {
             id,
             db,
             vote_right,
+            identity,
             blocks,
             raft,
             state,
@@ -269,21 +269,9 @@ impl RaftNode {
         *self.inner.vote_right.borrow()
     }
 
-    /// On a node that started with no Raft state: asks the configured `members` whether the
-    /// cluster already counts this node as a voter — then it lost its data and does not vote
-    /// until it is removed and added again. Bounded; call it before bootstrapping.
-    pub async fn settle_vote_right(&self, members: &BTreeMap<NodeId, NodeInfo>) -> Result<(), StartError> {
-        if self.vote_right() != VoteRight::Checking {
-            return Ok(());
-        }
-        let addrs = members.iter().filter(|(id, _)| **id != self.inner.id).map(|(_, i)| i.grpc_addr.clone()).collect();
-        let inner = &self.inner;
-        membership::settle_fresh_node(inner.id, &inner.db, &inner.peers, addrs, &inner.vote_right).await?;
-        if matches!(self.vote_right(), VoteRight::AwaitingReadd { .. }) {
-            let (raft, db, right) = (inner.raft.clone(), inner.db.clone(), inner.vote_right.clone());
-            tokio::spawn(membership::watch_readd(inner.id, raft, db, right));
-        }
-        Ok(())
+    /// This data directory's incarnation (see [`crate::membership`]).
+    pub fn incarnation(&self) -> &str {
+        &self.inner.identity.incarnation
     }
 
     /// The members of the cluster as this node sees them.
@@ -511,45 +499,121 @@ impl RaftNode {
         }
     }
 
-    /// On a fresh node chosen to bootstrap: initializes the cluster with `members`, unless
-    /// the node or any reachable peer already belongs to an initialized cluster.
+    /// On a fresh node chosen to bootstrap: reads every member's incarnation (waiting for all
+    /// of them: a member the initial configuration cannot name would never vote), hands each
+    /// the initial configuration, then initializes itself with it — unless this node or a
+    /// peer already belongs to a cluster with a log beyond its first entry, or a peer holds
+    /// another initial configuration. Repeating it after a crash part-way changes nothing.
     pub async fn bootstrap(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), StartError> {
         if self.inner.raft.is_initialized().await? {
             tracing::info!("cluster already initialized; no bootstrap");
             return Ok(());
         }
-        // Wait (bounded) until every peer answers, so the first election finds them up.
-        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.bootstrap_wait_ms);
+        let mut named = members.clone();
+        let mut waited_since = Instant::now();
         loop {
             let mut silent = Vec::new();
-            for (id, info) in members.iter().filter(|(id, _)| **id != self.inner.id) {
-                match self.peer_status(&info.grpc_addr).await {
-                    Some(true) => {
-                        tracing::info!(peer = id, "peer belongs to an initialized cluster; joining it instead");
+            for (id, info) in members.iter() {
+                if *id == self.inner.id {
+                    named.insert(*id, NodeInfo { incarnation: Some(self.incarnation().to_owned()), ..info.clone() });
+                    continue;
+                }
+                let timeout = Duration::from_millis(BOOTSTRAP_PROBE_TIMEOUT_MS);
+                match membership::peer_status(&self.inner.peers, &info.grpc_addr, timeout).await {
+                    Some(status) if status.initialized && status.last_log_index > 0 => {
+                        tracing::info!(peer = id, "peer belongs to a cluster that has a log; joining it instead");
                         return Ok(());
                     }
-                    Some(false) => {}
+                    Some(status) => {
+                        named.insert(*id, NodeInfo { incarnation: Some(status.incarnation), ..info.clone() });
+                    }
                     None => silent.push(*id),
                 }
             }
             if silent.is_empty() {
                 break;
             }
-            if Instant::now() >= deadline {
-                tracing::warn!(?silent, "peers still unreachable; initializing anyway");
-                break;
+            if waited_since.elapsed() >= Duration::from_millis(self.inner.settings.bootstrap_wait_ms.max(1_000)) {
+                tracing::warn!(
+                    ?silent,
+                    "waiting for every member to answer before initializing: the initial configuration \
+                     must name each member's data directory, or that member would never vote"
+                );
+                waited_since = Instant::now();
             }
             tokio::time::sleep(BOOTSTRAP_POLL).await;
         }
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.bootstrap_wait_ms);
         if !self.wait_for_clock_check(deadline).await {
             tracing::warn!("this node's clock is off from its peers'; not initializing (another node must bootstrap)");
             return Ok(());
         }
-        tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initializing the cluster");
-        if let Err(e) = self.inner.raft.initialize(members).await {
-            tracing::warn!(error = %e, "initialize refused");
+        let json = serde_json::to_vec(&named).map_err(|e| StartError::Bootstrap(e.to_string()))?;
+        for (id, info) in named.iter().filter(|(id, _)| **id != self.inner.id) {
+            if let Err(why) = self.initialize_peer(&info.grpc_addr, &json).await {
+                tracing::warn!(peer = id, %why, "a member refused the initial configuration; not initializing");
+                return Ok(());
+            }
+        }
+        tracing::info!(members = ?named.keys().collect::<Vec<_>>(), "initializing the cluster");
+        if let Err(why) = self.initialize_here(named).await {
+            tracing::warn!(%why, "initialize refused");
         }
         Ok(())
+    }
+
+    /// Hands the peer at `addr` the initial configuration (`json`), retrying (bounded) while it
+    /// does not answer.
+    async fn initialize_peer(&self, addr: &str, json: &[u8]) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.bootstrap_wait_ms.max(1_000));
+        loop {
+            let attempt = async {
+                let mut client = self.inner.peers.client(addr).map_err(|e| e.to_string())?;
+                let mut request = tonic::Request::new(crate::pb::RaftMessage { json: json.to_vec() });
+                request.set_timeout(Duration::from_millis(BOOTSTRAP_PROBE_TIMEOUT_MS));
+                let reply = client.initialize(request).await.map_err(|s| s.to_string())?.into_inner();
+                serde_json::from_slice::<Result<(), String>>(&reply.json).map_err(|e| e.to_string())
+            };
+            match attempt.await {
+                Ok(answer) => return answer,
+                Err(why) if Instant::now() >= deadline => return Err(format!("no answer: {why}")),
+                Err(_) => tokio::time::sleep(BOOTSTRAP_POLL).await,
+            }
+        }
+    }
+
+    /// The configuration this node holds, member by member (empty before it holds one).
+    fn held_configuration(&self) -> BTreeMap<NodeId, NodeInfo> {
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        membership.nodes().map(|(id, info)| (*id, info.clone())).collect()
+    }
+
+    /// Initializes this node with the initial configuration `members` (from the bootstrapping
+    /// node, or this one): only if it names this node's incarnation, and only once — a node
+    /// already holding exactly this configuration answers `Ok`, any other refuses.
+    pub async fn initialize_here(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), String> {
+        let mine = members.get(&self.inner.id).and_then(|info| info.incarnation.as_deref());
+        if mine != Some(self.incarnation()) {
+            return Err(format!(
+                "the configuration names node {} with incarnation {mine:?}, but this data directory is {}",
+                self.inner.id,
+                self.incarnation()
+            ));
+        }
+        let held = self.held_configuration();
+        if !held.is_empty() {
+            return if held == members {
+                Ok(())
+            } else {
+                Err(format!("this node already holds another configuration: {held:?}"))
+            };
+        }
+        match self.inner.raft.initialize(members.clone()).await {
+            Ok(()) => Ok(()),
+            Err(_) if self.held_configuration() == members => Ok(()),
+            Err(e) => Err(format!("initialize refused: {e}")),
+        }
     }
 
     /// Waits (until `deadline`, or at least one clock check) for this node's first clock
@@ -560,14 +624,6 @@ impl RaftNode {
         let checked = tokio::time::timeout_at(deadline, clock.wait_for(|health| health.ok.is_some())).await;
         let may_lead = matches!(checked, Ok(Ok(health)) if health.may_lead());
         may_lead
-    }
-
-    /// Whether the peer belongs to an initialized cluster; `None` if it did not answer.
-    async fn peer_status(&self, addr: &str) -> Option<bool> {
-        let mut client = self.inner.peers.client(addr).ok()?;
-        let mut request = tonic::Request::new(StatusRequest {});
-        request.set_timeout(Duration::from_millis(BOOTSTRAP_PROBE_TIMEOUT_MS));
-        client.status(request).await.ok().map(|reply| reply.get_ref().initialized)
     }
 
     /// Stops openraft (the caller stops serving first).

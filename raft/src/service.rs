@@ -24,7 +24,7 @@ use crate::pb::{
     FillBlocksRequest, ForwardReply, ForwardRequest, PutBlockReply, RaftMessage, RaftReply, RateCheckReply,
     RateCheckRequest, ReadIndexReply, ReadIndexRequest, StatusReply, StatusRequest,
 };
-use crate::types::{Entry, NodeId, TypeConfig};
+use crate::types::{Entry, NodeId, NodeInfo, TypeConfig};
 
 /// Serves the `RaftService` of one node.
 #[derive(Clone)]
@@ -191,7 +191,16 @@ impl RaftService for RaftGrpc {
             now_ms: crate::clock::now_ms(),
             voter_ids: metrics.membership_config.membership().voter_ids().collect(),
             last_log_index: metrics.last_log_index.unwrap_or(0),
+            incarnation: self.node.incarnation().to_owned(),
         }))
+    }
+
+    /// The bootstrapping node's initial configuration (see [`RaftNode::initialize_here`]).
+    async fn initialize(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        let members: std::collections::BTreeMap<NodeId, NodeInfo> = decode(request.get_ref())?;
+        let result = self.node.initialize_here(members).await;
+        let json = serde_json::to_vec(&result).map_err(|e| Status::internal(format!("encode reply: {e}")))?;
+        Ok(Response::new(RaftMessage { json }))
     }
 
     /// The leader, about to promote this learner, asks it to fetch every indexed block it

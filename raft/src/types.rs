@@ -12,11 +12,32 @@ pub struct NodeInfo {
     pub http_addr: String,
     /// Host:port of the node's gRPC (Raft) endpoint.
     pub grpc_addr: String,
+    /// The incarnation of the node's data directory when it joined (or bootstrapped) the
+    /// cluster: a node votes only while its own matches (see [`crate::membership`]). Absent
+    /// in configurations written before incarnations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<String>,
+}
+
+impl NodeInfo {
+    /// A member's addresses, its incarnation unknown yet.
+    pub fn new(http_addr: impl Into<String>, grpc_addr: impl Into<String>) -> NodeInfo {
+        NodeInfo { http_addr: http_addr.into(), grpc_addr: grpc_addr.into(), incarnation: None }
+    }
+
+    /// Whether both name the same addresses (whatever the incarnations).
+    pub fn same_addresses(&self, other: &NodeInfo) -> bool {
+        self.http_addr == other.http_addr && self.grpc_addr == other.grpc_addr
+    }
 }
 
 impl fmt::Display for NodeInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "http={} grpc={}", self.http_addr, self.grpc_addr)
+        write!(f, "http={} grpc={}", self.http_addr, self.grpc_addr)?;
+        match &self.incarnation {
+            Some(incarnation) => write!(f, " incarnation={incarnation}"),
+            None => Ok(()),
+        }
     }
 }
 

@@ -20,8 +20,15 @@ pub mod meta {
     pub const SNAPSHOT: &[u8] = b"snapshot";
     /// Which state column family is live (`crate::cf::STATES`); absent: `state`.
     pub const STATE_CF: &[u8] = b"state_cf";
-    /// Set while a node that lost its data awaits being added again (raft::membership).
+    /// Set by versions before incarnations while a node that lost its data awaited being
+    /// added again; read once, when such a node takes its incarnation (raft::membership).
     pub const REJOIN_FLOOR: &[u8] = b"rejoin_floor";
+    /// This data directory's incarnation: a random id written (durably) before the node
+    /// first speaks to anyone; the membership records it (raft::membership).
+    pub const INCARNATION: &[u8] = b"incarnation";
+    /// Present when the incarnation was taken by a data directory that already held Raft
+    /// state from a version without incarnations (its membership record names none).
+    pub const INCARNATION_LEGACY: &[u8] = b"incarnation_legacy";
 }
 
 /// Table tags of [`crate::cf::STATE`].

@@ -93,10 +93,7 @@ pub async fn add(
     principal.require_admin()?;
     let request: AddRequest = json::parse(&body)?;
     let id = node_id(request.id)?;
-    let info = NodeInfo {
-        http_addr: address("httpAddr", &request.http_addr)?,
-        grpc_addr: address("grpcAddr", &request.grpc_addr)?,
-    };
+    let info = NodeInfo::new(address("httpAddr", &request.http_addr)?, address("grpcAddr", &request.grpc_addr)?);
     let MembershipAnswer { members, complete } =
         state.node.change_membership(MembershipChange::Add { id, info }).await?;
     let status = if complete { StatusCode::OK } else { StatusCode::ACCEPTED };

@@ -61,14 +61,21 @@ impl TestNode {
         let settings = RaftSettings { write_timeout_ms: 2_000, bootstrap_wait_ms: 0, ..RaftSettings::default() };
         let secret = ClusterSecret::parse("api-tests-cluster-secret").expect("secret");
         let node = RaftNode::start(1, db, blocks, settings, secret).await.expect("start");
-        let info = |http: &str, grpc: &str| NodeInfo { http_addr: http.into(), grpc_addr: grpc.into() };
+        let info = |http: &str, grpc: &str| NodeInfo::new(http, grpc);
         let mut members = BTreeMap::from([(1, info(url, "127.0.0.1:1"))]);
-        if !quorum {
-            // Port 1 refuses connections: these peers are down for good.
-            members.insert(2, info("127.0.0.1:1", "127.0.0.1:1"));
-            members.insert(3, info("127.0.0.1:1", "127.0.0.1:1"));
+        if quorum {
+            node.bootstrap(members).await.expect("bootstrap");
+        } else {
+            // Port 1 refuses connections: these peers are down for good (so the bootstrap,
+            // which waits for every member, is skipped: the node initializes alone).
+            let named =
+                |http, grpc, incarnation: &str| NodeInfo { incarnation: Some(incarnation.into()), ..info(http, grpc) };
+            let own = node.incarnation().to_owned();
+            members.insert(1, named(url, "127.0.0.1:1", &own));
+            members.insert(2, named("127.0.0.1:1", "127.0.0.1:1", "down-for-good"));
+            members.insert(3, named("127.0.0.1:1", "127.0.0.1:1", "down-for-good"));
+            node.initialize_here(members).await.expect("initialize");
         }
-        node.bootstrap(members).await.expect("bootstrap");
         if quorum {
             let admin = Command::EnsureAdmin {
                 user_id: "admin-id".into(),

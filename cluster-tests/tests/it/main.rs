@@ -77,6 +77,7 @@ mod limiter_failure_modes;
 mod lost_quorum;
 mod maintenance;
 mod membership;
+mod membership_identity;
 mod poison_pill;
 mod restart_durability;
 mod shared_folder;
