@@ -83,6 +83,14 @@ pub enum Tls {
 /// Node certificates a TLS cluster gets (ids 1..=this), so nodes can be added.
 pub const TLS_NODE_CERTS: u64 = 9;
 
+impl ClusterOptions {
+    /// Three nodes that snapshot every `since_last` entries and keep `logs_to_keep` behind.
+    pub fn snapshotting(since_last: u64, logs_to_keep: u64) -> ClusterOptions {
+        let raft = RaftTuning { snapshot_logs_since_last: since_last, logs_to_keep, ..RaftTuning::default() };
+        ClusterOptions { raft, ..ClusterOptions::default() }
+    }
+}
+
 impl Default for ClusterOptions {
     fn default() -> ClusterOptions {
         ClusterOptions {

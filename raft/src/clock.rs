@@ -5,11 +5,19 @@
 //! follow that stamp, so one wrong clock at the leader could expire every lease at once or
 //! freeze refills. Every [`CLOCK_CHECK_INTERVAL`] the node asks each member for its time
 //! (the `Status` RPC) and estimates the offset NTP-style, `peer − (sent + received) / 2`,
-//! with half the round trip as its uncertainty. The node is *off* when even counting every
-//! member it could not measure in its favour, the members whose clocks agree with its own
-//! (itself included) are no majority. An off node does not stand for election, stops the
-//! leader heartbeats (so a healthy majority elects another leader) and proposes nothing;
-//! `/readyz` reports it not ready. Until its first check a node does not stand for election.
+//! with half the round trip as its uncertainty. A member *agrees* when a measurement taken
+//! within the last [`SAMPLE_VALID`] puts its clock within the bound of this node's, the
+//! uncertainty counted against it; a member not measured does not agree. The node is fine
+//! only when the members that agree (itself included) are a majority of the configuration;
+//! otherwise it is *off*: it does not stand for election, stops the leader heartbeats (so a
+//! healthy majority elects another leader) and proposes nothing; `/readyz` reports it not
+//! ready. Until its first check a node does not stand for election.
+//!
+//! Stamps are anchored on the cluster's time, not this node's: each check that finds the
+//! clock fine records the median of the agreeing members' clocks (this node's included)
+//! with the instant of the check, and [`ClockHealth::stamp`] keeps the wall clock within the
+//! bound of that anchor advanced by the boot-time clock (which keeps counting through a
+//! suspended machine).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,7 +25,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::membership::VoteRight;
 use crate::network::Peers;
 use crate::pb::StatusRequest;
 use crate::types::{NodeId, Raft};
@@ -26,6 +33,9 @@ use crate::types::{NodeId, Raft};
 pub const CLOCK_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// How long one member's time may take to arrive.
 const CLOCK_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a measurement of a member counts (a missed probe or two under load does not
+/// unseat a leader; a member silent for longer no longer agrees).
+pub const SAMPLE_VALID: Duration = Duration::from_secs(3);
 
 /// What the last check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,12 +45,15 @@ pub struct ClockHealth {
     /// Estimated offset of each member's clock from this node's (peer minus this node), in
     /// ms; members that did not answer are absent.
     pub offsets_ms: BTreeMap<NodeId, i64>,
-    /// When the last check found the clock fine: the wall clock then (Unix ms) and the
-    /// monotonic instant. Stamps are kept near the wall clock this predicts (see
-    /// [`ClockHealth::stamp`]).
-    pub agreed_at: Option<(u64, Instant)>,
+    /// When the last check found the clock fine: the cluster's time then (the median of the
+    /// agreeing members' clocks, Unix ms) and the boot-time instant. Stamps are kept near
+    /// the time this predicts (see [`ClockHealth::stamp`]).
+    pub agreed_at: Option<(u64, crate::boot_clock::BootInstant)>,
     /// The configured bound on the offset, in ms.
     pub max_offset_ms: u64,
+    /// The members the verdict counted, this node included (the configuration held, or,
+    /// before there is one, the initial configuration this node was handed).
+    pub cluster_size: usize,
 }
 
 impl ClockHealth {
@@ -55,10 +68,10 @@ impl ClockHealth {
     /// replicated clock by at most the bound — it cannot expire every lease at once or
     /// freeze refills — and the next check stops the node from leading.
     pub fn stamp(&self) -> u64 {
-        self.stamp_for(now_ms(), Instant::now())
+        self.stamp_for(now_ms(), crate::boot_clock::BootInstant::now())
     }
 
-    fn stamp_for(&self, wall_ms: u64, now: Instant) -> u64 {
+    fn stamp_for(&self, wall_ms: u64, now: crate::boot_clock::BootInstant) -> u64 {
         match self.agreed_at {
             Some((agreed_wall_ms, agreed)) => {
                 let expected = agreed_wall_ms.saturating_add(now.saturating_duration_since(agreed).as_millis() as u64);
@@ -81,14 +94,38 @@ struct Sample {
     uncertainty_ms: i64,
 }
 
-/// Whether this node's clock is fine, given the samples it took of the other members of a
-/// cluster of `cluster_size` nodes (itself included): a member counts against it only when
-/// the offset exceeds the bound by more than the measurement's uncertainty.
-fn judge(samples: &[Sample], cluster_size: usize, max_offset_ms: u64) -> bool {
+/// A sample taken when this node's wall clock read `taken_wall_ms`, seen `elapsed` (boot
+/// time) later when it reads `wall_now_ms`: whatever this node's wall clock moved beyond the
+/// elapsed time (a jump, a step) moves the member's offset the other way, so an old sample
+/// never vouches for a clock that has since jumped.
+fn aged(sample: Sample, taken_wall_ms: u64, wall_now_ms: u64, elapsed: Duration) -> Sample {
+    let wall_moved = i64::try_from(wall_now_ms).unwrap_or(i64::MAX) - i64::try_from(taken_wall_ms).unwrap_or(0);
+    let jump = wall_moved.saturating_sub(i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX));
+    Sample { offset_ms: sample.offset_ms.saturating_sub(jump), uncertainty_ms: sample.uncertainty_ms }
+}
+
+/// Whether `sample` shows a member's clock within the bound, its uncertainty counted
+/// against it.
+fn agrees(sample: &Sample, max_offset_ms: u64) -> bool {
     let max_offset = i64::try_from(max_offset_ms).unwrap_or(i64::MAX);
-    let off = samples.iter().filter(|s| s.offset_ms.abs().saturating_sub(s.uncertainty_ms) > max_offset).count();
-    let could_agree = cluster_size.saturating_sub(off);
-    could_agree * 2 > cluster_size
+    sample.offset_ms.abs().saturating_add(sample.uncertainty_ms) <= max_offset
+}
+
+/// Whether this node's clock is fine, given the valid samples it holds of the other members
+/// of a cluster of `cluster_size` nodes (itself included): the members that agree, itself
+/// included, must be a majority; a member without a sample does not agree.
+fn judge(samples: &[Sample], cluster_size: usize, max_offset_ms: u64) -> bool {
+    let agreeing = 1 + samples.iter().filter(|s| agrees(s, max_offset_ms)).count();
+    agreeing * 2 > cluster_size
+}
+
+/// The offset of the cluster's time from this node's clock: the median of the agreeing
+/// members' offsets, this node's own (0) included.
+fn cluster_offset_ms(samples: &[Sample], max_offset_ms: u64) -> i64 {
+    let mut offsets: Vec<i64> =
+        samples.iter().filter(|s| agrees(s, max_offset_ms)).map(|s| s.offset_ms).chain([0]).collect();
+    offsets.sort_unstable();
+    offsets[offsets.len() / 2]
 }
 
 async fn sample(peers: &Peers, addr: &str) -> Option<Sample> {
@@ -104,17 +141,18 @@ async fn sample(peers: &Peers, addr: &str) -> Option<Sample> {
     Some(Sample { offset_ms: peer.saturating_sub(midpoint), uncertainty_ms: round_trip / 2 + 1 })
 }
 
-/// Measures the members' clocks forever, publishing the verdict and switching elections
-/// and heartbeats with it.
+/// Measures the members' clocks forever, publishing the verdict and switching heartbeats
+/// with it (elections follow it too: `RaftNode`'s election switch reads the verdict).
 pub(crate) async fn watch_clock(
     id: NodeId,
     raft: Raft,
     peers: Peers,
     max_offset_ms: u64,
     health: watch::Sender<ClockHealth>,
-    vote_right: watch::Receiver<VoteRight>,
+    initial: watch::Receiver<Vec<(NodeId, String)>>,
 ) {
-    let mut electing = None;
+    // The last measurement of each member, with this node's wall clock and boot time then.
+    let mut last: BTreeMap<NodeId, (Sample, u64, crate::boot_clock::BootInstant)> = BTreeMap::new();
     let mut ticks = tokio::time::interval(CLOCK_CHECK_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -122,13 +160,29 @@ pub(crate) async fn watch_clock(
         let members: Vec<(NodeId, String)> = {
             let metrics = raft.metrics().borrow().clone();
             let membership = metrics.membership_config.membership().clone();
-            membership.nodes().filter(|(m, _)| **m != id).map(|(m, info)| (*m, info.grpc_addr.clone())).collect()
+            let held: Vec<(NodeId, String)> =
+                membership.nodes().filter(|(m, _)| **m != id).map(|(m, info)| (*m, info.grpc_addr.clone())).collect();
+            if membership.nodes().next().is_none() {
+                initial.borrow().iter().filter(|(m, _)| *m != id).cloned().collect()
+            } else {
+                held
+            }
         };
         let measured = futures::future::join_all(members.iter().map(|(_, addr)| sample(&peers, addr))).await;
-        let mut offsets_ms = BTreeMap::new();
-        let mut samples = Vec::new();
+        let now = crate::boot_clock::BootInstant::now();
+        last.retain(|member, _| members.iter().any(|(m, _)| m == member));
         for ((member, _), found) in members.iter().zip(measured) {
             if let Some(s) = found {
+                last.insert(*member, (s, now_ms(), now));
+            }
+        }
+        let mut offsets_ms = BTreeMap::new();
+        let mut samples = Vec::new();
+        let wall_now = now_ms();
+        for (member, (s, taken_wall, taken)) in &last {
+            let elapsed = now.saturating_duration_since(*taken);
+            if elapsed <= SAMPLE_VALID {
+                let s = aged(*s, *taken_wall, wall_now, elapsed);
                 offsets_ms.insert(*member, s.offset_ms);
                 samples.push(s);
             }
@@ -143,14 +197,15 @@ pub(crate) async fn watch_clock(
             }
             raft.runtime_config().heartbeat(ok);
         }
-        // A node that lost its data does not stand for election either (crate::membership).
-        let elect = ok && vote_right.borrow().may_vote();
-        if electing != Some(elect) {
-            raft.runtime_config().elect(elect);
-            electing = Some(elect);
-        }
-        let agreed_at = if ok { Some((now_ms(), Instant::now())) } else { health.borrow().agreed_at };
-        health.send_replace(ClockHealth { ok: Some(ok), offsets_ms, agreed_at, max_offset_ms });
+        let agreed_at = if ok {
+            let cluster_ms =
+                i64::try_from(now_ms()).unwrap_or(i64::MAX).saturating_add(cluster_offset_ms(&samples, max_offset_ms));
+            Some((u64::try_from(cluster_ms).unwrap_or(0), crate::boot_clock::BootInstant::now()))
+        } else {
+            health.borrow().agreed_at
+        };
+        let cluster_size = members.len() + 1;
+        health.send_replace(ClockHealth { ok: Some(ok), offsets_ms, agreed_at, max_offset_ms, cluster_size });
     }
 }
 
@@ -164,14 +219,15 @@ mod tests {
 
     #[test]
     fn a_wall_clock_jump_between_checks_moves_stamps_by_the_bound_at_most() {
-        let agreed = Instant::now();
+        let agreed = crate::boot_clock::BootInstant::now();
         let health = ClockHealth {
             ok: Some(true),
             offsets_ms: BTreeMap::new(),
             agreed_at: Some((1_000_000, agreed)),
             max_offset_ms: 500,
+            cluster_size: 3,
         };
-        let later = agreed + Duration::from_millis(300);
+        let later = agreed.plus(Duration::from_millis(300));
         // An honest clock passes as it is.
         assert_eq!(health.stamp_for(1_000_300, later), 1_000_300);
         // An hour ahead, or behind: held within the bound of the prediction.
@@ -183,19 +239,46 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_off_when_no_majority_can_agree_with_it() {
+    fn a_node_is_fine_only_when_a_measured_majority_agrees_with_it() {
         // Three nodes: off from both others.
         assert!(!judge(&[s(5_000), s(5_100)], 3, 500));
-        // Off from one only (that one is the odd one out), or one unreachable: fine.
+        // Off from one only (that one is the odd one out): fine.
         assert!(judge(&[s(5_000), s(10)], 3, 500));
-        assert!(judge(&[s(5_000)], 3, 500));
-        // Within the bound, allowing for the measurement's uncertainty.
+        // Off from the one it reaches, the other not measured: off (it once counted as
+        // agreeing, so a node 30 s ahead with one reachable peer could lead).
+        assert!(!judge(&[s(30_000)], 3, 500));
+        // No peer measured at all: off.
+        assert!(!judge(&[], 3, 500));
+        // One agreeing peer measured, the other not: a majority.
+        assert!(judge(&[s(10)], 3, 500));
+        // Within the bound, the measurement's uncertainty counted against it.
         assert!(judge(&[s(400), s(-450)], 3, 500));
-        assert!(judge(&[Sample { offset_ms: 600, uncertainty_ms: 150 }, s(-700)], 3, 500));
-        // Five nodes: off from three of four is off; from two, fine.
-        assert!(!judge(&[s(900), s(900), s(900), s(0)], 5, 500));
+        assert!(!judge(&[Sample { offset_ms: 400, uncertainty_ms: 150 }, s(-700)], 3, 500));
+        // Five nodes: three agreeing of five (itself included) is fine; two is not.
         assert!(judge(&[s(900), s(900), s(0), s(0)], 5, 500));
+        assert!(!judge(&[s(900), s(900), s(900), s(0)], 5, 500));
+        assert!(!judge(&[s(0)], 5, 500));
         // Alone, a node agrees with itself.
         assert!(judge(&[], 1, 500));
+    }
+
+    #[test]
+    fn an_old_sample_follows_this_nodes_clock_jumps() {
+        let sample = s(20);
+        // A second later by both clocks: unchanged.
+        assert_eq!(aged(sample, 1_000, 2_000, Duration::from_secs(1)).offset_ms, 20);
+        // This node's wall clock jumped 30 s ahead meanwhile: the member is now 30 s behind.
+        assert_eq!(aged(sample, 1_000, 32_000, Duration::from_secs(1)).offset_ms, 20 - 30_000);
+        assert!(!agrees(&aged(sample, 1_000, 32_000, Duration::from_secs(1)), 500));
+    }
+
+    #[test]
+    fn the_anchor_is_the_median_of_the_agreeing_clocks() {
+        // This node 400 ms ahead of two peers that agree with each other: the cluster's time
+        // is theirs, not this node's.
+        assert_eq!(cluster_offset_ms(&[s(-400), s(-410)], 500), -400);
+        // A peer out of bound does not move it.
+        assert_eq!(cluster_offset_ms(&[s(30_000), s(10)], 500), 10);
+        assert_eq!(cluster_offset_ms(&[], 500), 0);
     }
 }

@@ -16,6 +16,7 @@
 //! - [`clock`]: the clock-offset check that keeps a node with a wrong clock from leading.
 
 pub mod blocks;
+pub mod boot_clock;
 pub mod clock;
 pub mod error;
 pub mod lease;

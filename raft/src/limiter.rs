@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::Instant;
 
+use crate::boot_clock::BootInstant;
 use crate::clock::ClockHealth;
 use crate::error::WriteError;
 use crate::lease::{usable, Promises};
@@ -133,7 +134,7 @@ struct Inner {
     outgoing: mpsc::Sender<Outgoing>,
     /// Until when this node may answer admissions of a term without a round of their own:
     /// the start of the last round that confirmed the term, plus the usable lease.
-    lease: Mutex<Option<(u64, Instant)>>,
+    lease: Mutex<Option<(u64, BootInstant)>>,
     /// A round to renew the lease is queued or running.
     renewing: AtomicBool,
 }
@@ -373,13 +374,13 @@ impl Limiter {
     /// Whether this node holds a lease on `term` now; queues a round to renew it once half of
     /// it is used, so a steady stream of admissions never waits for one.
     fn under_lease(&self, term: u64) -> bool {
-        let now = Instant::now();
+        let now = BootInstant::now();
         let lease = *self.inner.lease.lock().unwrap_or_else(|e| e.into_inner());
         let Some((leased, until)) = lease else { return false };
         if leased != term || now >= until {
             return false;
         }
-        if until - now < usable(self.inner.ctx.promises.lease()) / 2
+        if until.saturating_duration_since(now) < usable(self.inner.ctx.promises.lease()) / 2
             && !self.inner.renewing.swap(true, Ordering::AcqRel)
         {
             // Nobody waits for this round's answer; it only moves the lease on.
@@ -439,9 +440,11 @@ async fn replicate(inner: std::sync::Weak<Inner>) {
         let Some(limiter) = inner.upgrade().map(|inner| Limiter { inner }) else { return };
         let _ = tokio::time::timeout(PRUNE_INTERVAL, limiter.inner.dirty.notified()).await;
         let term = limiter.table().term;
-        if term != 0 && limiter.leader_term() != Some(term) {
-            // Not the leader of that term any more: what was not replicated is the next
-            // leader's to charge.
+        if term != 0 && limiter.inner.ctx.raft.metrics().borrow().current_term != term {
+            // A later term began: what was not replicated is the next leader's to charge.
+            // Within the term the table stays, whatever the clock check says meanwhile: a
+            // later take-over in this term charges nothing (its record says this term
+            // charged already), so forgetting would forget admissions no log holds.
             *limiter.table() = Table::default();
             limiter.inner.flushed.notify_waiters();
             continue;
@@ -519,10 +522,10 @@ async fn confirm_rounds(inner: std::sync::Weak<Inner>, mut confirms: mpsc::Recei
         terms.dedup();
         let mut confirmed = Vec::new();
         for term in terms {
-            let started = Instant::now();
+            let started = BootInstant::now();
             if quorum_holds(&inner.ctx, term).await {
                 confirmed.push(term);
-                let until = started + usable(inner.ctx.promises.lease());
+                let until = started.plus(usable(inner.ctx.promises.lease()));
                 let mut lease = inner.lease.lock().unwrap_or_else(|e| e.into_inner());
                 if lease.is_none_or(|(leased, before)| leased < term || (leased == term && before < until)) {
                     *lease = Some((term, until));
@@ -547,7 +550,7 @@ async fn quorum_holds(ctx: &LimiterContext, term: u64) -> bool {
         return false;
     }
     // This node's own vote counts in the quorum: it refuses other candidates for the lease too.
-    ctx.promises.promise(term, me, Instant::now());
+    ctx.promises.promise(term, me, BootInstant::now(), || {});
     let voters: std::collections::BTreeSet<NodeId> = membership.voter_ids().collect();
     let asks = voters.iter().filter(|id| **id != me).filter_map(|id| {
         let addr = membership.get_node(id)?.grpc_addr.clone();

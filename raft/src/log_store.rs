@@ -24,6 +24,8 @@ pub struct LogStore {
     metrics: NodeMetrics,
     /// The newest entries, decoded and encoded; every change to the log goes through it.
     cache: LogCache,
+    /// The state machine's flag: set while a snapshot is received or installed.
+    installing: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Debug for LogStore {
@@ -34,7 +36,13 @@ impl Debug for LogStore {
 
 impl LogStore {
     pub fn new(db: Db, metrics: NodeMetrics) -> LogStore {
-        LogStore { db, metrics, cache: LogCache::default() }
+        LogStore { db, metrics, cache: LogCache::default(), installing: None }
+    }
+
+    /// Holds purges back to the durable snapshot while `installing` is set (see
+    /// [`LogStore::purge`]).
+    pub fn guarded_by(self, installing: std::sync::Arc<std::sync::atomic::AtomicBool>) -> LogStore {
+        LogStore { installing: Some(installing), ..self }
     }
 
     /// The cache of the newest entries, for the network and the gRPC service.
@@ -58,6 +66,23 @@ impl LogStore {
         let raw = self.db.meta_get(key).map_err(|e| StorageIOError::read(&e))?;
         raw.map(|bytes| serde_json::from_slice(&bytes).map_err(|e| StorageIOError::read(&e).into())).transpose()
     }
+}
+
+/// How far a purge asked up to `asked` may go: `asked` itself if the durable snapshot covers
+/// it, else the durable snapshot's last entry if that is beyond what is purged already;
+/// `None` when nothing may be purged.
+pub(crate) fn purge_bound(db: &Db, asked: LogId) -> Result<Option<LogId>, raftbox_storage::StorageError> {
+    let durable = match crate::snapshot::stored(db)? {
+        Some(crate::snapshot::Stored::Record(record)) => record.meta.last_log_id,
+        Some(crate::snapshot::Stored::Inline { meta, .. }) => meta.last_log_id,
+        None => None,
+    };
+    let Some(durable) = durable else { return Ok(None) };
+    if asked.index <= durable.index {
+        return Ok(Some(asked));
+    }
+    let purged: Option<LogId> = db.meta_get(keys::meta::PURGED)?.and_then(|raw| serde_json::from_slice(&raw).ok());
+    Ok(purged.is_none_or(|p| p.index < durable.index).then_some(durable))
 }
 
 /// The vote this node last saved (openraft saves a vote before it acts on it or answers).
@@ -182,10 +207,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.blocking(move |db| db.log_truncate(log_id.index).map_err(|e| StorageIOError::write_logs(&e).into())).await
     }
 
+    /// Purges the log up to `log_id` — while a snapshot is received or installed, never past
+    /// the durable snapshot: openraft purges up to a snapshot it is installing before the
+    /// install is durable, and a crash between the two would leave a state machine behind a
+    /// log that no longer holds what it needs (a node that crash-loops once elections
+    /// resume). What is held back is purged by the install once it is durable
+    /// ([`crate::state_machine`]), or by the next purge.
     async fn purge(&mut self, log_id: LogId) -> Result<(), RaftStorageError> {
-        let bytes = serde_json::to_vec(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
         self.cache.purged(log_id.index);
-        self.blocking(move |db| db.log_purge(log_id.index, bytes).map_err(|e| StorageIOError::write_logs(&e).into()))
-            .await
+        let installing = self.installing.as_ref().is_some_and(|flag| flag.load(std::sync::atomic::Ordering::SeqCst));
+        self.blocking(move |db| {
+            let bound = if installing { purge_bound(&db, log_id) } else { Ok(Some(log_id)) };
+            let Some(upto) = bound.map_err(|e| StorageIOError::write_logs(&e))? else {
+                return Ok(());
+            };
+            if upto != log_id {
+                tracing::info!(asked = %log_id, purged = %upto, "log purge held back to the durable snapshot");
+            }
+            let bytes = serde_json::to_vec(&upto).map_err(|e| StorageIOError::write_logs(&e))?;
+            db.log_purge(upto.index, bytes).map_err(|e| StorageIOError::write_logs(&e).into())
+        })
+        .await
     }
 }

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::blocks::Blocks;
+use crate::boot_clock::BootInstant;
 use crate::clock::{watch_clock, ClockHealth};
 use crate::error::{StartError, WriteError};
 use crate::lease::{lease_for, Promises};
@@ -83,6 +84,8 @@ struct Inner {
     db: Db,
     vote_right: watch::Sender<VoteRight>,
     identity: membership::Identity,
+    /// The initial configuration handed to this node, for its clock check until it holds one.
+    initial_members: watch::Sender<Vec<(NodeId, String)>>,
     blocks: Blocks,
     raft: Raft,
     state: StateMachine,
@@ -97,6 +100,8 @@ struct Inner {
     log_cache: LogCache,
     /// What this node promised leaders as a voter (leases for the rate limiter).
     promises: Arc<Promises>,
+    /// Held while a vote request is checked and granted, and while a promise is made.
+    vote_gate: tokio::sync::Mutex<()>,
     /// Read barriers share read-index rounds ([`crate::read_rounds`]).
     barrier_rounds: ReadRounds,
     /// So do the read indexes this node, as leader, hands followers.
@@ -122,6 +127,29 @@ where
             }
         }
     }));
+}
+
+/// How often the election switch is set again (a promise's end, a clock verdict or a vote
+/// right switches elections back on within this).
+const ELECTION_SWITCH_INTERVAL: Duration = Duration::from_millis(25);
+
+/// Keeps openraft's elections switched as [`RaftNode::switch_elections`] says, for as long
+/// as the node lives.
+async fn switch_elections_forever(
+    id: NodeId,
+    raft: Raft,
+    promises: std::sync::Weak<Promises>,
+    clock: watch::Receiver<ClockHealth>,
+    vote_right: watch::Receiver<VoteRight>,
+) {
+    let mut ticks = tokio::time::interval(ELECTION_SWITCH_INTERVAL);
+    loop {
+        ticks.tick().await;
+        let Some(promises) = promises.upgrade() else { return };
+        let clock_ok = clock.borrow().may_lead();
+        let votes = vote_right.borrow().may_vote();
+        RaftNode::switch_elections(&promises, &raft, id, clock_ok, votes);
+    }
 }
 
 /// A cheap, cloneable handle to the node.
@@ -173,7 +201,7 @@ impl RaftNode {
         let peers = Peers::with_tls(secret.clone(), tls.clone());
         let node_metrics = NodeMetrics::new(id);
         node_metrics.set_db(db.clone());
-        let log_store = LogStore::new(db.clone(), node_metrics.clone());
+        let log_store = LogStore::new(db.clone(), node_metrics.clone()).guarded_by(sm_store.installing());
         let log_cache = log_store.cache();
         let network = NetworkFactory { peers: peers.clone(), cache: log_cache.clone() };
         let raft = Raft::new(id, Arc::new(config), network, log_store, sm_store).await?;
@@ -182,16 +210,27 @@ impl RaftNode {
             offsets_ms: Default::default(),
             agreed_at: None,
             max_offset_ms: settings.max_clock_offset_ms,
+            cluster_size: 1,
         });
+        let (initial_members, initial_members_rx) = watch::channel(Vec::new());
         tokio::spawn(watch_clock(
             id,
             raft.clone(),
             peers.clone(),
             settings.max_clock_offset_ms,
             clock_tx,
-            vote_right.subscribe(),
+            initial_members_rx,
         ));
         tokio::spawn(membership::watch_vote_right(id, identity.clone(), raft.clone(), vote_right.clone()));
+        let lease = lease_for(Duration::from_millis(settings.election_timeout_min_ms));
+        let promises = Arc::new(Promises::new(lease, BootInstant::now()));
+        tokio::spawn(switch_elections_forever(
+            id,
+            raft.clone(),
+            Arc::downgrade(&promises),
+            clock.clone(),
+            vote_right.subscribe(),
+        ));
         let proposer = Proposer::spawn(ProposerContext {
             node_id: id,
             raft: raft.clone(),
@@ -200,8 +239,6 @@ impl RaftNode {
             clock: clock.clone(),
             metrics: node_metrics.clone(),
         });
-        let lease = lease_for(Duration::from_millis(settings.election_timeout_min_ms));
-        let promises = Arc::new(Promises::new(lease, tokio::time::Instant::now()));
         let limiter = Limiter::spawn(LimiterContext {
             node_id: id,
             db: db.clone(),
@@ -221,6 +258,7 @@ impl RaftNode {
             db,
             vote_right,
             identity,
+            initial_members,
             blocks,
             raft,
             state,
@@ -234,6 +272,7 @@ impl RaftNode {
             node_metrics,
             log_cache,
             promises,
+            vote_gate: tokio::sync::Mutex::new(()),
             barrier_rounds,
             leader_rounds,
             applied,
@@ -379,21 +418,60 @@ impl RaftNode {
         &self.inner.limiter
     }
 
-    /// Whether the vote this node saved last is for `leader_id` in `term`; if so, this node
-    /// promises that leader not to help elect another for a lease (see [`crate::lease`]).
-    pub fn confirm_leader(&self, term: u64, leader_id: NodeId) -> bool {
-        let holds = crate::log_store::stored_vote(&self.inner.db)
+    /// Whether this node's vote is for `leader_id` in `term`; if so, this node promises that
+    /// leader not to help elect another, nor to stand itself, for a lease (see
+    /// [`crate::lease`]). Under the vote gate, so no vote is granted between a refusal check
+    /// and this promise.
+    pub async fn confirm_leader(&self, term: u64, leader_id: NodeId) -> bool {
+        let _gate = self.inner.vote_gate.lock().await;
+        let saved = crate::log_store::stored_vote(&self.inner.db)
             .is_some_and(|vote| vote.leader_id.term == term && vote.leader_id.node_id == leader_id);
-        if holds {
-            self.inner.promises.promise(term, leader_id, tokio::time::Instant::now());
+        if !saved {
+            return false;
         }
-        holds
+        let me = self.inner.id;
+        let raft = &self.inner.raft;
+        self.inner.promises.promise(term, leader_id, BootInstant::now(), || {
+            if leader_id != me {
+                raft.runtime_config().elect(false);
+            }
+        });
+        // An election openraft began before the switch shows in its in-memory vote, read in
+        // its core after the switch (which any later election tick sees).
+        // In a task of its own: a caller giving up must not drop the answer openraft sends.
+        let raft = raft.clone();
+        let held = tokio::spawn(async move {
+            raft.with_raft_state(move |st| {
+                let vote = st.vote_ref();
+                vote.leader_id.term == term && vote.leader_id.node_id == leader_id
+            })
+            .await
+        });
+        matches!(held.await, Ok(Ok(true)))
     }
 
-    /// Why this node must refuse its vote to `candidate` now, if it must: a lease it promised
-    /// another leader is still running.
-    pub fn vote_refusal(&self, candidate: NodeId) -> Option<String> {
-        self.inner.promises.refusal(candidate, tokio::time::Instant::now())
+    /// Hands a candidate's vote request to openraft unless this node may not vote (it lost
+    /// its data, or is no voter of its configuration) or a promise forbids it: checked and
+    /// granted under the vote gate, which [`RaftNode::confirm_leader`] holds too.
+    pub async fn vote(
+        &self,
+        rpc: openraft::raft::VoteRequest<NodeId>,
+    ) -> Result<Result<openraft::raft::VoteResponse<NodeId>, openraft::error::RaftError<NodeId>>, String> {
+        let right = self.vote_right();
+        if !right.may_vote() {
+            return Err(format!("node {} does not vote ({right:?}; see raft/src/membership.rs)", self.inner.id));
+        }
+        let _gate = self.inner.vote_gate.lock().await;
+        if let Some(why) = self.inner.promises.refusal(rpc.vote.leader_id.node_id, BootInstant::now()) {
+            return Err(why);
+        }
+        Ok(self.inner.raft.vote(rpc).await)
+    }
+
+    /// Switches openraft's elections: on only when the clock agrees (`clock_ok`), the node
+    /// votes, and no promise to another leader runs (see [`crate::lease`]).
+    pub(crate) fn switch_elections(promises: &Promises, raft: &Raft, me: NodeId, clock_ok: bool, votes: bool) {
+        promises.may_stand(me, BootInstant::now(), |free| raft.runtime_config().elect(clock_ok && votes && free));
     }
 
     /// How long a write, read barrier or forwarded call may take.
@@ -543,11 +621,6 @@ impl RaftNode {
             }
             tokio::time::sleep(BOOTSTRAP_POLL).await;
         }
-        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.bootstrap_wait_ms);
-        if !self.wait_for_clock_check(deadline).await {
-            tracing::warn!("this node's clock is off from its peers'; not initializing (another node must bootstrap)");
-            return Ok(());
-        }
         let json = serde_json::to_vec(&named).map_err(|e| StartError::Bootstrap(e.to_string()))?;
         for (id, info) in named.iter().filter(|(id, _)| **id != self.inner.id) {
             if let Err(why) = self.initialize_peer(&info.grpc_addr, &json).await {
@@ -609,21 +682,46 @@ impl RaftNode {
                 Err(format!("this node already holds another configuration: {held:?}"))
             };
         }
+        // openraft's `initialize` stands for election at once, past the election switch: the
+        // node initializes once a clock check counting these members confirms its clock (or
+        // not at all, if the configuration arrives first by replication from a leader the
+        // others elected).
+        let addrs: Vec<(NodeId, String)> = members.iter().map(|(id, info)| (*id, info.grpc_addr.clone())).collect();
+        self.inner.initial_members.send_replace(addrs);
+        let node = self.clone();
+        let size = members.len();
+        let mut clock = node.inner.clock.clone();
+        let confirmed = move |clock: &mut watch::Receiver<ClockHealth>| {
+            let health = clock.borrow_and_update();
+            health.may_lead() && health.cluster_size == size
+        };
+        if confirmed(&mut clock) {
+            return self.initialize_now(members).await;
+        }
+        tracing::info!("initial configuration received; initializing once this node's clock is confirmed");
+        tokio::spawn(async move {
+            loop {
+                if !node.held_configuration().is_empty() {
+                    return;
+                }
+                if confirmed(&mut clock) {
+                    if let Err(why) = node.initialize_now(members).await {
+                        tracing::warn!(%why, "deferred initialize refused");
+                    }
+                    return;
+                }
+                let _ = tokio::time::timeout(BOOTSTRAP_POLL, clock.changed()).await;
+            }
+        });
+        Ok(())
+    }
+
+    async fn initialize_now(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), String> {
         match self.inner.raft.initialize(members.clone()).await {
             Ok(()) => Ok(()),
             Err(_) if self.held_configuration() == members => Ok(()),
             Err(e) => Err(format!("initialize refused: {e}")),
         }
-    }
-
-    /// Waits (until `deadline`, or at least one clock check) for this node's first clock
-    /// check; whether the clock may lead.
-    async fn wait_for_clock_check(&self, deadline: Instant) -> bool {
-        let mut clock = self.inner.clock.clone();
-        let deadline = deadline.max(Instant::now() + 2 * crate::clock::CLOCK_CHECK_INTERVAL);
-        let checked = tokio::time::timeout_at(deadline, clock.wait_for(|health| health.ok.is_some())).await;
-        let may_lead = matches!(checked, Ok(Ok(health)) if health.may_lead());
-        may_lead
     }
 
     /// Stops openraft (the caller stops serving first).

@@ -79,18 +79,11 @@ impl RaftService for RaftGrpc {
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
-        let right = self.node.vote_right();
-        if !right.may_vote() {
-            return Err(Status::failed_precondition(format!(
-                "node {} does not vote ({right:?}): it lost its data and must be removed and added again",
-                self.node.id()
-            )));
-        }
         let rpc: VoteRequest<NodeId> = decode(request.get_ref())?;
-        if let Some(why) = self.node.vote_refusal(rpc.vote.leader_id.node_id) {
-            return Err(Status::failed_precondition(why));
+        match self.node.vote(rpc).await {
+            Ok(result) => reply(result),
+            Err(why) => Err(Status::failed_precondition(why)),
         }
-        reply(self.node.raft().vote(rpc).await)
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
@@ -146,7 +139,7 @@ impl RaftService for RaftGrpc {
         request: Request<ConfirmLeaderRequest>,
     ) -> Result<Response<ConfirmLeaderReply>, Status> {
         let ConfirmLeaderRequest { term, leader_id } = request.into_inner();
-        Ok(Response::new(ConfirmLeaderReply { holds: self.node.confirm_leader(term, leader_id) }))
+        Ok(Response::new(ConfirmLeaderReply { holds: self.node.confirm_leader(term, leader_id).await }))
     }
 
     /// The leader's read index, after it confirmed its leadership with a quorum (bounded by

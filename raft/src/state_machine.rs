@@ -42,6 +42,9 @@ pub struct StateMachineStore {
     record: Arc<std::sync::Mutex<()>>,
     /// What each applied entry did, for the node's listeners (the API's notifications).
     events: tokio::sync::broadcast::Sender<Applied>,
+    /// Set from the first chunk of a received snapshot until its install ends: the log store
+    /// then purges no further than the durable snapshot ([`crate::log_store::purge_bound`]).
+    installing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Applied entries waiting for a slow listener, at most (it then hears [`Applied::Reset`]).
@@ -83,7 +86,13 @@ impl StateMachineStore {
             snapshots,
             record: Arc::new(std::sync::Mutex::new(())),
             events: tokio::sync::broadcast::channel(APPLIED_EVENTS_QUEUED_MAX).0,
+            installing: Arc::default(),
         })
+    }
+
+    /// The flag a log store reads to hold purges back while a snapshot is being installed.
+    pub fn installing(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.installing.clone()
     }
 
     /// The storage-level state machine, for reads.
@@ -132,11 +141,13 @@ impl StateMachineStore {
             None => "empty".to_string(),
         };
         let meta = SnapshotMeta { last_log_id: marker.last_applied, last_membership: marker.membership, snapshot_id };
+        // Under the record lock from the file's completion on: an install removing the
+        // complete files it does not keep cannot remove this one before it is open (nor
+        // this build the file an install has just completed).
+        let _record = self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let name = self.snapshots.complete(&path, &file, &meta).map_err(|e| write_error(&e))?;
         drop(file);
         let opened = SnapshotFile::open(self.snapshots.file(&name)).map_err(|e| write_error(&e))?;
-
-        let _record = self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let current = self.current_record().map_err(|e| write_error(&e))?;
         if current.as_ref().is_some_and(|c| c.meta.last_log_id > meta.last_log_id) {
             // An install made a newer snapshot current while this one was built: keep that one
@@ -178,17 +189,26 @@ impl StateMachineStore {
             std::io::copy(&mut file, &mut copy).map_err(|e| write_error(&e))?;
             (copy, copy_path)
         };
+        // Under the record lock from the file's completion on (see `build_blocking`).
+        let _record = self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let name = self.snapshots.complete(&path, &file, meta).map_err(|e| write_error(&e))?;
         drop(file);
         let record = SnapshotRecord { meta: meta.clone(), file: name.clone() }.encode();
-
-        let _record = self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let restored = std::fs::File::open(self.snapshots.file(&name))
             .map_err(StorageError::from)
             .and_then(|image| self.sm.restore_snapshot(image, &[(keys::meta::SNAPSHOT, record.as_slice())]));
         match restored {
             Ok(_) => {
                 self.snapshots.remove_old(Some(&name));
+                // The state is durable at the snapshot now: purge what the log store held
+                // back while it was not (openraft purged up to it before installing).
+                if let Some(last) = meta.last_log_id {
+                    let bound = crate::log_store::purge_bound(self.sm.db(), last).map_err(|e| write_error(&e))?;
+                    if let Some(upto) = bound {
+                        let bytes = serde_json::to_vec(&upto).map_err(|e| write_error(&e))?;
+                        self.sm.db().log_purge(upto.index, bytes).map_err(|e| write_error(&e))?;
+                    }
+                }
                 Ok(())
             }
             Err(error) => {
@@ -272,6 +292,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, RaftStorageError> {
+        self.installing.store(true, std::sync::atomic::Ordering::SeqCst);
         let snapshots = self.snapshots.clone();
         let file = tokio::task::spawn_blocking(move || {
             // openraft receives one snapshot at a time: an earlier reception was abandoned.
@@ -289,6 +310,19 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         meta: &SnapshotMeta,
         snapshot: Box<SnapshotFile>,
     ) -> Result<(), RaftStorageError> {
+        self.installing.store(true, std::sync::atomic::Ordering::SeqCst);
+        let installed = self.install(meta, snapshot).await;
+        self.installing.store(false, std::sync::atomic::Ordering::SeqCst);
+        installed
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, RaftStorageError> {
+        self.current_snapshot().await
+    }
+}
+
+impl StateMachineStore {
+    async fn install(&mut self, meta: &SnapshotMeta, snapshot: Box<SnapshotFile>) -> Result<(), RaftStorageError> {
         let mut marker = self.marker.lock().await;
         let mut snapshot = *snapshot;
         snapshot.flush().await.map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
@@ -304,7 +338,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, RaftStorageError> {
+    async fn current_snapshot(&mut self) -> Result<Option<Snapshot>, RaftStorageError> {
         let store = self.clone();
         let current = tokio::task::spawn_blocking(move || -> Result<Option<Snapshot>, RaftStorageError> {
             // Under the lock, so the recorded file is not removed before it is open.

@@ -117,7 +117,10 @@ pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, Stora
     let record_id = conflict_id(c);
     if let Some(record) = txn.get::<ConflictRecord>("conflict", &Expiring::Conflict.record(&record_id))? {
         if record.expires_ms > txn.now_ms {
-            return Ok(Outcome::FileConflict { current_version: record.current_version, copy: Some(record.copy) });
+            // The retry of a conflict already answered: the same one conflicted copy, and
+            // the version current now (the file may have moved on since the first answer;
+            // replaying that one's would report a version no read could still see).
+            return Ok(Outcome::FileConflict { current_version: current, copy: Some(record.copy) });
         }
         txn.delete(Expiring::Conflict.index(record.expires_ms, &record_id));
     }

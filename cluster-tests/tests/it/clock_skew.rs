@@ -75,3 +75,53 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     wait_readyz(cluster, skewed, true).await?;
     Ok(())
 }
+
+/// The skewed node's clock in the combined scenario: far beyond the bound.
+const FAR_SKEW: &str = "+30s";
+/// How long the partitioned side is watched for a leader.
+const PARTITION_WATCH: Duration = Duration::from_secs(6);
+
+/// Skew combined with a partition (issue 23): node S, 30 s ahead, is cut off with one peer P
+/// whose clock it measures and which disagrees; the third node is out of reach. An unmeasured
+/// member never counts as agreeing, so S never leads; P may lead only while its last
+/// measurement of the third node is valid (`SAMPLE_VALID`), after which it too reports its
+/// clock unconfirmed (not ready). Healed, a node with a good clock leads, every node takes
+/// writes, and S still does not lead. (Before the fix S counted the unreachable node as
+/// agreeing and stood for election with P.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skewed_node_left_with_one_peer_does_not_lead() {
+    let seed = Seed::new("clock_skew::a_skewed_node_left_with_one_peer_does_not_lead");
+    let options = ClusterOptions { fake_clocks: true, network_namespaces: true, ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, skew_and_partition(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+async fn skew_and_partition(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    let leader = cluster.wait_for_leader(None, SETTLE).await?;
+    let others: Vec<u64> = cluster.node_ids().into_iter().filter(|id| *id != leader).collect();
+    let (skewed, peer) = if seed.value() % 2 == 0 { (others[0], others[1]) } else { (others[1], others[0]) };
+    cluster.set_clock_offset(skewed, FAR_SKEW)?;
+    cluster.network().expect("network namespaces").partition(&[vec![skewed, peer], vec![leader]])?;
+    eprintln!("node {skewed} {FAR_SKEW}, cut off with node {peer}; node {leader} alone");
+    let until = tokio::time::Instant::now() + PARTITION_WATCH;
+    while tokio::time::Instant::now() < until {
+        if let Ok(view) = cluster.view(skewed).await {
+            ensure!(!view.is_leader(), "node {skewed} leads with its clock {FAR_SKEW}: {view:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_readyz(cluster, skewed, false).await?;
+    wait_readyz(cluster, peer, false).await?;
+    cluster.network().expect("network namespaces").heal()?;
+    // Both good clocks confirm each other again within a check or two.
+    wait_readyz(cluster, peer, true).await?;
+    wait_readyz(cluster, leader, true).await?;
+    let new_leader = cluster.wait_for_leader(Some(skewed), SETTLE).await?;
+    for (i, id) in cluster.node_ids().into_iter().enumerate() {
+        write_through(cluster, id, &format!("healed-{}-{i}", seed.value())).await?;
+    }
+    ensure!(!cluster.view(skewed).await?.is_leader(), "node {skewed} leads with its clock {FAR_SKEW}");
+    eprintln!("healed: node {new_leader} leads, writes through every node, node {skewed} never led");
+    Ok(())
+}

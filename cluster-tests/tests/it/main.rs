@@ -82,6 +82,7 @@ mod poison_pill;
 mod restart_durability;
 mod shared_folder;
 mod shared_rate_limit;
+mod snapshot_install_crash;
 mod snapshot_rejoin;
 mod sync_accidents;
 mod sync_case_folding;

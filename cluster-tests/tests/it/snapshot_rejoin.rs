@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::{
     add_member, create_users, ensure_distinct_ids, new_user, put_block, remove_member, within, Cluster, ClusterOptions,
-    CreatedUser, Deadline, Outcome, RaftTuning, Seed,
+    CreatedUser, Deadline, Outcome, Seed,
 };
 use rand::seq::SliceRandom as _;
 use rand::RngCore as _;
@@ -66,15 +66,7 @@ const REJOIN_DEADLINE: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_node_rejoins_from_snapshot() {
     let seed = Seed::new("snapshot_rejoin::wiped_node_rejoins_from_snapshot");
-    let options = ClusterOptions {
-        nodes: 3,
-        raft: RaftTuning {
-            snapshot_logs_since_last: SNAPSHOT_LOGS_SINCE_LAST,
-            logs_to_keep: LOGS_TO_KEEP,
-            ..RaftTuning::default()
-        },
-        ..ClusterOptions::default()
-    };
+    let options = ClusterOptions::snapshotting(SNAPSHOT_LOGS_SINCE_LAST, LOGS_TO_KEEP);
     let mut cluster = Cluster::start(options).await.expect("start the cluster");
     let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
     cluster.conclude(result);
