@@ -29,6 +29,8 @@ pub struct RaftTuning {
     pub snapshot_logs_since_last: u64,
     pub logs_to_keep: u64,
     pub write_timeout_ms: u64,
+    /// The nodes' NOSPACE minimum (`raft.min_free_disk_mb`); the node's default if `None`.
+    pub min_free_disk_mb: Option<u64>,
 }
 
 impl Default for RaftTuning {
@@ -40,6 +42,7 @@ impl Default for RaftTuning {
             snapshot_logs_since_last: 10_000,
             logs_to_keep: 1_000,
             write_timeout_ms: 5_000,
+            min_free_disk_mb: None,
         }
     }
 }
@@ -59,6 +62,10 @@ pub struct ClusterOptions {
     /// Run each node in its own network namespace behind a bridge ([`crate::net`]), so a
     /// test can cut links with [`Cluster::network`]. Needs root; fails loudly without.
     pub network_namespaces: bool,
+    /// Give each node's data directory a tmpfs of this many MiB of its own (mounted by the
+    /// harness, unmounted when the cluster is dropped), so a test can fill one node's disk
+    /// ([`Cluster::fill_disk`]). Needs root.
+    pub small_disks_mb: Option<u64>,
     /// The nodes' `[webhooks] allow` list: by default loopback and 10/8 (where a test's
     /// receiver listens, on loopback or on the namespaces' bridge).
     pub webhook_allow: Vec<String>,
@@ -100,6 +107,7 @@ impl Default for ClusterOptions {
             fake_clocks: false,
             clock_offsets: BTreeMap::new(),
             network_namespaces: false,
+            small_disks_mb: None,
             webhook_allow: ["127.0.0.0/8", "::1/128", "10.0.0.0/8"].map(String::from).to_vec(),
             tls: Tls::Off,
         }
@@ -152,6 +160,8 @@ pub struct Cluster {
     allowed_log_errors: Vec<String>,
     unexpected_exits: Vec<String>,
     failed: bool,
+    /// tmpfs mounted over data directories ([`ClusterOptions::small_disks_mb`]).
+    mounts: Vec<PathBuf>,
 }
 
 impl Cluster {
@@ -204,6 +214,7 @@ impl Cluster {
             allowed_log_errors: PEER_FAULT_LOG_FRAGMENTS.iter().map(|f| f.to_string()).collect(),
             unexpected_exits: Vec::new(),
             failed: false,
+            mounts: Vec::new(),
         };
         let members: Vec<Member> =
             (1..=cluster.options.nodes).map(|id| cluster.new_member(id)).collect::<Result<_>>()?;
@@ -264,6 +275,11 @@ impl Cluster {
         let node_dir = self.root.join(format!("node{}", member.id));
         let data_dir = node_dir.join("data");
         fs::create_dir_all(&data_dir).with_context(|| format!("create {}", data_dir.display()))?;
+        if let Some(mb) = self.options.small_disks_mb {
+            let size = format!("size={mb}m");
+            run_command("mount", &["-t", "tmpfs", "-o", &size, "raftbox-test", &data_dir.display().to_string()])?;
+            self.mounts.push(data_dir.clone());
+        }
         let config_path = node_dir.join("config.toml");
         let config = render_config(&NodeConfig {
             member,
@@ -291,6 +307,27 @@ impl Cluster {
         let node = Node { member: member.clone(), data_dir, config_path, log_path, clock_path, child: None };
         self.nodes.insert(member.id, node);
         Ok(())
+    }
+
+    /// Fills node `id`'s data directory's file system (a small disk: see
+    /// [`ClusterOptions::small_disks_mb`]) until `leave_mb` MiB are free, with one file.
+    pub fn fill_disk(&self, id: u64, leave_mb: u64) -> Result<()> {
+        let dir = &self.node(id).data_dir;
+        let stat = rustix::fs::statvfs(dir).with_context(|| format!("statvfs {}", dir.display()))?;
+        let free = stat.f_bavail.saturating_mul(stat.f_frsize);
+        let fill = free.saturating_sub(leave_mb << 20);
+        let path = dir.join(DISK_FILLER);
+        let file = fs::OpenOptions::new().create(true).append(true).open(&path)?;
+        let current = file.metadata()?.len();
+        let allocated = rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), current, fill);
+        allocated.with_context(|| format!("fallocate {fill} bytes in {}", path.display()))?;
+        Ok(())
+    }
+
+    /// Removes what [`Cluster::fill_disk`] wrote.
+    pub fn free_disk(&self, id: u64) -> Result<()> {
+        let path = self.node(id).data_dir.join(DISK_FILLER);
+        fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))
     }
 
     /// Prepares a new node `id` that is not a member yet (not started): its config names the
@@ -645,11 +682,16 @@ impl Cluster {
         }
     }
 
-    /// The leader every running node agrees on, provided it is running and says it leads.
+    /// The leader every running node agrees on (but a node that lost its data and knows no
+    /// leader), provided it is running and says it leads.
     async fn agreed_leader(&self) -> Result<u64> {
         let mut agreed: Option<u64> = None;
         for id in self.live_ids() {
             let view = self.view(id).await?;
+            if view.leader_id.is_none() && !view.votes {
+                // A node that lost its data takes nothing from leaders until it is added again.
+                continue;
+            }
             let leader = view.leader_id.ok_or_else(|| anyhow!("node {id} knows no leader"))?;
             if let Some(previous) = agreed {
                 ensure!(previous == leader, "nodes disagree on the leader: {previous} vs {leader}");
@@ -826,6 +868,11 @@ impl Drop for Cluster {
         if failed {
             eprintln!("{}", self.log_tails(LOG_TAIL_LINES));
         }
+        for mount in self.mounts.drain(..) {
+            if let Err(e) = run_command("umount", &[&mount.display().to_string()]) {
+                eprintln!("unmount {}: {e:#}", mount.display());
+            }
+        }
         let keep = env::var(KEEP_ENV).is_ok_and(|value| value == "1");
         // A failed run keeps its directory (configs, node logs, histories) for the post-mortem.
         if let Some(dir) = self.dir.take() {
@@ -878,13 +925,14 @@ fn render_config(config: &NodeConfig<'_>) -> String {
     }
     out.push_str(&format!(
         "\n[raft]\nheartbeat_ms = {}\nelection_timeout_min_ms = {}\nelection_timeout_max_ms = {}\n\
-         snapshot_logs_since_last = {}\nlogs_to_keep = {}\nwrite_timeout_ms = {}\n",
+         snapshot_logs_since_last = {}\nlogs_to_keep = {}\nwrite_timeout_ms = {}\n{}",
         raft.heartbeat_ms,
         raft.election_timeout_min_ms,
         raft.election_timeout_max_ms,
         raft.snapshot_logs_since_last,
         raft.logs_to_keep,
         raft.write_timeout_ms,
+        raft.min_free_disk_mb.map_or(String::new(), |mb| format!("min_free_disk_mb = {mb}\n")),
     ));
     if let (Some(dir), true) = (config.certs_dir, config.tls != Tls::Off) {
         let file = |name: String| toml_string(&dir.join(name).display().to_string());
@@ -979,4 +1027,19 @@ mod tests {
         assert!(first.contains("snapshot_logs_since_last = 10000\n"));
         assert!(render(&members[1]).contains("bootstrap = false\n"));
     }
+}
+
+/// The file [`Cluster::fill_disk`] writes in a data directory.
+const DISK_FILLER: &str = "disk-filler";
+
+/// Runs `program` with `args`; an error carries its output.
+fn run_command(program: &str, args: &[&str]) -> Result<()> {
+    let output = Command::new(program).args(args).output().with_context(|| format!("run {program}"))?;
+    ensure!(
+        output.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr).trim()
+    );
+    Ok(())
 }

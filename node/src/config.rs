@@ -131,6 +131,8 @@ struct RaftConfig {
     write_timeout_ms: Option<u64>,
     max_clock_offset_ms: Option<u64>,
     membership_timeout_ms: Option<u64>,
+    /// Free space (MiB) below which the data directory's disk counts as full (NOSPACE).
+    min_free_disk_mb: Option<u64>,
 }
 
 /// A validated node configuration.
@@ -219,6 +221,7 @@ impl Config {
             bootstrap_wait_ms: d.bootstrap_wait_ms,
             max_clock_offset_ms: file.raft.max_clock_offset_ms.unwrap_or(d.max_clock_offset_ms),
             membership_timeout_ms: file.raft.membership_timeout_ms.unwrap_or(d.membership_timeout_ms),
+            min_free_disk_bytes: file.raft.min_free_disk_mb.map_or(d.min_free_disk_bytes, |mb| mb << 20),
         };
         if raft.heartbeat_ms == 0 || raft.heartbeat_ms >= raft.election_timeout_min_ms {
             bail!("raft.heartbeat_ms must be positive and below raft.election_timeout_min_ms");

@@ -195,7 +195,6 @@ pub(crate) async fn watch_clock(
             } else {
                 tracing::warn!(?offsets_ms, max_offset_ms, "clock is off from the cluster; this node will not lead");
             }
-            raft.runtime_config().heartbeat(ok);
         }
         let agreed_at = if ok {
             let cluster_ms =

@@ -18,6 +18,7 @@
 pub mod blocks;
 pub mod boot_clock;
 pub mod clock;
+pub mod disk;
 pub mod error;
 pub mod lease;
 pub mod limiter;

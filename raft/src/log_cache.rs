@@ -12,7 +12,8 @@
 //! store goes through it, so a cached entry is exactly the log's entry at that index. A
 //! range it does not wholly hold is read from RocksDB. It holds at most [`ENTRIES_MAX`]
 //! entries and [`BYTES_MAX`] encoded bytes; what a follower received but has not appended
-//! yet, at most [`RECEIVED_MAX`] entries.
+//! yet, at most [`RECEIVED_MAX`] entries and [`RECEIVED_BYTES_MAX`] bytes, each copied out of
+//! the request that carried it (a slice would keep the whole request buffer alive).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,6 +33,8 @@ pub const BYTES_MAX: usize = 16 << 20;
 /// Received encodings kept until their append, at most (more arrive only when a follower's
 /// appends fail; the oldest are dropped).
 pub const RECEIVED_MAX: usize = 1_024;
+/// Received encodings' bytes kept until their append, at most.
+pub const RECEIVED_BYTES_MAX: usize = 16 << 20;
 
 struct Cached {
     entry: Entry,
@@ -45,6 +48,7 @@ struct Inner {
     bytes: usize,
     /// Encodings a follower received, by log id, for its append to reuse.
     received: BTreeMap<LogId, Bytes>,
+    received_bytes: usize,
 }
 
 /// Shared by the log store, its readers and the node's network and gRPC service.
@@ -68,7 +72,7 @@ impl LogCache {
             if inner.entries.back().is_some_and(|last| last.entry.log_id.index + 1 != index) {
                 inner.clear_entries();
             }
-            inner.received.remove(&entry.log_id);
+            inner.forget_received(&entry.log_id);
             inner.bytes += encoded.len();
             inner.entries.push_back(Cached { entry, encoded });
         }
@@ -88,7 +92,11 @@ impl LogCache {
         while inner.entries.front().is_some_and(|c| c.entry.log_id.index <= index) {
             inner.pop_front();
         }
-        inner.received.retain(|id, _| id.index > index);
+        let gone: Vec<LogId> =
+            inner.received.range(..).filter(|(id, _)| id.index <= index).map(|(id, _)| *id).collect();
+        for id in gone {
+            inner.forget_received(&id);
+        }
     }
 
     /// Entries `start..end`, if every one of them is cached.
@@ -120,16 +128,32 @@ impl LogCache {
     /// Keeps the encoding `bytes` of the entry `log_id` that arrived from the leader, for this
     /// node's append of it. A log id names one entry, so the bytes are that entry's encoding.
     pub fn received(&self, log_id: LogId, bytes: Bytes) {
-        let mut inner = self.lock();
-        if inner.received.len() >= RECEIVED_MAX {
-            // Log ids order by term, then index: the first is the oldest.
-            inner.received.pop_first();
+        if bytes.len() > RECEIVED_BYTES_MAX {
+            return;
         }
+        // A copy of its own: the slice would keep the whole request's buffer alive.
+        let bytes = Bytes::copy_from_slice(&bytes);
+        let mut inner = self.lock();
+        inner.forget_received(&log_id);
+        while inner.received.len() >= RECEIVED_MAX || inner.received_bytes + bytes.len() > RECEIVED_BYTES_MAX {
+            // Log ids order by term, then index: the first is the oldest.
+            let Some((oldest, dropped)) = inner.received.pop_first() else { break };
+            inner.received_bytes -= dropped.len();
+            debug_assert!(oldest != log_id);
+        }
+        inner.received_bytes += bytes.len();
         inner.received.insert(log_id, bytes);
+        debug_assert_eq!(inner.received_bytes, inner.received.values().map(Bytes::len).sum::<usize>());
     }
 }
 
 impl Inner {
+    fn forget_received(&mut self, log_id: &LogId) {
+        if let Some(bytes) = self.received.remove(log_id) {
+            self.received_bytes -= bytes.len();
+        }
+    }
+
     fn pop_front(&mut self) {
         if let Some(cached) = self.entries.pop_front() {
             self.bytes -= cached.encoded.len();
@@ -210,6 +234,25 @@ mod tests {
         }
         assert_eq!(cache.inner.lock().expect("lock").received.len(), RECEIVED_MAX);
         assert_eq!(cache.encoded(&entry(4, 100).0.log_id), None, "the oldest went first");
+    }
+
+    #[test]
+    fn received_encodings_are_bounded_by_bytes_and_own_their_memory() {
+        let cache = LogCache::default();
+        let request = Bytes::from(vec![7u8; 1 << 20]);
+        let entries = RECEIVED_BYTES_MAX / (1 << 19) + 4;
+        for index in 0..entries as u64 {
+            // Each entry a half of one big request, as a slice of it.
+            let half = request.slice(0..(1 << 19));
+            cache.received(entry(5, index).0.log_id, half);
+        }
+        let inner = cache.inner.lock().expect("lock");
+        assert!(inner.received_bytes <= RECEIVED_BYTES_MAX, "{} bytes kept", inner.received_bytes);
+        assert_eq!(inner.received_bytes, inner.received.values().map(Bytes::len).sum::<usize>());
+        assert!(inner.received.values().all(|b| b.as_ptr() != request.as_ptr()), "copied out of the request");
+        drop(inner);
+        cache.purged(u64::MAX - 1);
+        assert_eq!(cache.inner.lock().expect("lock").received_bytes, 0);
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct NodeMetrics {
     apply_lag: IntGauge,
     snapshot_index: IntGauge,
     snapshot_bytes: IntGauge,
+    /// The NOSPACE alarm (1 while raised) and the data directory's free bytes.
+    pub(crate) disk_full: IntGauge,
+    pub(crate) disk_free_bytes: IntGauge,
     /// Leader only: per follower, entries of the leader's log not yet replicated to it.
     replication_lag: IntGaugeVec,
     /// RocksDB's memory by `kind` (memtables, table_readers, block_cache), read at each scrape.
@@ -143,6 +146,11 @@ impl NodeMetrics {
                 "raftbox_raft_snapshot_bytes",
                 "Bytes of snapshot files on disk: the current snapshot (and one being received).",
             ),
+            disk_full: gauge(
+                "raftbox_disk_full",
+                "1 while the NOSPACE alarm is raised: the data directory's free space fell below the minimum.",
+            ),
+            disk_free_bytes: gauge("raftbox_disk_free_bytes", "Free bytes of the data directory's file system."),
             replication_lag,
             rocksdb_memory,
             db: Arc::default(),

@@ -161,9 +161,14 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             peers: self.peers.clone(),
             cache: self.cache.clone(),
             framed: true,
+            incarnation: node.incarnation.clone(),
         }
     }
 }
+
+/// The metadata naming the incarnation the sender's configuration records for the target
+/// (see [`crate::membership`]): a node whose data directory is another refuses the call.
+pub const INCARNATION_HEADER: &str = "x-raftbox-incarnation";
 
 /// openraft's connection to one peer.
 pub struct PeerNetwork {
@@ -174,6 +179,8 @@ pub struct PeerNetwork {
     /// Whether the peer serves `AppendEntriesFramed` (a node of an earlier version does not;
     /// it then gets the whole request as one JSON document).
     framed: bool,
+    /// The incarnation the configuration records for the peer (sent with every call).
+    incarnation: Option<String>,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, E>>;
@@ -225,12 +232,21 @@ impl PeerNetwork {
         let mut client = self.peers.client(&self.addr).map_err(|e| network(&e))?;
         let mut message = tonic::Request::new(RaftMessage { json });
         message.set_timeout(timeout);
+        self.name_incarnation(&mut message);
         let reply = match method {
             Method::AppendEntries => client.append_entries(message).await,
             Method::Vote => client.vote(message).await,
             Method::InstallSnapshot => client.install_snapshot(message).await,
         };
         self.answer(reply)
+    }
+
+    /// Names the incarnation the configuration records for the peer on `request`.
+    fn name_incarnation<T>(&self, request: &mut tonic::Request<T>) {
+        let value = self.incarnation.as_deref().and_then(|i| tonic::metadata::MetadataValue::try_from(i).ok());
+        if let Some(value) = value {
+            request.metadata_mut().insert(INCARNATION_HEADER, value);
+        }
     }
 
     /// The request without its entries, and each entry's encoding: the one the log store
@@ -304,6 +320,7 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
             let mut client = self.peers.client(&self.addr).map_err(|e| network(&e))?;
             let mut message = tonic::Request::new(frame);
             message.set_timeout(option.hard_ttl());
+            self.name_incarnation(&mut message);
             match client.append_entries_framed(message).await {
                 Err(status) if status.code() == tonic::Code::Unimplemented => self.framed = false,
                 reply => return self.answer(reply),

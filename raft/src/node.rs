@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::blocks::Blocks;
 use crate::boot_clock::BootInstant;
 use crate::clock::{watch_clock, ClockHealth};
+use crate::disk::DiskHealth;
 use crate::error::{StartError, WriteError};
 use crate::lease::{lease_for, Promises};
 use crate::limiter::{Limiter, LimiterContext};
@@ -56,6 +57,9 @@ pub struct RaftSettings {
     pub max_clock_offset_ms: u64,
     /// How long a membership change may take, a learner's catch-up included.
     pub membership_timeout_ms: u64,
+    /// Free space below which the data directory's disk counts as full (see
+    /// [`crate::disk`]).
+    pub min_free_disk_bytes: u64,
 }
 
 impl Default for RaftSettings {
@@ -70,6 +74,29 @@ impl Default for RaftSettings {
             bootstrap_wait_ms: 10_000,
             max_clock_offset_ms: 500,
             membership_timeout_ms: 30_000,
+            min_free_disk_bytes: 64 << 20,
+        }
+    }
+}
+
+/// How long a member handed the initial configuration waits for a clock check counting
+/// those members to confirm its clock before answering "not yet".
+const INITIALIZE_CLOCK_WAIT: Duration = Duration::from_secs(3);
+
+/// Why a member did not take the initial configuration.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub enum Initialize {
+    /// It holds another configuration, or another incarnation: the bootstrap stops.
+    Refused(String),
+    /// Not now (no answer, clock not confirmed yet): ask again.
+    NotYet(String),
+}
+
+impl std::fmt::Display for Initialize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Initialize::Refused(why) => write!(f, "refused: {why}"),
+            Initialize::NotYet(why) => write!(f, "not yet: {why}"),
         }
     }
 }
@@ -95,6 +122,7 @@ struct Inner {
     secret: ClusterSecret,
     tls: Option<NodeTls>,
     clock: watch::Receiver<ClockHealth>,
+    disk: watch::Receiver<DiskHealth>,
     settings: RaftSettings,
     node_metrics: NodeMetrics,
     log_cache: LogCache,
@@ -102,6 +130,8 @@ struct Inner {
     promises: Arc<Promises>,
     /// Held while a vote request is checked and granted, and while a promise is made.
     vote_gate: tokio::sync::Mutex<()>,
+    /// Written while the node initializes, read by every append and snapshot install.
+    init_gate: tokio::sync::RwLock<()>,
     /// Read barriers share read-index rounds ([`crate::read_rounds`]).
     barrier_rounds: ReadRounds,
     /// So do the read indexes this node, as leader, hands followers.
@@ -133,22 +163,25 @@ where
 /// right switches elections back on within this).
 const ELECTION_SWITCH_INTERVAL: Duration = Duration::from_millis(25);
 
-/// Keeps openraft's elections switched as [`RaftNode::switch_elections`] says, for as long
-/// as the node lives.
+/// Keeps openraft's elections switched as [`RaftNode::switch_elections`] says, and its
+/// leader heartbeats on only while the clock agrees and the disk is not full (a leader that
+/// stops them steps down: the others elect another), for as long as the node lives.
 async fn switch_elections_forever(
     id: NodeId,
     raft: Raft,
     promises: std::sync::Weak<Promises>,
     clock: watch::Receiver<ClockHealth>,
+    disk: watch::Receiver<DiskHealth>,
     vote_right: watch::Receiver<VoteRight>,
 ) {
     let mut ticks = tokio::time::interval(ELECTION_SWITCH_INTERVAL);
     loop {
         ticks.tick().await;
         let Some(promises) = promises.upgrade() else { return };
-        let clock_ok = clock.borrow().may_lead();
+        let fit = clock.borrow().may_lead() && !disk.borrow().full;
         let votes = vote_right.borrow().may_vote();
-        RaftNode::switch_elections(&promises, &raft, id, clock_ok, votes);
+        raft.runtime_config().heartbeat(fit);
+        RaftNode::switch_elections(&promises, &raft, id, fit, votes);
     }
 }
 
@@ -224,11 +257,20 @@ impl RaftNode {
         tokio::spawn(membership::watch_vote_right(id, identity.clone(), raft.clone(), vote_right.clone()));
         let lease = lease_for(Duration::from_millis(settings.election_timeout_min_ms));
         let promises = Arc::new(Promises::new(lease, BootInstant::now()));
+        let (disk_tx, disk) = watch::channel(DiskHealth::new(settings.min_free_disk_bytes));
+        tokio::spawn(crate::disk::watch_disk(
+            db.path().to_path_buf(),
+            settings.min_free_disk_bytes,
+            disk_tx,
+            node_metrics.disk_full.clone(),
+            node_metrics.disk_free_bytes.clone(),
+        ));
         tokio::spawn(switch_elections_forever(
             id,
             raft.clone(),
             Arc::downgrade(&promises),
             clock.clone(),
+            disk.clone(),
             vote_right.subscribe(),
         ));
         let proposer = Proposer::spawn(ProposerContext {
@@ -237,6 +279,7 @@ impl RaftNode {
             peers: peers.clone(),
             write_timeout: Duration::from_millis(settings.write_timeout_ms),
             clock: clock.clone(),
+            disk: disk.clone(),
             metrics: node_metrics.clone(),
         });
         let limiter = Limiter::spawn(LimiterContext {
@@ -268,11 +311,13 @@ impl RaftNode {
             secret,
             tls,
             clock,
+            disk,
             settings,
             node_metrics,
             log_cache,
             promises,
             vote_gate: tokio::sync::Mutex::new(()),
+            init_gate: tokio::sync::RwLock::new(()),
             barrier_rounds,
             leader_rounds,
             applied,
@@ -291,6 +336,11 @@ impl RaftNode {
     /// The cluster secret this node's calls carry and its server demands.
     pub fn secret(&self) -> &ClusterSecret {
         &self.inner.secret
+    }
+
+    /// What the last disk check found (see [`crate::disk`]).
+    pub fn disk(&self) -> DiskHealth {
+        *self.inner.disk.borrow()
     }
 
     /// What the last clock check found.
@@ -622,37 +672,59 @@ impl RaftNode {
             tokio::time::sleep(BOOTSTRAP_POLL).await;
         }
         let json = serde_json::to_vec(&named).map_err(|e| StartError::Bootstrap(e.to_string()))?;
-        for (id, info) in named.iter().filter(|(id, _)| **id != self.inner.id) {
-            if let Err(why) = self.initialize_peer(&info.grpc_addr, &json).await {
-                tracing::warn!(peer = id, %why, "a member refused the initial configuration; not initializing");
+        let wait = Duration::from_millis(self.inner.settings.bootstrap_wait_ms.max(1_000));
+        let started = Instant::now();
+        let mut pending: Vec<NodeId> = named.keys().copied().collect();
+        let mut last_warning = Instant::now();
+        loop {
+            let mut still = Vec::new();
+            for id in pending {
+                let answer = if id == self.inner.id {
+                    self.initialize_here(named.clone()).await
+                } else {
+                    self.initialize_peer(&named[&id].grpc_addr, &json).await
+                };
+                match answer {
+                    Ok(()) => tracing::info!(member = id, "member initialized"),
+                    Err(Initialize::Refused(why)) => {
+                        tracing::warn!(member = id, %why, "a member holds another configuration; not bootstrapping");
+                        return Ok(());
+                    }
+                    Err(Initialize::NotYet(why)) => {
+                        tracing::debug!(member = id, %why, "member not initialized yet");
+                        still.push(id);
+                    }
+                }
+            }
+            pending = still;
+            let initialized = named.len() - pending.len();
+            if pending.is_empty() {
+                tracing::info!(members = ?named.keys().collect::<Vec<_>>(), "cluster initialized");
                 return Ok(());
             }
+            if initialized * 2 > named.len() && started.elapsed() >= wait {
+                tracing::warn!(
+                    ?pending,
+                    "a majority is initialized; the others receive the configuration from the leader"
+                );
+                return Ok(());
+            }
+            if last_warning.elapsed() >= wait {
+                tracing::warn!(?pending, "members not initialized yet (unreachable, or clock not confirmed)");
+                last_warning = Instant::now();
+            }
+            tokio::time::sleep(BOOTSTRAP_POLL).await;
         }
-        tracing::info!(members = ?named.keys().collect::<Vec<_>>(), "initializing the cluster");
-        if let Err(why) = self.initialize_here(named).await {
-            tracing::warn!(%why, "initialize refused");
-        }
-        Ok(())
     }
 
-    /// Hands the peer at `addr` the initial configuration (`json`), retrying (bounded) while it
-    /// does not answer.
-    async fn initialize_peer(&self, addr: &str, json: &[u8]) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_millis(self.inner.settings.bootstrap_wait_ms.max(1_000));
-        loop {
-            let attempt = async {
-                let mut client = self.inner.peers.client(addr).map_err(|e| e.to_string())?;
-                let mut request = tonic::Request::new(crate::pb::RaftMessage { json: json.to_vec() });
-                request.set_timeout(Duration::from_millis(BOOTSTRAP_PROBE_TIMEOUT_MS));
-                let reply = client.initialize(request).await.map_err(|s| s.to_string())?.into_inner();
-                serde_json::from_slice::<Result<(), String>>(&reply.json).map_err(|e| e.to_string())
-            };
-            match attempt.await {
-                Ok(answer) => return answer,
-                Err(why) if Instant::now() >= deadline => return Err(format!("no answer: {why}")),
-                Err(_) => tokio::time::sleep(BOOTSTRAP_POLL).await,
-            }
-        }
+    /// Hands the peer at `addr` the initial configuration (`json`), once.
+    async fn initialize_peer(&self, addr: &str, json: &[u8]) -> Result<(), Initialize> {
+        let not_yet = |e: String| Initialize::NotYet(e);
+        let mut client = self.inner.peers.client(addr).map_err(|e| not_yet(e.to_string()))?;
+        let mut request = tonic::Request::new(crate::pb::RaftMessage { json: json.to_vec() });
+        request.set_timeout(INITIALIZE_CLOCK_WAIT + Duration::from_millis(BOOTSTRAP_PROBE_TIMEOUT_MS));
+        let reply = client.initialize(request).await.map_err(|s| not_yet(s.to_string()))?.into_inner();
+        serde_json::from_slice::<Result<(), Initialize>>(&reply.json).map_err(|e| not_yet(e.to_string()))?
     }
 
     /// The configuration this node holds, member by member (empty before it holds one).
@@ -663,65 +735,84 @@ impl RaftNode {
     }
 
     /// Initializes this node with the initial configuration `members` (from the bootstrapping
-    /// node, or this one): only if it names this node's incarnation, and only once — a node
-    /// already holding exactly this configuration answers `Ok`, any other refuses.
-    pub async fn initialize_here(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), String> {
+    /// node, or this one): only if it names this node's incarnation, only once (a node
+    /// already holding exactly this configuration answers `Ok`, any other refuses), and only
+    /// once a clock check counting these members confirms this node's clock (openraft stands
+    /// for election at once on `initialize`), waiting for that at most
+    /// [`INITIALIZE_CLOCK_WAIT`]; `NotYet` otherwise, and the bootstrapping node asks again.
+    pub async fn initialize_here(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), Initialize> {
         let mine = members.get(&self.inner.id).and_then(|info| info.incarnation.as_deref());
         if mine != Some(self.incarnation()) {
-            return Err(format!(
+            return Err(Initialize::Refused(format!(
                 "the configuration names node {} with incarnation {mine:?}, but this data directory is {}",
                 self.inner.id,
                 self.incarnation()
-            ));
+            )));
         }
         let held = self.held_configuration();
         if !held.is_empty() {
             return if held == members {
                 Ok(())
             } else {
-                Err(format!("this node already holds another configuration: {held:?}"))
+                Err(Initialize::Refused(format!("this node already holds another configuration: {held:?}")))
             };
         }
-        // openraft's `initialize` stands for election at once, past the election switch: the
-        // node initializes once a clock check counting these members confirms its clock (or
-        // not at all, if the configuration arrives first by replication from a leader the
-        // others elected).
         let addrs: Vec<(NodeId, String)> = members.iter().map(|(id, info)| (*id, info.grpc_addr.clone())).collect();
         self.inner.initial_members.send_replace(addrs);
-        let node = self.clone();
         let size = members.len();
-        let mut clock = node.inner.clock.clone();
-        let confirmed = move |clock: &mut watch::Receiver<ClockHealth>| {
-            let health = clock.borrow_and_update();
-            health.may_lead() && health.cluster_size == size
-        };
-        if confirmed(&mut clock) {
-            return self.initialize_now(members).await;
+        let mut clock = self.inner.clock.clone();
+        let confirmed = tokio::time::timeout(
+            INITIALIZE_CLOCK_WAIT,
+            clock.wait_for(|health| health.may_lead() && health.cluster_size == size),
+        )
+        .await
+        .is_ok_and(|checked| checked.is_ok());
+        if !confirmed {
+            return Err(Initialize::NotYet("this node's clock is not confirmed by these members yet".into()));
         }
-        tracing::info!("initial configuration received; initializing once this node's clock is confirmed");
-        tokio::spawn(async move {
-            loop {
-                if !node.held_configuration().is_empty() {
-                    return;
-                }
-                if confirmed(&mut clock) {
-                    if let Err(why) = node.initialize_now(members).await {
-                        tracing::warn!(%why, "deferred initialize refused");
-                    }
-                    return;
-                }
-                let _ = tokio::time::timeout(BOOTSTRAP_POLL, clock.changed()).await;
-            }
+        // Under the initialization gate, which every append and snapshot install holds: none
+        // reaches openraft between the look at its state and the initialize.
+        let _gate = self.inner.init_gate.write().await;
+        let raft = self.inner.raft.clone();
+        let fresh = tokio::spawn(async move {
+            raft.with_raft_state(|st| {
+                st.vote_ref().leader_id.term == 0
+                    && st.committed.is_none()
+                    && st.membership_state.effective().membership().nodes().next().is_none()
+            })
+            .await
         });
-        Ok(())
-    }
-
-    async fn initialize_now(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), String> {
+        if !matches!(fresh.await, Ok(Ok(true))) {
+            // A leader the others elected reached this node first: its configuration arrives
+            // by replication.
+            return Ok(());
+        }
         match self.inner.raft.initialize(members.clone()).await {
             Ok(()) => Ok(()),
             Err(_) if self.held_configuration() == members => Ok(()),
-            Err(e) => Err(format!("initialize refused: {e}")),
+            Err(e) => Err(Initialize::Refused(format!("initialize refused: {e}"))),
         }
+    }
+
+    /// Hands an appended-entries request to openraft under the initialization gate.
+    pub async fn append_entries(
+        &self,
+        rpc: openraft::raft::AppendEntriesRequest<crate::types::TypeConfig>,
+    ) -> Result<openraft::raft::AppendEntriesResponse<NodeId>, openraft::error::RaftError<NodeId>> {
+        let _gate = self.inner.init_gate.read().await;
+        self.inner.raft.append_entries(rpc).await
+    }
+
+    /// Hands a snapshot chunk to openraft under the initialization gate.
+    pub async fn install_snapshot(
+        &self,
+        rpc: openraft::raft::InstallSnapshotRequest<crate::types::TypeConfig>,
+    ) -> Result<
+        openraft::raft::InstallSnapshotResponse<NodeId>,
+        openraft::error::RaftError<NodeId, openraft::error::InstallSnapshotError>,
+    > {
+        let _gate = self.inner.init_gate.read().await;
+        self.inner.raft.install_snapshot(rpc).await
     }
 
     /// Stops openraft (the caller stops serving first).

@@ -51,6 +51,8 @@ pub(crate) struct ProposerContext {
     pub peers: Peers,
     pub write_timeout: Duration,
     pub clock: watch::Receiver<ClockHealth>,
+    /// The NOSPACE alarm: a node whose disk is full proposes nothing.
+    pub disk: watch::Receiver<crate::disk::DiskHealth>,
     pub metrics: NodeMetrics,
 }
 
@@ -194,6 +196,10 @@ async fn commit(ctx: &ProposerContext, units: &[Unit], deadline: Instant) -> Res
     loop {
         let (leader, addr) = wait_for_leader(&ctx.raft, deadline).await?;
         if leader == ctx.node_id {
+            let disk = *ctx.disk.borrow();
+            if disk.full {
+                return Err(WriteError::Unavailable(disk.refusal()));
+            }
             let stamp = {
                 let clock = ctx.clock.borrow();
                 if !clock.may_lead() {

@@ -36,6 +36,34 @@ impl RaftGrpc {
     pub fn new(node: RaftNode) -> RaftGrpc {
         RaftGrpc { node }
     }
+
+    /// Refuses a call from a leader whose configuration records another incarnation for this
+    /// node: this data directory is not the one that acknowledged that leader's entries, so
+    /// its acknowledgements must not count (a wiped node would otherwise help a stale leader
+    /// of an old term commit). It takes entries again once removed and added back.
+    fn addressed_to_this_directory<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let Some(expected) = request.metadata().get(crate::network::INCARNATION_HEADER) else { return Ok(()) };
+        let mine = self.node.incarnation();
+        if expected.as_bytes() == mine.as_bytes() {
+            return Ok(());
+        }
+        Err(Status::failed_precondition(format!(
+            "node {} runs another data directory (incarnation {mine}) than the sender's configuration records \
+             ({}): it lost its data; remove it and add it again",
+            self.node.id(),
+            expected.to_str().unwrap_or("?")
+        )))
+    }
+
+    /// Refuses what would write entries while the NOSPACE alarm is raised (the leader
+    /// retries; see [`crate::disk`]).
+    fn disk_has_room(&self) -> Result<(), Status> {
+        let disk = self.node.disk();
+        if disk.full {
+            return Err(Status::resource_exhausted(disk.refusal()));
+        }
+        Ok(())
+    }
 }
 
 fn block_hash(bytes: &[u8]) -> Result<BlockHash, Status> {
@@ -59,12 +87,20 @@ fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<Ra
 #[tonic::async_trait]
 impl RaftService for RaftGrpc {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
-        let rpc = decode(request.get_ref())?;
-        reply(self.node.raft().append_entries(rpc).await)
+        self.addressed_to_this_directory(&request)?;
+        let rpc: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
+        if !rpc.entries.is_empty() {
+            self.disk_has_room()?;
+        }
+        reply(self.node.append_entries(rpc).await)
     }
 
     async fn append_entries_framed(&self, request: Request<AppendEntriesFrame>) -> Result<Response<RaftReply>, Status> {
+        self.addressed_to_this_directory(&request)?;
         let frame = request.into_inner();
+        if !frame.entries.is_empty() {
+            self.disk_has_room()?;
+        }
         let mut rpc: AppendEntriesRequest<TypeConfig> = serde_json::from_slice(&frame.header)
             .map_err(|e| Status::invalid_argument(format!("decode request: {e}")))?;
         rpc.entries.reserve(frame.entries.len());
@@ -75,7 +111,7 @@ impl RaftService for RaftGrpc {
             self.node.log_cache().received(entry.log_id, bytes);
             rpc.entries.push(entry);
         }
-        reply(self.node.raft().append_entries(rpc).await)
+        reply(self.node.append_entries(rpc).await)
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
@@ -87,8 +123,10 @@ impl RaftService for RaftGrpc {
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
+        self.addressed_to_this_directory(&request)?;
+        self.disk_has_room()?;
         let rpc = decode(request.get_ref())?;
-        reply(self.node.raft().install_snapshot(rpc).await)
+        reply(self.node.install_snapshot(rpc).await)
     }
 
     async fn forward(&self, request: Request<ForwardRequest>) -> Result<Response<ForwardReply>, Status> {

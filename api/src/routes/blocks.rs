@@ -105,6 +105,10 @@ pub async fn put(
             return Err(ApiError::from(Rejection::QuotaExceeded { stored_bytes, quota_bytes, size }));
         }
     }
+    let disk = state.node.disk();
+    if disk.full {
+        return Err(ApiError::Unavailable(disk.refusal()));
+    }
     blocks.put_replicated(block).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
     registered(state.node.write(register(uploader)).await?)
 }

@@ -19,6 +19,10 @@ pub async fn healthz() -> Json<Value> {
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let metrics = state.node.metrics();
     let member = metrics.membership_config.membership().get_node(&state.node.id()).is_some();
+    let disk = state.node.disk();
+    if disk.full {
+        return Err(ApiError::Unavailable(disk.refusal()));
+    }
     let clock = state.node.clock();
     if clock.ok == Some(false) {
         return Err(ApiError::Unavailable(format!(

@@ -102,6 +102,9 @@ async fn skew_and_partition(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     let others: Vec<u64> = cluster.node_ids().into_iter().filter(|id| *id != leader).collect();
     let (skewed, peer) = if seed.value() % 2 == 0 { (others[0], others[1]) } else { (others[1], others[0]) };
     cluster.set_clock_offset(skewed, FAR_SKEW)?;
+    // libfaketime reads the offset file again only now and then: the skew is in effect once
+    // the node finds its clock off.
+    wait_readyz(cluster, skewed, false).await?;
     cluster.network().expect("network namespaces").partition(&[vec![skewed, peer], vec![leader]])?;
     eprintln!("node {skewed} {FAR_SKEW}, cut off with node {peer}; node {leader} alone");
     let until = tokio::time::Instant::now() + PARTITION_WATCH;

@@ -65,6 +65,7 @@ mod chaos;
 mod checker;
 mod clock_skew;
 mod console;
+mod disk_full;
 mod failover;
 mod files_sync;
 mod folder_sync;

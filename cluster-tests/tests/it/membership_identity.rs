@@ -80,6 +80,8 @@ async fn every_member_votes_and_one_may_fail(cluster: &mut Cluster) -> Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wiped_node_never_votes_until_added_again() {
     let mut cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
+    // Leaders log the calls the wiped node refuses until it is added again.
+    cluster.allow_log_error("lost its data");
     let result = within(TEST_DEADLINE, wiped_scenario(&mut cluster)).await;
     cluster.conclude(result);
 }
@@ -102,11 +104,11 @@ async fn wiped_scenario(cluster: &mut Cluster) -> Result<()> {
     cluster.start_node(WIPED)?;
     never_votes(cluster, WIPED, "reaching no peer").await?;
     // Only the lagging peer comes back: with the wiped node it is two of three, but the
-    // wiped node must not vote, so nothing is elected and nothing is acknowledged.
+    // wiped node must neither vote nor take entries (the lagging node may even resume as the
+    // stale leader of an old term: openraft restores a leader from its own committed vote),
+    // so nothing is acknowledged.
     cluster.start_node(LAGGING)?;
     never_votes(cluster, WIPED, "with only the lagging peer up").await?;
-    let view = cluster.view(LAGGING).await?;
-    ensure!(!view.is_leader(), "the lagging node leads without the data it lacks: {view:?}");
     let refused = create_user(&http, &cluster.http_url(LAGGING), &token, "must-not-commit").await?;
     ensure!(!matches!(refused, Outcome::Ok(_)), "a write was acknowledged by the lagging node and the wiped one");
     // Node 1 returns: a real majority. The wiped node still does not vote.

@@ -29,16 +29,14 @@ use rand::RngCore as _;
 const TEST_DEADLINE: Duration = Duration::from_secs(240);
 /// The node wiped and rebuilt. Not node 1: node 1 carries `bootstrap = true`.
 const REBUILT: u64 = 3;
-/// The node frozen in the second phase and wiped in the third.
-const WIPED_VOTER: u64 = 2;
-/// The leader killed in the second phase.
-const STOPPED: u64 = 1;
-/// The fresh node that replaces [`WIPED_VOTER`] in the third phase.
+/// The node the re-add goes through (any node forwards it to the leader).
+const VIA: u64 = 1;
+/// The fresh node that replaces the frozen node in the third phase.
 const REPLACEMENT: u64 = 4;
 /// Blocks uploaded before the replacement exists, and their size.
 const BLOCKS: usize = 40;
 const BLOCK_BYTES: usize = 64 * 1024;
-/// Users created while [`WIPED_VOTER`] is frozen, so its log falls behind.
+/// Users created while a node is frozen, so its log falls behind.
 const FROZEN_USERS: usize = 50;
 /// Deadline of a membership change (a learner's catch-up included).
 const MEMBERSHIP_DEADLINE: Duration = Duration::from_secs(60);
@@ -68,6 +66,8 @@ async fn wiped_node_rejoins_from_snapshot() {
     let seed = Seed::new("snapshot_rejoin::wiped_node_rejoins_from_snapshot");
     let options = ClusterOptions::snapshotting(SNAPSHOT_LOGS_SINCE_LAST, LOGS_TO_KEEP);
     let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    // Leaders log the calls the wiped nodes refuse until they are added again.
+    cluster.allow_log_error("lost its data");
     let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
     cluster.conclude(result);
 }
@@ -101,41 +101,42 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
 
     cluster.start_node(REBUILT)?;
     let target = cluster.view(leader).await?.last_applied;
+    let view = cluster.wait_view(REBUILT, REJOIN_DEADLINE, "the wiped node to not vote", |v| !v.votes).await?;
+    ensure!(view.last_applied < target, "the wiped node took entries before it was added again: {view:?}");
+    eprintln!("node {REBUILT} wiped, not voting, taking no entries: {view:?}");
+    readd(cluster, REBUILT, VIA).await?;
     let view = cluster
-        .wait_view(REBUILT, REJOIN_DEADLINE, "the wiped node to install a snapshot, catch up, and not vote", |v| {
-            v.last_applied >= target && v.snapshot_index.is_some() && !v.votes
+        .wait_view(REBUILT, REJOIN_DEADLINE, "the re-added node to install a snapshot and catch up", |v| {
+            v.last_applied >= target && v.snapshot_index.is_some()
         })
         .await?;
-    eprintln!("node {REBUILT} rebuilt, not voting: {view:?}");
-    readd(cluster, REBUILT, STOPPED).await?;
+    eprintln!("node {REBUILT} rebuilt from a snapshot: {view:?}");
 
     let mut sample: Vec<CreatedUser> = early.iter().take(SAMPLE_EARLIEST).cloned().collect();
     sample.extend(users.choose_multiple(&mut rng, SAMPLE_RANDOM).cloned());
     cluster.verify_users(REBUILT, &sample).await.context("sampled users through the rebuilt node")?;
 
-    users.extend(lead_from_rebuilt_node(cluster).await?);
+    let (created, stopped, frozen) = lead_from_rebuilt_node(cluster).await?;
+    users.extend(created);
     cluster.verify_users(REBUILT, &users).await.context("every user through the rebuilt node while it leads")?;
     eprintln!("all {} users served by the rebuilt node as leader", users.len());
 
     // A second wiped voter: silent, and replaced by a fresh node under a new id.
-    cluster.kill9(WIPED_VOTER)?;
-    cluster.wipe(WIPED_VOTER)?;
-    cluster.start_node(WIPED_VOTER)?;
-    cluster.wait_view(WIPED_VOTER, REJOIN_DEADLINE, "the wiped voter to refuse to vote", |v| !v.votes).await?;
-    cluster.start_node(STOPPED)?;
-    cluster.wait_caught_up(STOPPED, REJOIN_DEADLINE).await?;
+    cluster.kill9(frozen)?;
+    cluster.wipe(frozen)?;
+    cluster.start_node(frozen)?;
+    cluster.wait_view(frozen, REJOIN_DEADLINE, "the wiped voter to refuse to vote", |v| !v.votes).await?;
+    cluster.start_node(stopped)?;
+    cluster.wait_caught_up(stopped, REJOIN_DEADLINE).await?;
     let hashes = upload_blocks(cluster, &mut rng).await?;
-    replace(cluster, WIPED_VOTER, REPLACEMENT, REBUILT).await?;
+    replace(cluster, frozen, REPLACEMENT, REBUILT).await?;
     let held = cluster.block_files(REPLACEMENT)?;
     let lacking = hashes.iter().filter(|h| !held.contains(*h)).count();
     ensure!(lacking == 0, "node {REPLACEMENT} became a voter without {lacking} of {BLOCKS} blocks");
     let view = cluster.wait_caught_up(REPLACEMENT, REJOIN_DEADLINE).await?;
     ensure!(view.snapshot_index.is_some(), "node {REPLACEMENT} caught up without a snapshot: {view:?}");
     cluster.verify_users(REPLACEMENT, &users).await.context("every user through the replacement node")?;
-    eprintln!(
-        "node {REPLACEMENT} replaced node {WIPED_VOTER}: {view:?}; all {BLOCKS} blocks, all {} users",
-        users.len()
-    );
+    eprintln!("node {REPLACEMENT} replaced node {frozen}: {view:?}; all {BLOCKS} blocks, all {} users", users.len());
     Ok(())
 }
 
@@ -215,20 +216,22 @@ async fn top_up_until_snapshot(cluster: &Cluster, leader: u64, urls: &[String]) 
     }
 }
 
-/// Freezes [`WIPED_VOTER`] while users are created, kills the leader [`STOPPED`] and lets
-/// the frozen node run again: its log is behind the rebuilt node's, so only the rebuilt node
-/// can be elected — with the frozen node's vote. Returns the users created meanwhile.
-async fn lead_from_rebuilt_node(cluster: &mut Cluster) -> Result<Vec<CreatedUser>> {
-    let leader = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
-    ensure!(leader == STOPPED, "node {leader} leads, expected node {STOPPED}");
-    cluster.pause(WIPED_VOTER)?;
+/// Freezes the follower other than [`REBUILT`] while users are created, kills the leader
+/// and lets the frozen node run again: its log is behind the rebuilt node's, so only the
+/// rebuilt node can be elected — with the frozen node's vote. Returns the users created
+/// meanwhile, the node killed and the node frozen.
+async fn lead_from_rebuilt_node(cluster: &mut Cluster) -> Result<(Vec<CreatedUser>, u64, u64)> {
+    let stopped = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
+    ensure!(stopped != REBUILT, "the rebuilt node {REBUILT} leads already");
+    let frozen = cluster.node_ids().into_iter().find(|id| *id != stopped && *id != REBUILT).context("a third node")?;
+    cluster.pause(frozen)?;
     let (http, token) = (cluster.client(), cluster.admin_token().to_owned());
-    let urls = cluster.http_urls(&[STOPPED, REBUILT]);
+    let urls = cluster.http_urls(&[stopped, REBUILT]);
     let created = create_users(&http, &urls, &token, names("frozen", FROZEN_USERS), LANES).await?;
-    cluster.kill9(STOPPED)?;
-    cluster.resume(WIPED_VOTER)?;
+    cluster.kill9(stopped)?;
+    cluster.resume(frozen)?;
     let leader = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
     ensure!(leader == REBUILT, "node {leader} leads, expected the rebuilt node {REBUILT}");
     eprintln!("the rebuilt node {REBUILT} leads");
-    Ok(created)
+    Ok((created, stopped, frozen))
 }

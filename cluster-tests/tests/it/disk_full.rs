@@ -1,0 +1,85 @@
+//! Invariant: a node whose disk fills up under load stops taking writes with a clear error
+//! and a metric, leading it steps down, the others keep committing, and once space is freed
+//! it recovers by itself and catches up with nothing lost (issue 23; etcd's NOSPACE alarm is
+//! the model, `raft/src/disk.rs`). Each node's data directory is a small tmpfs of its own;
+//! the leader's is filled to below the NOSPACE minimum while users are created.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _, Result};
+use raftbox_cluster_tests::{create_users, send, within, Cluster, ClusterOptions, CreatedUser, Deadline, RaftTuning};
+
+const TEST_DEADLINE: Duration = Duration::from_secs(180);
+const LEADER_DEADLINE: Duration = Duration::from_secs(15);
+const CATCH_UP_DEADLINE: Duration = Duration::from_secs(60);
+const ALARM_DEADLINE: Duration = Duration::from_secs(10);
+/// Each node's disk, and the free space below which it counts as full.
+const DISK_MB: u64 = 256;
+const MIN_FREE_MB: u64 = 32;
+/// What the filler leaves free: below the minimum.
+const LEFT_MB: u64 = 12;
+const USERS_BEFORE: usize = 40;
+const USERS_DURING: usize = 120;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_disk_fills_steps_down_and_recovers_with_nothing_lost() {
+    let options = ClusterOptions {
+        small_disks_mb: Some(DISK_MB),
+        raft: RaftTuning { min_free_disk_mb: Some(MIN_FREE_MB), ..RaftTuning::default() },
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    // The alarm and the refused appends are logged as errors, as they should be.
+    cluster.allow_log_error("NOSPACE");
+    cluster.allow_log_error("disk is full");
+    let result = within(TEST_DEADLINE, scenario(&mut cluster)).await;
+    cluster.conclude(result);
+}
+
+async fn scenario(cluster: &mut Cluster) -> Result<()> {
+    let (http, token) = (cluster.client(), cluster.admin_token().to_owned());
+    let full = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
+    let names = |prefix: &str, count: usize| (0..count).map(|i| format!("{prefix}-{i}")).collect::<Vec<_>>();
+    let mut users: Vec<CreatedUser> =
+        create_users(&http, &cluster.http_urls(&[full]), &token, names("before", USERS_BEFORE), 4).await?;
+
+    cluster.fill_disk(full, LEFT_MB)?;
+    // The alarm: not ready with the NOSPACE error, the metric raised, another node leads.
+    let wait = Deadline::after(ALARM_DEADLINE, format!("node {full} to raise the NOSPACE alarm"));
+    loop {
+        let ready = send(http.get(format!("{}/readyz", cluster.http_url(full)))).await?;
+        if format!("{ready:?}").contains("disk is full") {
+            break;
+        }
+        wait.tick(&format!("{ready:?}")).await?;
+    }
+    let metrics = http.get(format!("{}/metrics", cluster.http_url(full))).send().await?.text().await?;
+    let raised = format!("raftbox_disk_full{{node=\"{full}\"}} 1");
+    ensure!(metrics.contains(&raised), "metrics lack {raised}");
+    let others: Vec<u64> = cluster.node_ids().into_iter().filter(|id| *id != full).collect();
+    let wait = Deadline::after(LEADER_DEADLINE, format!("nodes {others:?} to elect a leader other than {full}"));
+    let leader = loop {
+        let mut named = Vec::new();
+        for id in &others {
+            named.push(cluster.view(*id).await.ok().and_then(|v| v.leader_id));
+        }
+        match named.as_slice() {
+            [Some(a), Some(b)] if a == b && *a != full => break *a,
+            _ => wait.tick(&format!("{named:?}")).await?,
+        }
+    };
+    eprintln!("node {full}'s disk is full: not ready, metric raised; node {leader} leads");
+
+    // The others keep committing meanwhile.
+    users.extend(create_users(&http, &cluster.http_urls(&others), &token, names("during", USERS_DURING), 4).await?);
+    ensure!(cluster.is_running(full), "node {full} exited with a full disk");
+
+    // Space freed: the alarm clears by itself and the node catches up with every user.
+    cluster.free_disk(full)?;
+    let view = cluster.wait_caught_up(full, CATCH_UP_DEADLINE).await?;
+    cluster.verify_users(full, &users).await.context("every user through the node whose disk was full")?;
+    let ready = send(http.get(format!("{}/readyz", cluster.http_url(full)))).await?;
+    ensure!(ready.is_ok(), "node {full} not ready after space was freed: {ready:?}");
+    eprintln!("space freed: node {full} caught up ({view:?}) with all {} users", users.len());
+    Ok(())
+}
