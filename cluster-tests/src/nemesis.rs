@@ -43,6 +43,13 @@ pub enum FaultKind {
 pub const NEMESES_ENV: &str = "RAFTBOX_NEMESES";
 /// Environment variable naming a file each chaos scenario appends its summary row to.
 pub const REPORT_ENV: &str = "RAFTBOX_CHAOS_REPORT";
+/// At most how many faults run at once (`scripts/chaos --combined` sets 3); 1 if unset.
+pub const COMBINED_ENV: &str = "RAFTBOX_COMBINED";
+
+/// At most how many faults the nemesis runs at once: [`COMBINED_ENV`], else one.
+pub fn at_once() -> usize {
+    std::env::var(COMBINED_ENV).ok().and_then(|v| v.parse().ok()).filter(|n| *n >= 1).unwrap_or(1)
+}
 
 impl FaultKind {
     pub const ALL: [FaultKind; 8] = [
@@ -160,6 +167,9 @@ pub struct NemesisSpec {
     pub calm_ms: (u64, u64),
     /// How long the fault phase lasts in all.
     pub duration: Duration,
+    /// At most how many faults run at once, of different kinds (see [`at_once`]): each
+    /// round injects one to this many, holds them together, then heals them in reverse.
+    pub at_once: usize,
 }
 
 /// Injects faults into `cluster` as `spec` says until its duration is over, then heals
@@ -179,14 +189,36 @@ pub async fn run(
     while started.elapsed() < spec.duration {
         // The schedule's own pace: the calm between faults, not a synchronisation.
         tokio::time::sleep(Duration::from_millis(rng.gen_range(spec.calm_ms.0..=spec.calm_ms.1))).await;
-        let kind = *spec.kinds.choose(rng).context("no fault kinds")?;
-        let fault = inject(cluster, kind, rng).await?;
-        log(&mut events, format!("{fault:?}"), Some(kind));
+        let kinds = combination(&spec.kinds, spec.at_once, rng)?;
+        let mut faults = Vec::with_capacity(kinds.len());
+        for kind in kinds {
+            let fault = inject(cluster, kind, rng).await?;
+            log(&mut events, format!("{fault:?}"), Some(kind));
+            faults.push(fault);
+        }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(spec.fault_ms.0..=spec.fault_ms.1))).await;
-        heal(cluster, &fault).await?;
-        log(&mut events, format!("healed {fault:?}"), None);
+        for fault in faults.iter().rev() {
+            heal(cluster, fault).await?;
+            log(&mut events, format!("healed {fault:?}"), None);
+        }
     }
     Ok(events)
+}
+
+/// The kinds of one round: one to `at_once` different kinds of `kinds`. A replacement (a
+/// membership change, which needs a quorum) only ever runs alone.
+fn combination(kinds: &[FaultKind], at_once: usize, rng: &mut StdRng) -> Result<Vec<FaultKind>> {
+    let first = *kinds.choose(rng).context("no fault kinds")?;
+    let count = rng.gen_range(1..=at_once.max(1));
+    if count == 1 || first == FaultKind::Replace {
+        return Ok(vec![first]);
+    }
+    let mut others: Vec<FaultKind> =
+        kinds.iter().copied().filter(|k| *k != first && *k != FaultKind::Replace).collect();
+    others.shuffle(rng);
+    let mut chosen = vec![first];
+    chosen.extend(others.into_iter().take(count - 1));
+    Ok(chosen)
 }
 
 /// A node to hit: the leader half of the time (if one is known), else any running node.

@@ -8,7 +8,8 @@
 //! with half the round trip as its uncertainty. A member *agrees* when a measurement taken
 //! within the last [`SAMPLE_VALID`] puts its clock within the bound of this node's, the
 //! uncertainty counted against it; a member not measured does not agree. The node is fine
-//! only when the members that agree (itself included) are a majority of the configuration;
+//! only when the voters that agree (itself included) are a majority of the configuration's
+//! voters;
 //! otherwise it is *off*: it does not stand for election, stops the leader heartbeats (so a
 //! healthy majority elects another leader) and proposes nothing; `/readyz` reports it not
 //! ready. Until its first check a node does not stand for election.
@@ -160,8 +161,12 @@ pub(crate) async fn watch_clock(
         let members: Vec<(NodeId, String)> = {
             let metrics = raft.metrics().borrow().clone();
             let membership = metrics.membership_config.membership().clone();
-            let held: Vec<(NodeId, String)> =
-                membership.nodes().filter(|(m, _)| **m != id).map(|(m, info)| (*m, info.grpc_addr.clone())).collect();
+            // The voters only: a learner (one being added, or abandoned half-way) has no say.
+            let held: Vec<(NodeId, String)> = membership
+                .voter_ids()
+                .filter(|m| *m != id)
+                .filter_map(|m| membership.get_node(&m).map(|info| (m, info.grpc_addr.clone())))
+                .collect();
             if membership.nodes().next().is_none() {
                 initial.borrow().iter().filter(|(m, _)| *m != id).cloned().collect()
             } else {

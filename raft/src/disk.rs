@@ -6,7 +6,8 @@
 //! system (`statvfs`). Below `min_free_bytes` the alarm is raised: the node proposes nothing,
 //! does not stand for election and stops its leader heartbeats (so, leading, it steps down:
 //! the others elect a leader), refuses appended entries and snapshots from a leader
-//! (`RESOURCE_EXHAUSTED`; the leader retries), refuses new blocks (507), reports not ready
+//! (`RESOURCE_EXHAUSTED`; the leader retries), refuses new blocks (503, from the API and from
+//! peers), reports not ready
 //! and sets `raftbox_disk_full`. Once twice the minimum is free again the alarm clears by
 //! itself and the node catches up from the leader: nothing is lost, since the node
 //! acknowledged nothing it did not store.

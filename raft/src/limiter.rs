@@ -116,6 +116,8 @@ pub(crate) struct LimiterContext {
     pub proposer: Proposer,
     pub peers: Peers,
     pub clock: watch::Receiver<ClockHealth>,
+    /// The NOSPACE alarm: a leader whose disk is full decides nothing (it is stepping down).
+    pub disk: watch::Receiver<crate::disk::DiskHealth>,
     pub write_timeout: Duration,
     /// This node's promises as a voter; a round's leader promises itself too.
     pub promises: Arc<Promises>,
@@ -266,7 +268,7 @@ impl Limiter {
     /// This node's term if it is the leader with a clock fit to lead.
     fn leader_term(&self) -> Option<u64> {
         let ctx = &self.inner.ctx;
-        if !ctx.clock.borrow().may_lead() {
+        if !ctx.clock.borrow().may_lead() || ctx.disk.borrow().full {
             return None;
         }
         let metrics = ctx.raft.metrics();

@@ -85,6 +85,20 @@ pub(crate) fn purge_bound(db: &Db, asked: LogId) -> Result<Option<LogId>, raftbo
     Ok(purged.is_none_or(|p| p.index < durable.index).then_some(durable))
 }
 
+/// Purges the log up to `upto` unless it is purged that far already: the purged mark only
+/// rises. The log store's purge and an install's run on different tasks; one lock (per
+/// process) orders them.
+pub(crate) fn purge_upto(db: &Db, upto: LogId) -> Result<(), raftbox_storage::StorageError> {
+    static PURGING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = PURGING.lock().unwrap_or_else(|e| e.into_inner());
+    let purged: Option<LogId> = db.meta_get(keys::meta::PURGED)?.and_then(|raw| serde_json::from_slice(&raw).ok());
+    if purged.is_some_and(|p| p.index >= upto.index) {
+        return Ok(());
+    }
+    let bytes = serde_json::to_vec(&upto).map_err(|e| raftbox_storage::StorageError::Corrupt(e.to_string()))?;
+    db.log_purge(upto.index, bytes)
+}
+
 /// The vote this node last saved (openraft saves a vote before it acts on it or answers).
 pub(crate) fn stored_vote(db: &Db) -> Option<Vote> {
     let raw = db.meta_get(keys::meta::VOTE).ok()??;
@@ -224,8 +238,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             if upto != log_id {
                 tracing::info!(asked = %log_id, purged = %upto, "log purge held back to the durable snapshot");
             }
-            let bytes = serde_json::to_vec(&upto).map_err(|e| StorageIOError::write_logs(&e))?;
-            db.log_purge(upto.index, bytes).map_err(|e| StorageIOError::write_logs(&e).into())
+            purge_upto(&db, upto).map_err(|e| StorageIOError::write_logs(&e).into())
         })
         .await
     }

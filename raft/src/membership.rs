@@ -153,6 +153,11 @@ async fn add(
             info.grpc_addr
         )));
     };
+    if status.incarnation.is_empty() {
+        return Err(MembershipError::Invalid(format!(
+            "node {id} runs a version without incarnations: upgrade it before adding it"
+        )));
+    }
     let info = &NodeInfo { incarnation: Some(status.incarnation.clone()), ..info.clone() };
     match existing {
         Some(m) if m.info.incarnation.is_some() && m.info.incarnation != info.incarnation => {

@@ -169,6 +169,9 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
 /// The metadata naming the incarnation the sender's configuration records for the target
 /// (see [`crate::membership`]): a node whose data directory is another refuses the call.
 pub const INCARNATION_HEADER: &str = "x-raftbox-incarnation";
+/// What the header says for a record written before incarnations: only a data directory
+/// that already held Raft state then (a legacy one) may take such a call.
+pub const LEGACY_INCARNATION: &str = "legacy";
 
 /// openraft's connection to one peer.
 pub struct PeerNetwork {
@@ -192,7 +195,10 @@ type RpcResult<T, E> = Result<T, RPCError<NodeId, NodeInfo, E>>;
 /// that as "unreachable" stalled replication to a busy follower for 500 ms, and every write
 /// with it when both followers were busy (seen in the 10,000-jobs burst).
 fn failed<E: std::error::Error>(status: &tonic::Status) -> RPCError<NodeId, NodeInfo, E> {
-    if crate::proposer::never_sent(status) {
+    // A peer that refuses entries for a while (it lost its data, or its disk is full) is
+    // treated as unreachable, so openraft backs off instead of retrying every heartbeat.
+    let refusing = matches!(status.code(), tonic::Code::ResourceExhausted | tonic::Code::FailedPrecondition);
+    if refusing || crate::proposer::never_sent(status) {
         RPCError::Unreachable(Unreachable::new(status))
     } else {
         network(status)
@@ -241,9 +247,11 @@ impl PeerNetwork {
         self.answer(reply)
     }
 
-    /// Names the incarnation the configuration records for the peer on `request`.
+    /// Names the incarnation the configuration records for the peer on `request`
+    /// ([`LEGACY_INCARNATION`] for a record written before incarnations).
     fn name_incarnation<T>(&self, request: &mut tonic::Request<T>) {
-        let value = self.incarnation.as_deref().and_then(|i| tonic::metadata::MetadataValue::try_from(i).ok());
+        let named = self.incarnation.as_deref().unwrap_or(LEGACY_INCARNATION);
+        let value = tonic::metadata::MetadataValue::try_from(named).ok();
         if let Some(value) = value {
             request.metadata_mut().insert(INCARNATION_HEADER, value);
         }

@@ -290,6 +290,7 @@ impl RaftNode {
             proposer: proposer.clone(),
             peers: peers.clone(),
             clock: clock.clone(),
+            disk: disk.clone(),
             write_timeout: Duration::from_millis(settings.write_timeout_ms),
             promises: promises.clone(),
         });
@@ -363,6 +364,12 @@ impl RaftNode {
         &self.inner.identity.incarnation
     }
 
+    /// Whether this data directory held Raft state before incarnations (see
+    /// [`crate::membership::Identity`]).
+    pub fn legacy_directory(&self) -> bool {
+        self.inner.identity.legacy
+    }
+
     /// The members of the cluster as this node sees them.
     pub fn members(&self) -> Vec<Member> {
         membership::members_of(&self.metrics())
@@ -412,6 +419,10 @@ impl RaftNode {
     /// applied up to `applied_index` (waiting at most [`FILL_APPLY_WAIT`]); asked of a learner
     /// by the leader before promoting it.
     pub async fn fill_blocks(&self, applied_index: u64) -> Result<crate::blocks::FillReport, String> {
+        let disk = self.disk();
+        if disk.full {
+            return Err(disk.refusal());
+        }
         self.inner
             .raft
             .wait(Some(FILL_APPLY_WAIT))
@@ -633,7 +644,7 @@ impl RaftNode {
     /// peer already belongs to a cluster with a log beyond its first entry, or a peer holds
     /// another initial configuration. Repeating it after a crash part-way changes nothing.
     pub async fn bootstrap(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), StartError> {
-        if self.inner.raft.is_initialized().await? {
+        if self.inner.raft.is_initialized().await? && self.metrics().last_log_index.unwrap_or(0) > 0 {
             tracing::info!("cluster already initialized; no bootstrap");
             return Ok(());
         }
@@ -674,7 +685,11 @@ impl RaftNode {
         let json = serde_json::to_vec(&named).map_err(|e| StartError::Bootstrap(e.to_string()))?;
         let wait = Duration::from_millis(self.inner.settings.bootstrap_wait_ms.max(1_000));
         let started = Instant::now();
-        let mut pending: Vec<NodeId> = named.keys().copied().collect();
+        // This node last: initialized, it stands for election at once, and a crash before the
+        // others hold the configuration would leave them refusing its votes (a restart then
+        // hands it out again: this node's log holds no entry beyond the configuration yet).
+        let mut pending: Vec<NodeId> = named.keys().copied().filter(|id| *id != self.inner.id).collect();
+        pending.push(self.inner.id);
         let mut last_warning = Instant::now();
         loop {
             let mut still = Vec::new();

@@ -205,8 +205,7 @@ impl StateMachineStore {
                 if let Some(last) = meta.last_log_id {
                     let bound = crate::log_store::purge_bound(self.sm.db(), last).map_err(|e| write_error(&e))?;
                     if let Some(upto) = bound {
-                        let bytes = serde_json::to_vec(&upto).map_err(|e| write_error(&e))?;
-                        self.sm.db().log_purge(upto.index, bytes).map_err(|e| write_error(&e))?;
+                        crate::log_store::purge_upto(self.sm.db(), upto).map_err(|e| write_error(&e))?;
                     }
                 }
                 Ok(())

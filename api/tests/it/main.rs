@@ -66,15 +66,17 @@ impl TestNode {
         if quorum {
             node.bootstrap(members).await.expect("bootstrap");
         } else {
-            // Port 1 refuses connections: these peers are down for good (so the bootstrap,
-            // which waits for every member, is skipped: the node initializes alone).
+            // Port 1 refuses connections: these peers are down for good. The node is handed
+            // the three-member configuration but, reaching no member to confirm its clock,
+            // does not initialize: it never has a leader.
             let named =
                 |http, grpc, incarnation: &str| NodeInfo { incarnation: Some(incarnation.into()), ..info(http, grpc) };
             let own = node.incarnation().to_owned();
             members.insert(1, named(url, "127.0.0.1:1", &own));
             members.insert(2, named("127.0.0.1:1", "127.0.0.1:1", "down-for-good"));
             members.insert(3, named("127.0.0.1:1", "127.0.0.1:1", "down-for-good"));
-            node.initialize_here(members).await.expect("initialize");
+            let answer = node.initialize_here(members).await;
+            assert!(matches!(answer, Err(raftbox_raft::node::Initialize::NotYet(_))), "{answer:?}");
         }
         if quorum {
             let admin = Command::EnsureAdmin {

@@ -2,14 +2,16 @@
 //! a round at a time (5 entries per round here, eight times fewer than the blocks): a node
 //! whose block store was wiped ends with every block. The reclaimer never deletes a block the
 //! node's state has not caught up on: a node restarted with an empty database but its old
-//! block files keeps every one of them.
+//! block files keeps every one of them, while it waits to be added again (it lost its votes
+//! with its database) and after, once it has caught up.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use raftbox_cluster_tests::{
-    commit_file, in_lanes, new_user, put_block, within, Cluster, ClusterOptions, Deadline, Seed,
+    add_member, commit_file, in_lanes, new_user, put_block, remove_member, within, Cluster, ClusterOptions, Deadline,
+    Outcome, Seed,
 };
 
 const TEST_DEADLINE: Duration = Duration::from_secs(150);
@@ -28,6 +30,8 @@ async fn every_block_reaches_every_node_and_none_is_reclaimed_early() {
     let seed = Seed::new("block_replication::every_block_reaches_every_node_and_none_is_reclaimed_early");
     let options = ClusterOptions { extra_toml: files_toml(), ..ClusterOptions::default() };
     let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    // The leader logs the calls node 2 refuses while its database is gone.
+    cluster.allow_log_error("lost its data");
     let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
     cluster.conclude(result);
 }
@@ -82,6 +86,19 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         ensure!(lost.is_empty(), "node 2 deleted {} indexed blocks before catching up, e.g. {}", lost.len(), lost[0]);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Its database lost, it is added again (remove, add), catches up, and still holds all.
+    let (http_addr, grpc_addr) = cluster.addresses(2);
+    let (url, admin) = (cluster.http_url(1), cluster.admin_token().to_owned());
+    let removed = remove_member(&http, &url, &admin, 2).await?;
+    ensure!(removed.is_ok(), "remove node 2: {removed:?}");
+    let wait = Deadline::after(CONVERGE_DEADLINE, "node 2 added again");
+    loop {
+        match add_member(&http, &url, &admin, 2, &http_addr, &grpc_addr).await? {
+            Outcome::Ok(body) if body["complete"] == true => break,
+            other => wait.tick(&format!("{other:?}")).await?,
+        }
+    }
     cluster.wait_ready(Duration::from_secs(30)).await?;
+    wait_for_blocks(cluster, 2, &all).await?;
     Ok(())
 }

@@ -108,7 +108,13 @@ async fn files_under_faults(cluster: &mut Cluster, seed: &Seed, kinds: Vec<Fault
     };
     let workload = RegisterWorkload::spawn(cluster.client(), spec, &mut rng, epoch);
 
-    let nemesis_spec = NemesisSpec { kinds, fault_ms: FAULT_MS, calm_ms: CALM_MS, duration: fault_phase() };
+    let nemesis_spec = NemesisSpec {
+        kinds,
+        fault_ms: FAULT_MS,
+        calm_ms: CALM_MS,
+        duration: fault_phase(),
+        at_once: nemesis::at_once(),
+    };
     let events = nemesis::run(cluster, &nemesis_spec, &mut rng, epoch).await?;
 
     // Recovery: a leader, and the workload acknowledged again.

@@ -133,6 +133,7 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         fault_ms: FAULT_MS,
         calm_ms: CALM_MS,
         duration: FAULT_PHASE,
+        at_once: nemesis::at_once(),
     };
     let events = nemesis::run(cluster, &spec, &mut rng, epoch).await?;
     cluster.wait_for_leader(None, RECOVERY_DEADLINE).await?;
