@@ -324,10 +324,13 @@ impl Cluster {
         Ok(())
     }
 
-    /// Removes what [`Cluster::fill_disk`] wrote.
+    /// Removes what [`Cluster::fill_disk`] wrote (nothing if a wipe removed it already).
     pub fn free_disk(&self, id: u64) -> Result<()> {
         let path = self.node(id).data_dir.join(DISK_FILLER);
-        fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            removed => removed.with_context(|| format!("remove {}", path.display())),
+        }
     }
 
     /// Prepares a new node `id` that is not a member yet (not started): its config names the
@@ -588,8 +591,13 @@ impl Cluster {
     pub fn wipe(&mut self, id: u64) -> Result<()> {
         let node = self.node(id);
         ensure!(node.child.is_none(), "node {id} must be stopped before its data is wiped");
-        fs::remove_dir_all(&node.data_dir).with_context(|| format!("remove {}", node.data_dir.display()))?;
-        fs::create_dir_all(&node.data_dir).with_context(|| format!("create {}", node.data_dir.display()))?;
+        // What is inside, not the directory: it may be a small disk's mount point.
+        let entries = fs::read_dir(&node.data_dir).with_context(|| format!("list {}", node.data_dir.display()))?;
+        for entry in entries {
+            let path = entry?.path();
+            let removed = if path.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+            removed.with_context(|| format!("remove {}", path.display()))?;
+        }
         Ok(())
     }
 

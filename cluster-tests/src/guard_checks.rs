@@ -5,6 +5,8 @@
 //!   in *any* window of the run (not only over the whole run);
 //! - [`check_fires`]: a fence goes to one fire only, fences grow with the fires' times, and no
 //!   fire took effect twice at a target that applies each `Idempotency-Key` once;
+//! - [`check_fire_times`]: no fire arrived before its time, and a fire ran again (a new
+//!   fence) only once the lease of its run before had lapsed: at most one run per lease;
 //! - [`check_due_fires`]: every fire due in a span arrived;
 //! - [`check_keyed_answers`]: every idempotency key got one answer, however often it was sent.
 
@@ -71,6 +73,8 @@ pub struct FireCall {
     pub fence: u64,
     /// The `Idempotency-Key` it carried: the target applies each key's effect once.
     pub key: String,
+    /// When the target received it (Unix ms, the test's clock).
+    pub received_ms: u64,
 }
 
 /// What the fire calls add up to, for the test's report.
@@ -114,12 +118,83 @@ pub fn check_fires(calls: &[FireCall]) -> Result<FireSummary> {
     Ok(FireSummary { calls: calls.len(), fires: keys.into_keys().collect(), fences: by_fence.len() })
 }
 
+/// Checks when the fires arrived, on the target's clock, allowing `tolerance_ms` for the
+/// cluster's clock bound: a fire's first run (its lowest fence) never arrived before the
+/// fire's time, and its k-th run (the k-th fence seen) not before `k` leases after it. A run
+/// is claimed at or after the fire's time and the next only once the lease of the one
+/// before lapsed (each claim takes a lease of `lease_ms` at least), so two runs of one fire
+/// within one lease are two executors at once. (A failed attempt is retried sooner, after
+/// its backoff: this check is for targets that answer every call.)
+pub fn check_fire_times(calls: &[FireCall], lease_ms: u64, tolerance_ms: u64) -> Result<()> {
+    // Each fire's runs: fence → first arrival.
+    let mut runs: BTreeMap<(&str, u64), BTreeMap<u64, u64>> = BTreeMap::new();
+    for call in calls {
+        let first = runs.entry((&call.job_id, call.scheduled_s)).or_default().entry(call.fence).or_insert(u64::MAX);
+        *first = (*first).min(call.received_ms);
+    }
+    for ((job, scheduled_s), fences) in &runs {
+        let due_ms = scheduled_s.saturating_mul(1_000);
+        for (k, (fence, arrived_ms)) in fences.iter().enumerate() {
+            let earliest = due_ms + k as u64 * lease_ms;
+            ensure!(
+                arrived_ms + tolerance_ms >= earliest,
+                "job {job}: {}",
+                if k == 0 {
+                    format!("the fire due at {due_ms} ms arrived {} ms early (fence {fence})", earliest - arrived_ms)
+                } else {
+                    format!(
+                        "run {} of the fire due at {due_ms} ms (fence {fence}) arrived {} ms after the fire's \
+                         time: {k} lease(s) of {lease_ms} ms must lapse first",
+                        k + 1,
+                        arrived_ms.saturating_sub(due_ms)
+                    )
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Checks that every fire of `job_id` due each second in `[from_s, to_s)` arrived.
 pub fn check_due_fires(fires: &BTreeSet<(String, u64)>, job_id: &str, from_s: u64, to_s: u64) -> Result<usize> {
     ensure!(from_s < to_s, "no fire was due in [{from_s}, {to_s})");
     let missing: Vec<u64> = (from_s..to_s).filter(|s| !fires.contains(&(job_id.to_owned(), *s))).collect();
     ensure!(missing.is_empty(), "fires due in [{from_s}, {to_s}) never arrived (Unix s): {missing:?}");
     Ok((to_s - from_s) as usize)
+}
+
+/// One acknowledged commit: the path's version it became, and its content's hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckedWrite {
+    pub path: String,
+    pub version: u64,
+    pub content: String,
+}
+
+/// Checks that every acknowledged write is readable where it was acknowledged: `histories`
+/// holds each path's versions as read back after the run (version → content hash). A path's
+/// versions are 1..=N without a gap, and each acknowledged write is there, at its version,
+/// with its content. Returns the versions checked.
+pub fn check_acked_writes(histories: &BTreeMap<String, BTreeMap<u64, String>>, acked: &[AckedWrite]) -> Result<usize> {
+    for (path, versions) in histories {
+        let count = versions.len() as u64;
+        ensure!(
+            versions.keys().copied().eq(1..=count),
+            "{path}: versions are not gapless: {:?}",
+            versions.keys().collect::<Vec<_>>()
+        );
+    }
+    for write in acked {
+        let found = histories.get(&write.path).and_then(|versions| versions.get(&write.version));
+        ensure!(
+            found == Some(&write.content),
+            "{}: the acknowledged write of {} as version {} is not readable (found {found:?})",
+            write.path,
+            write.content,
+            write.version
+        );
+    }
+    Ok(histories.values().map(BTreeMap::len).sum())
 }
 
 /// Checks that every idempotency key got one and the same answer (status and body text, or

@@ -1,7 +1,9 @@
 //! Nemeses: faults injected from outside the nodes (the production binary runs unmodified),
 //! every few seconds, each healed before the next: `kill -9` and restart, SIGSTOP/SIGCONT
 //! pauses, network partitions enforced by the kernel (the leader isolated, a minority cut
-//! off, one-way loss, a bridge node that sees both sides), and clock skew (libfaketime).
+//! off, one-way loss, a bridge node that sees both sides), a lossy and slow link, clock skew
+//! (libfaketime), a full disk, a node killed again while it catches up (installing a
+//! snapshot when the log moved past it), and a node's data wiped in place under its id.
 //! Every fault and heal is logged with its time, so a history can be read against it.
 
 use std::time::{Duration, Instant};
@@ -12,7 +14,7 @@ use rand::seq::SliceRandom as _;
 use rand::Rng as _;
 
 use crate::client::{add_member, remove_member, Outcome};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, ClusterOptions};
 use crate::support::Deadline;
 
 /// The kinds of fault a nemesis draws from.
@@ -35,6 +37,19 @@ pub enum FaultKind {
     /// Replace a follower as an operator replaces a machine: remove it, wipe its disk,
     /// start it empty and add it back (learner, then voter) at heal.
     Replace,
+    /// Drop a random share of what one node's peers send it and cap what it sends with a
+    /// token bucket (needs `network_namespaces`).
+    LossyLink,
+    /// Fill one node's disk below the NOSPACE minimum (needs `small_disks_mb`); free it at
+    /// heal.
+    DiskFull,
+    /// Kill a node; at heal, start it and kill it again a moment later, while it catches
+    /// up (installing a snapshot when the leader's log moved past it), then start it again.
+    KillCatchingUp,
+    /// Kill a follower, wipe its data directory and start it again under the same id,
+    /// without removing it: it must take no part until removed and added back, which the
+    /// heal does.
+    WipeInPlace,
 }
 
 /// Environment variable restricting the fault kinds of a chaos scenario (`scripts/chaos
@@ -52,7 +67,7 @@ pub fn at_once() -> usize {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::IsolateLeader,
@@ -61,6 +76,10 @@ impl FaultKind {
         FaultKind::Bridge,
         FaultKind::ClockSkew,
         FaultKind::Replace,
+        FaultKind::LossyLink,
+        FaultKind::DiskFull,
+        FaultKind::KillCatchingUp,
+        FaultKind::WipeInPlace,
     ];
 
     /// The name `scripts/chaos --nemesis` and the report use.
@@ -74,13 +93,17 @@ impl FaultKind {
             FaultKind::Bridge => "bridge",
             FaultKind::ClockSkew => "clock-skew",
             FaultKind::Replace => "replace",
+            FaultKind::LossyLink => "lossy-link",
+            FaultKind::DiskFull => "disk-full",
+            FaultKind::KillCatchingUp => "kill-catching-up",
+            FaultKind::WipeInPlace => "wipe-in-place",
         }
     }
 
     /// The kinds a name stands for: one, or the four network kinds for `partition`.
     pub fn parse(name: &str) -> Result<Vec<FaultKind>> {
         if name == "partition" {
-            return Ok(FaultKind::ALL.into_iter().filter(|k| k.needs_network()).collect());
+            return Ok(FaultKind::ALL.into_iter().filter(|k| k.is_partition()).collect());
         }
         let kind = FaultKind::ALL.into_iter().find(|k| k.name() == name);
         kind.map(|k| vec![k]).with_context(|| {
@@ -89,9 +112,19 @@ impl FaultKind {
         })
     }
 
+    /// The four kinds that cut links.
+    pub fn is_partition(self) -> bool {
+        matches!(self, FaultKind::IsolateLeader | FaultKind::Minority | FaultKind::OneWay | FaultKind::Bridge)
+    }
+
     /// The kinds that need network namespaces.
     pub fn needs_network(self) -> bool {
-        matches!(self, FaultKind::IsolateLeader | FaultKind::Minority | FaultKind::OneWay | FaultKind::Bridge)
+        self.is_partition() || self == FaultKind::LossyLink
+    }
+
+    /// The kinds that change membership at heal (which needs a quorum): they run alone.
+    fn runs_alone(self) -> bool {
+        matches!(self, FaultKind::Replace | FaultKind::WipeInPlace)
     }
 }
 
@@ -104,6 +137,10 @@ pub enum Fault {
     Network(String),
     ClockSkew(u64, String),
     Replace(u64),
+    DiskFull(u64),
+    /// Killed; at heal started, killed again after this many ms, and started.
+    KillCatchingUp(u64, u64),
+    WipeInPlace(u64),
 }
 
 /// The kinds of `supported` a scenario runs with: all of them, or those `RAFTBOX_NEMESES`
@@ -121,6 +158,39 @@ pub fn selected(supported: &[FaultKind]) -> Result<Vec<FaultKind>> {
         supported.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
     );
     Ok(kinds)
+}
+
+/// The cluster options `kinds` need, set on `options`: namespaces for network faults, fake
+/// clocks for skew, small disks and a NOSPACE minimum for a full disk, frequent snapshots and
+/// a short log for a kill during catch-up (so that the catch-up is a snapshot install).
+pub fn prepare(options: &mut ClusterOptions, kinds: &[FaultKind]) {
+    for kind in kinds {
+        match kind {
+            kind if kind.needs_network() => options.network_namespaces = true,
+            FaultKind::ClockSkew => options.fake_clocks = true,
+            FaultKind::DiskFull => {
+                options.small_disks_mb = Some(SMALL_DISK_MB);
+                options.raft.min_free_disk_mb = Some(DISK_FULL_MIN_FREE_MB);
+            }
+            FaultKind::KillCatchingUp => {
+                options.raft.snapshot_logs_since_last = CATCH_UP_SNAPSHOT_EVERY;
+                options.raft.logs_to_keep = CATCH_UP_LOGS_KEPT;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Tolerates the ERROR lines `kinds` make on purpose: the NOSPACE alarm and the entries a
+/// full disk refuses, a wiped node refusing entries until it is added back.
+pub fn allow_log_errors(cluster: &mut Cluster, kinds: &[FaultKind]) {
+    if kinds.contains(&FaultKind::DiskFull) {
+        cluster.allow_log_error("NOSPACE");
+        cluster.allow_log_error("disk is full");
+    }
+    if kinds.contains(&FaultKind::WipeInPlace) {
+        cluster.allow_log_error("lost its data");
+    }
 }
 
 /// What the nemesis did, with times since the test's start.
@@ -205,16 +275,15 @@ pub async fn run(
     Ok(events)
 }
 
-/// The kinds of one round: one to `at_once` different kinds of `kinds`. A replacement (a
-/// membership change, which needs a quorum) only ever runs alone.
-fn combination(kinds: &[FaultKind], at_once: usize, rng: &mut StdRng) -> Result<Vec<FaultKind>> {
+/// The kinds of one round: one to `at_once` different kinds of `kinds`. A replacement or a
+/// wipe in place (a membership change at heal, which needs a quorum) only ever runs alone.
+pub fn combination(kinds: &[FaultKind], at_once: usize, rng: &mut StdRng) -> Result<Vec<FaultKind>> {
     let first = *kinds.choose(rng).context("no fault kinds")?;
     let count = rng.gen_range(1..=at_once.max(1));
-    if count == 1 || first == FaultKind::Replace {
+    if count == 1 || first.runs_alone() {
         return Ok(vec![first]);
     }
-    let mut others: Vec<FaultKind> =
-        kinds.iter().copied().filter(|k| *k != first && *k != FaultKind::Replace).collect();
+    let mut others: Vec<FaultKind> = kinds.iter().copied().filter(|k| *k != first && !k.runs_alone()).collect();
     others.shuffle(rng);
     let mut chosen = vec![first];
     chosen.extend(others.into_iter().take(count - 1));
@@ -238,6 +307,33 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
             let id = target(cluster, rng).await?;
             cluster.kill9(id)?;
             Fault::Kill(id)
+        }
+        FaultKind::KillCatchingUp => {
+            let id = target(cluster, rng).await?;
+            cluster.kill9(id)?;
+            Fault::KillCatchingUp(id, rng.gen_range(KILL_CATCHING_UP_MS.0..=KILL_CATCHING_UP_MS.1))
+        }
+        FaultKind::DiskFull => {
+            let id = target(cluster, rng).await?;
+            cluster.fill_disk(id, DISK_FULL_LEAVE_MB)?;
+            Fault::DiskFull(id)
+        }
+        FaultKind::WipeInPlace => {
+            let leader = cluster.leader_id().await;
+            let followers: Vec<u64> = cluster.live_ids().into_iter().filter(|id| Some(*id) != leader).collect();
+            let id = *followers.choose(rng).context("no running follower")?;
+            cluster.kill9(id)?;
+            cluster.wipe(id)?;
+            cluster.start_node(id)?;
+            Fault::WipeInPlace(id)
+        }
+        FaultKind::LossyLink => {
+            let id = target(cluster, rng).await?;
+            let loss = rng.gen_range(LOSS_PERCENT.0..=LOSS_PERCENT.1);
+            let kbit = rng.gen_range(LINK_KBIT.0..=LINK_KBIT.1);
+            let network = cluster.network().context("a lossy link needs `network_namespaces`")?;
+            network.degrade(id, loss, kbit, LINK_QUEUE_MS)?;
+            Fault::Network(format!("{} ({loss}% lost, {kbit} kbit/s)", network.describe()))
         }
         FaultKind::Pause => {
             let id = target(cluster, rng).await?;
@@ -295,7 +391,21 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
 async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
     match fault {
         Fault::Replace(id) => readd(cluster, *id).await,
+        Fault::WipeInPlace(id) => {
+            remove(cluster, *id).await?;
+            readd(cluster, *id).await
+        }
         Fault::Kill(id) => cluster.start_node(*id),
+        Fault::KillCatchingUp(id, after_ms) => {
+            cluster.start_node(*id)?;
+            // The fault's own timing (a kill part-way through the catch-up), not a wait.
+            tokio::time::sleep(Duration::from_millis(*after_ms)).await;
+            if cluster.is_running(*id) {
+                cluster.kill9(*id)?;
+            }
+            cluster.start_node(*id)
+        }
+        Fault::DiskFull(id) => cluster.free_disk(*id),
         Fault::Pause(id) => cluster.resume(*id),
         Fault::ClockSkew(id, _) => cluster.set_clock_offset(*id, "+0"),
         Fault::Network(_) => cluster.network().context("network")?.heal(),
@@ -304,6 +414,35 @@ async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
 
 /// How long adding a replaced node back may take (its catch-up included).
 const READD_DEADLINE: Duration = Duration::from_secs(60);
+/// How long after its restart a node catching up is killed again (ms).
+const KILL_CATCHING_UP_MS: (u64, u64) = (50, 1_500);
+/// With [`FaultKind::KillCatchingUp`]: a snapshot every this many entries, and this many
+/// kept behind it, so a node down for a second or two catches up by a snapshot install.
+const CATCH_UP_SNAPSHOT_EVERY: u64 = 300;
+const CATCH_UP_LOGS_KEPT: u64 = 50;
+/// A lossy link: the share of packets dropped, and the node's sending rate.
+const LOSS_PERCENT: (u8, u8) = (5, 40);
+const LINK_KBIT: (u32, u32) = (256, 4_096);
+const LINK_QUEUE_MS: u32 = 400;
+/// What a full disk leaves free (MiB): under the NOSPACE minimum a scenario with this fault
+/// sets ([`DISK_FULL_MIN_FREE_MB`]), so the alarm rings before the disk is truly out.
+const DISK_FULL_LEAVE_MB: u64 = 8;
+/// The `raft.min_free_disk_mb` and disk size (MiB) of a scenario with [`FaultKind::DiskFull`].
+pub const DISK_FULL_MIN_FREE_MB: u64 = 32;
+pub const SMALL_DISK_MB: u64 = 256;
+
+/// Removes node `id` from the membership through any other running node, repeating the
+/// request while its outcome is unknown or no leader answers (a removal repeats harmlessly).
+async fn remove(cluster: &Cluster, id: u64) -> Result<()> {
+    let wait = Deadline::after(READD_DEADLINE, format!("node {id} removed"));
+    loop {
+        let via = cluster.live_ids().into_iter().find(|n| *n != id).context("no other running node")?;
+        match remove_member(&cluster.client(), &cluster.http_url(via), cluster.admin_token(), id).await? {
+            Outcome::Ok(_) | Outcome::Rejected(404, _) => return Ok(()),
+            other => wait.tick(&format!("through node {via}: {other:?}")).await?,
+        }
+    }
+}
 
 /// Adds node `id` back through any other running node, repeating the request while it
 /// catches up or while the outcome is unknown (adding a voter again changes nothing).

@@ -10,7 +10,9 @@
 //! ```
 //!
 //! Each namespace has a table `inet raftbox_nemesis` with an input chain; a fault is a set
-//! of `ip saddr X drop` rules in it. Clients (the test process, at the bridge address) are
+//! of `ip saddr X drop` rules in it, or for a lossy link a rule dropping a random share of
+//! what the peers send (`numgen random`) and a token-bucket qdisc capping what the node
+//! sends (`tc tbf`: a slow link; this machine's kernel has no `netem`, so no added delay). Clients (the test process, at the bridge address) are
 //! never cut off: as in Jepsen's partitions, a client may still reach an isolated leader.
 //! Everything is removed on drop. A machine that cannot create namespaces fails
 //! [`Network::create`] with the command's error — tests never skip.
@@ -35,6 +37,8 @@ pub struct Network {
     nodes: BTreeSet<u64>,
     /// Directed pairs (from, to) whose packets are dropped now.
     cut: BTreeSet<(u64, u64)>,
+    /// Nodes whose link is lossy and slow now.
+    degraded: BTreeSet<u64>,
 }
 
 fn run(args: &[&str]) -> Result<()> {
@@ -56,8 +60,14 @@ impl Network {
         // Distinct per process: interface names hold at most 15 bytes.
         let prefix = format!("rbx{:05x}", pid & 0xf_ffff);
         let subnet = (100 + (pid % 100) as u8, ((pid / 100) % 250) as u8);
-        let mut network =
-            Network { bridge: format!("{prefix}br"), prefix, subnet, nodes: BTreeSet::new(), cut: BTreeSet::new() };
+        let mut network = Network {
+            bridge: format!("{prefix}br"),
+            prefix,
+            subnet,
+            nodes: BTreeSet::new(),
+            cut: BTreeSet::new(),
+            degraded: BTreeSet::new(),
+        };
         network.clean_leftovers();
         run(&["ip", "link", "add", &network.bridge, "type", "bridge"])
             .context("create the test bridge; the partition tests need root and network namespaces")?;
@@ -155,11 +165,37 @@ impl Network {
         self.partition(&[vec![id], others])
     }
 
-    /// Removes every drop rule.
+    /// Makes node `id`'s link lossy and slow: `loss_percent` of the packets its peers send
+    /// it are dropped at random, and what it sends goes through a token bucket of `kbit`
+    /// kbit/s (queueing up to `queue_ms`, dropping beyond).
+    pub fn degrade(&mut self, id: u64, loss_percent: u8, kbit: u32, queue_ms: u32) -> Result<()> {
+        if !self.degraded.insert(id) {
+            return Ok(());
+        }
+        let ns = self.namespace(id);
+        let peers: Vec<String> = self.nodes.iter().filter(|n| **n != id).map(|n| self.ip(*n).to_string()).collect();
+        if !peers.is_empty() {
+            let rule = format!(
+                "add rule inet {TABLE} input ip saddr {{ {} }} numgen random mod 100 < {loss_percent} drop",
+                peers.join(", ")
+            );
+            run(&["ip", "netns", "exec", &ns, "nft", &rule])?;
+        }
+        let (rate, latency) = (format!("{kbit}kbit"), format!("{queue_ms}ms"));
+        let tbf = [
+            "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", &rate, "burst", "16kb", "latency", &latency,
+        ];
+        run(&[&["ip", "netns", "exec", &ns][..], &tbf[..]].concat())
+    }
+
+    /// Removes every drop rule and every lossy, slow link.
     pub fn heal(&mut self) -> Result<()> {
-        let targets: BTreeSet<u64> = self.cut.iter().map(|(_, to)| *to).collect();
+        let targets: BTreeSet<u64> = self.cut.iter().map(|(_, to)| *to).chain(self.degraded.iter().copied()).collect();
         for to in targets {
             run(&["ip", "netns", "exec", &self.namespace(to), "nft", "flush", "chain", "inet", TABLE, "input"])?;
+        }
+        for id in std::mem::take(&mut self.degraded) {
+            run(&["ip", "netns", "exec", &self.namespace(id), "tc", "qdisc", "del", "dev", "eth0", "root"])?;
         }
         self.cut.clear();
         Ok(())
@@ -196,10 +232,13 @@ impl Network {
         for (from, to) in &self.cut {
             by_target.entry(*to).or_default().push(*from);
         }
-        if by_target.is_empty() {
+        let mut parts: Vec<String> =
+            by_target.iter().map(|(to, from)| format!("{to} hears nothing from {from:?}")).collect();
+        parts.extend(self.degraded.iter().map(|id| format!("{id}'s link lossy and slow")));
+        if parts.is_empty() {
             return "all links up".into();
         }
-        by_target.iter().map(|(to, from)| format!("{to} hears nothing from {from:?}")).collect::<Vec<_>>().join("; ")
+        parts.join("; ")
     }
 }
 

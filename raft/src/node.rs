@@ -136,28 +136,39 @@ struct Inner {
     barrier_rounds: ReadRounds,
     /// So do the read indexes this node, as leader, hands followers.
     leader_rounds: ReadRounds,
+    /// The paced lane of the read barriers anyone may cause (see [`RaftNode::read_barrier_paced`]).
+    paced_rounds: ReadRounds,
     /// The state machine's adapter, for its applied-entry events.
     applied: StateMachineStore,
 }
 
 /// Runs read-index rounds for as long as the node lives (the task holds it weakly).
-fn spawn_rounds<F, Fut>(inner: &Arc<Inner>, waiting: Waiting, round: F)
+fn spawn_rounds<F, Fut>(inner: &Arc<Inner>, waiting: Waiting, round: F, pace: Duration)
 where
     F: Fn(RaftNode) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Option<u64>> + Send + 'static,
 {
     let node = Arc::downgrade(inner);
-    tokio::spawn(read_rounds::run(waiting, move || {
-        let node = node.upgrade().map(|inner| RaftNode { inner });
-        let round = node.map(&round);
-        async move {
-            match round {
-                Some(round) => round.await,
-                None => None,
+    tokio::spawn(read_rounds::run(
+        waiting,
+        move || {
+            let node = node.upgrade().map(|inner| RaftNode { inner });
+            let round = node.map(&round);
+            async move {
+                match round {
+                    Some(round) => round.await,
+                    None => None,
+                }
             }
-        }
-    }));
+        },
+        pace,
+    ));
 }
+
+/// How often the paced lane of read barriers starts a round, at most: what a flood of
+/// unauthenticated requests costs the cluster, and what a token used for the first time on
+/// another node than the one that created it may wait, at most, on top of a round.
+const PACED_ROUND_INTERVAL: Duration = Duration::from_millis(10);
 
 /// How often the election switch is set again (a promise's end, a clock verdict or a vote
 /// right switches elections back on within this).
@@ -297,6 +308,7 @@ impl RaftNode {
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
         let (barrier_rounds, barrier_waiting) = ReadRounds::new();
         let (leader_rounds, leader_waiting) = ReadRounds::new();
+        let (paced_rounds, paced_waiting) = ReadRounds::new();
         let inner = Inner {
             id,
             db,
@@ -321,11 +333,13 @@ impl RaftNode {
             init_gate: tokio::sync::RwLock::new(()),
             barrier_rounds,
             leader_rounds,
+            paced_rounds,
             applied,
         };
         let inner = Arc::new(inner);
-        spawn_rounds(&inner, barrier_waiting, RaftNode::barrier_round);
-        spawn_rounds(&inner, leader_waiting, RaftNode::leader_round);
+        spawn_rounds(&inner, barrier_waiting, RaftNode::barrier_round, Duration::ZERO);
+        spawn_rounds(&inner, leader_waiting, RaftNode::leader_round, Duration::ZERO);
+        spawn_rounds(&inner, paced_waiting, RaftNode::barrier_round, PACED_ROUND_INTERVAL);
         Ok(RaftNode { inner })
     }
 
@@ -570,10 +584,22 @@ impl RaftNode {
     /// Returns once this node has applied everything committed before the call: a read of
     /// the local state after it is linearizable. Bounded by the write timeout.
     pub async fn read_barrier(&self) -> Result<(), WriteError> {
+        self.barrier_through(&self.inner.barrier_rounds).await
+    }
+
+    /// [`RaftNode::read_barrier`] for what anyone may ask without credentials (a token this
+    /// node does not know): its rounds start at most every [`PACED_ROUND_INTERVAL`], so a
+    /// flood of such requests costs the cluster a bounded number of rounds, and the writes
+    /// and reads of authenticated users keep theirs.
+    pub async fn read_barrier_paced(&self) -> Result<(), WriteError> {
+        self.barrier_through(&self.inner.paced_rounds).await
+    }
+
+    async fn barrier_through(&self, rounds: &ReadRounds) -> Result<(), WriteError> {
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
         loop {
             // The next round to begin, shared with every reader waiting now.
-            if let Some(index) = self.inner.barrier_rounds.next_index(deadline).await {
+            if let Some(index) = rounds.next_index(deadline).await {
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 return self
                     .inner

@@ -11,11 +11,15 @@
 //! - no node panicked (the harness fails a test on any panic line in a node log).
 //!
 //! `partitions`: each node in its own network namespace, links cut by `nft` rules — the
-//! leader isolated, a minority cut off, one-way loss, a bridge node — plus pauses and kills.
+//! leader isolated, a minority cut off, one-way loss, a bridge node, a lossy and slow link —
+//! plus pauses and kills.
 //! A machine that cannot create namespaces fails this test; it never skips it.
 //! `crashes_pauses_and_clocks`: `kill -9` and restart, SIGSTOP longer than an election
-//! timeout, a node's clock moved by seconds (libfaketime), and a follower replaced as an
-//! operator replaces a machine (removed, wiped, started empty, added back).
+//! timeout, a node's clock moved by seconds (libfaketime), a follower replaced as an
+//! operator replaces a machine (removed, wiped, started empty, added back), a follower wiped
+//! in place under its id (it takes no part until removed and added back), a node killed again
+//! while it catches up by a snapshot install, and a node's disk filled past the NOSPACE
+//! minimum.
 //!
 //! The history (one JSON line per operation) and the nemesis log are written to the cluster
 //! directory, which a failed run keeps; the seed replays the schedule.
@@ -26,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::checker::{check_by_key, RegisterInput, RegisterOutput, VersionedRegister};
+use raftbox_cluster_tests::guard_checks::{check_acked_writes, AckedWrite};
 use raftbox_cluster_tests::nemesis::{self, FaultKind, NemesisSpec};
 use raftbox_cluster_tests::register::{content_bytes, RegisterRecord, RegisterSpec, RegisterWorkload, FOREIGN_CONTENT};
 use raftbox_cluster_tests::{
@@ -59,13 +64,13 @@ const BLOCK_READ_LANES: usize = 16;
 /// A write times out quickly, so that unknown outcomes are many and clients move on.
 const WRITE_TIMEOUT_MS: u64 = 2_000;
 
-fn options(network_namespaces: bool, fake_clocks: bool) -> ClusterOptions {
-    ClusterOptions {
+fn options(kinds: &[FaultKind]) -> ClusterOptions {
+    let mut options = ClusterOptions {
         raft: RaftTuning { write_timeout_ms: WRITE_TIMEOUT_MS, ..RaftTuning::default() },
-        network_namespaces,
-        fake_clocks,
         ..ClusterOptions::default()
-    }
+    };
+    nemesis::prepare(&mut options, kinds);
+    options
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,11 +81,13 @@ async fn partitions() {
         FaultKind::Minority,
         FaultKind::OneWay,
         FaultKind::Bridge,
+        FaultKind::LossyLink,
         FaultKind::Pause,
         FaultKind::Kill,
     ])
     .expect("RAFTBOX_NEMESES");
-    let mut cluster = Cluster::start(options(true, false)).await.expect("start the cluster in network namespaces");
+    let mut cluster = Cluster::start(options(&kinds)).await.expect("start the cluster in network namespaces");
+    nemesis::allow_log_errors(&mut cluster, &kinds);
     let result = within(fault_phase() + TEST_OVERHEAD, files_under_faults(&mut cluster, &seed, kinds)).await;
     cluster.conclude(result);
 }
@@ -88,9 +95,18 @@ async fn partitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_pauses_and_clocks() {
     let seed = Seed::new("chaos::crashes_pauses_and_clocks");
-    let kinds = nemesis::selected(&[FaultKind::Kill, FaultKind::Pause, FaultKind::ClockSkew, FaultKind::Replace])
-        .expect("RAFTBOX_NEMESES");
-    let mut cluster = Cluster::start(options(false, true)).await.expect("start the cluster");
+    let kinds = nemesis::selected(&[
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::ClockSkew,
+        FaultKind::Replace,
+        FaultKind::KillCatchingUp,
+        FaultKind::WipeInPlace,
+        FaultKind::DiskFull,
+    ])
+    .expect("RAFTBOX_NEMESES");
+    let mut cluster = Cluster::start(options(&kinds)).await.expect("start the cluster");
+    nemesis::allow_log_errors(&mut cluster, &kinds);
     let result = within(fault_phase() + TEST_OVERHEAD, files_under_faults(&mut cluster, &seed, kinds)).await;
     cluster.conclude(result);
 }
@@ -241,11 +257,12 @@ async fn final_read(
 }
 
 /// Every path's versions are 1..=N without a gap, and each acknowledged commit is there at
-/// its version with its content.
+/// its version with its content (`check_acked_writes`), read through node 1.
 async fn check_versions(cluster: &Cluster, records: &[RegisterRecord], token: &str) -> Result<()> {
     let url = cluster.http_url(1);
+    let mut histories: BTreeMap<String, BTreeMap<u64, String>> = BTreeMap::new();
     for path in PATHS {
-        let mut versions: BTreeMap<u64, String> = BTreeMap::new();
+        let versions = histories.entry(path.to_string()).or_default();
         let mut page_token: Option<String> = None;
         loop {
             let mut query = vec![("path", path.to_string()), ("limit", "1000".to_string())];
@@ -267,25 +284,22 @@ async fn check_versions(cluster: &Cluster, records: &[RegisterRecord], token: &s
                 None => break,
             }
         }
-        let count = versions.len() as u64;
-        ensure!(
-            versions.keys().copied().eq(1..=count),
-            "{path}: versions are not gapless: {:?}",
-            versions.keys().collect::<Vec<_>>()
-        );
-        for record in records.iter().filter(|r| r.path == path) {
-            if let (RegisterInput::Commit { content, .. }, Some((_, RegisterOutput::Committed { version }))) =
-                (&record.op.input, &record.op.ret)
-            {
-                let want = blake3::hash(&content_bytes(*content)).to_hex().to_string();
-                ensure!(
-                    versions.get(version) == Some(&want),
-                    "{path}: acknowledged commit of content {content} as version {version} is not in the history"
-                );
-            }
-        }
-        eprintln!("{path}: {count} versions, gapless, every acknowledged commit present");
     }
+    let acked: Vec<AckedWrite> = records
+        .iter()
+        .filter_map(|record| match (&record.op.input, &record.op.ret) {
+            (RegisterInput::Commit { content, .. }, Some((_, RegisterOutput::Committed { version }))) => {
+                Some(AckedWrite {
+                    path: record.path.clone(),
+                    version: *version,
+                    content: blake3::hash(&content_bytes(*content)).to_hex().to_string(),
+                })
+            }
+            _ => None,
+        })
+        .collect();
+    let versions = check_acked_writes(&histories, &acked)?;
+    eprintln!("{versions} versions, gapless; all {} acknowledged commits readable", acked.len());
     Ok(())
 }
 

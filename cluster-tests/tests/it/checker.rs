@@ -194,7 +194,8 @@ mod guards {
     use std::collections::{BTreeMap, BTreeSet};
 
     use raftbox_cluster_tests::guard_checks::{
-        check_admissions, check_due_fires, check_fires, check_keyed_answers, Admission, Bucket, FireCall,
+        check_acked_writes, check_admissions, check_due_fires, check_fire_times, check_fires, check_keyed_answers,
+        AckedWrite, Admission, Bucket, FireCall,
     };
 
     const BUCKET: Bucket = Bucket { capacity: 10, refill_per_s: 5 };
@@ -240,7 +241,81 @@ mod guards {
     }
 
     fn fire(scheduled_s: u64, fence: u64, key: &str) -> FireCall {
-        FireCall { job_id: "job".into(), scheduled_s, fence, key: key.into() }
+        FireCall { job_id: "job".into(), scheduled_s, fence, key: key.into(), received_ms: scheduled_s * 1_000 + 20 }
+    }
+
+    /// A call for the fire due at `scheduled_s`, under `fence`, received at `received_ms`.
+    fn arrived(scheduled_s: u64, fence: u64, received_ms: u64) -> FireCall {
+        FireCall { received_ms, ..fire(scheduled_s, fence, &format!("job:{scheduled_s}")) }
+    }
+
+    const LEASE_MS: u64 = 3_000;
+    const TOLERANCE_MS: u64 = 500;
+
+    #[test]
+    fn fires_on_time_and_a_rerun_after_a_lapsed_lease_pass() {
+        // The fire at 10 s arrives 30 ms late, and again (fence 2) after its lease lapsed
+        // (its first holder was cut off), its retried call under the same fence later still;
+        // the fire at 11 s arrives 400 ms early, within the clock bound.
+        let calls = [arrived(10, 1, 10_030), arrived(10, 2, 13_100), arrived(10, 2, 13_900), arrived(11, 3, 10_600)];
+        check_fire_times(&calls, LEASE_MS, TOLERANCE_MS).expect("on time, one run per lease");
+    }
+
+    #[test]
+    fn a_fire_before_its_time_fails() {
+        // A node whose clock ran 2 s ahead claimed and fired early.
+        let error = check_fire_times(&[arrived(10, 1, 8_000)], LEASE_MS, TOLERANCE_MS).expect_err("2 s early");
+        assert!(error.to_string().contains("2000 ms early"), "{error}");
+    }
+
+    #[test]
+    fn two_runs_of_one_fire_within_one_lease_fail() {
+        // A second executor claimed the fire 1 s after the first: its lease had not lapsed.
+        let calls = [arrived(10, 1, 10_020), arrived(10, 2, 11_000)];
+        let error = check_fire_times(&calls, LEASE_MS, TOLERANCE_MS).expect_err("two runs in one lease");
+        assert!(error.to_string().contains("run 2"), "{error}");
+        // A third run needs two leases to lapse.
+        let calls = [arrived(10, 1, 10_020), arrived(10, 2, 13_020), arrived(10, 3, 14_000)];
+        let error = check_fire_times(&calls, LEASE_MS, TOLERANCE_MS).expect_err("a third run within two leases");
+        assert!(error.to_string().contains("run 3"), "{error}");
+    }
+
+    fn write(path: &str, version: u64, content: &str) -> AckedWrite {
+        AckedWrite { path: path.into(), version, content: content.into() }
+    }
+
+    fn histories(paths: &[(&str, &[&str])]) -> BTreeMap<String, BTreeMap<u64, String>> {
+        paths
+            .iter()
+            .map(|(path, contents)| {
+                let versions = contents.iter().enumerate().map(|(i, c)| (i as u64 + 1, c.to_string())).collect();
+                (path.to_string(), versions)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn acknowledged_writes_read_back_pass() {
+        // Version 2 of /a was an unknown outcome that took effect: not acknowledged, present.
+        let read = histories(&[("/a", &["x", "y", "z"]), ("/b", &["w"])]);
+        let acked = [write("/a", 1, "x"), write("/a", 3, "z"), write("/b", 1, "w")];
+        assert_eq!(check_acked_writes(&read, &acked).expect("all there"), 4);
+    }
+
+    #[test]
+    fn a_lost_or_changed_acknowledged_write_fails() {
+        // The last acknowledged write of /a was lost (a node rolled back past it).
+        let read = histories(&[("/a", &["x", "y"])]);
+        let error = check_acked_writes(&read, &[write("/a", 3, "z")]).expect_err("version 3 lost");
+        assert!(error.to_string().contains("not readable"), "{error}");
+        // Version 2 holds other content than acknowledged (two commits took one version).
+        let error = check_acked_writes(&read, &[write("/a", 2, "q")]).expect_err("version 2 changed");
+        assert!(error.to_string().contains("found Some(\"y\")"), "{error}");
+        // A path whose history skips a version.
+        let mut gap = read.clone();
+        gap.get_mut("/a").unwrap().insert(4, "v".into());
+        let error = check_acked_writes(&gap, &[]).expect_err("a gap");
+        assert!(error.to_string().contains("gapless"), "{error}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Chaos for the guards and the scheduler: while nodes are killed, paused and partitioned
 //! (each node in its own network namespace; the leader isolated, a minority cut off, one-way
-//! loss),
+//! loss, a lossy and slow link), their clocks moved by seconds and their disks filled,
 //!
 //! - **rate limits**: a user hammers a token-bucket limit (failing closed) through every
 //!   node; the admissions never exceed the bucket's size plus what refilled meanwhile;
@@ -9,8 +9,9 @@
 //!   effect and every answer for it is the same;
 //! - **jobs**: a job fires every second at a local receiver: a fence is never handed to two
 //!   fires and fences grow with the fires' times (they are not reused across leader
-//!   changes), every fire due once a lease stranded by the faults has lapsed arrives, and
-//!   no fire's effect is applied twice.
+//!   changes), no fire arrives before its time (a skewed clock never fires early) and a fire
+//!   runs again only once its lease lapsed, every fire due once a lease stranded by the
+//!   faults has lapsed arrives, and no fire's effect is applied twice.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::guard_checks::{
-    check_admissions, check_due_fires, check_fires, check_keyed_answers, Admission, Bucket, FireCall,
+    check_admissions, check_due_fires, check_fire_times, check_fires, check_keyed_answers, Admission, Bucket, FireCall,
 };
 use raftbox_cluster_tests::nemesis::{self, FaultKind, NemesisSpec};
 use raftbox_cluster_tests::receiver::Receiver;
@@ -49,6 +50,9 @@ const JOB_CALM: Duration = Duration::from_secs(12);
 /// Fires that may still be in flight when the check starts, at the end of the calm.
 const JOB_IN_FLIGHT_S: u64 = 2;
 const RECOVERY_DEADLINE: Duration = Duration::from_secs(30);
+/// How far the cluster's time may be from the receiver's (the nodes' default
+/// `raft.max_clock_offset_ms`).
+const CLOCK_BOUND_MS: u64 = 500;
 
 fn limits_toml() -> String {
     format!(
@@ -62,14 +66,28 @@ fn limits_toml() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_keys_and_jobs_under_faults() {
     let seed = Seed::new("guards_chaos::limits_keys_and_jobs_under_faults");
-    let options = ClusterOptions {
+    let kinds = nemesis::selected(&[
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::IsolateLeader,
+        FaultKind::Minority,
+        FaultKind::OneWay,
+        FaultKind::LossyLink,
+        FaultKind::ClockSkew,
+        FaultKind::DiskFull,
+    ])
+    .expect("RAFTBOX_NEMESES");
+    let mut options = ClusterOptions {
         extra_toml: limits_toml(),
+        // The receiver listens on the namespaces' bridge, whatever the faults.
         network_namespaces: true,
         raft: RaftTuning { write_timeout_ms: 2_000, ..RaftTuning::default() },
         ..ClusterOptions::default()
     };
+    nemesis::prepare(&mut options, &kinds);
     let mut cluster = Cluster::start(options).await.expect("start the cluster");
-    let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed)).await;
+    nemesis::allow_log_errors(&mut cluster, &kinds);
+    let result = within(TEST_DEADLINE, scenario(&mut cluster, &seed, kinds)).await;
     cluster.conclude(result);
 }
 
@@ -77,7 +95,7 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+async fn scenario(cluster: &mut Cluster, seed: &Seed, kinds: Vec<FaultKind>) -> Result<()> {
     let mut rng = seed.rng();
     let epoch = Instant::now();
     let urls = cluster.http_urls(&cluster.node_ids());
@@ -122,19 +140,8 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         })
         .collect();
 
-    let spec = NemesisSpec {
-        kinds: nemesis::selected(&[
-            FaultKind::Kill,
-            FaultKind::Pause,
-            FaultKind::IsolateLeader,
-            FaultKind::Minority,
-            FaultKind::OneWay,
-        ])?,
-        fault_ms: FAULT_MS,
-        calm_ms: CALM_MS,
-        duration: FAULT_PHASE,
-        at_once: nemesis::at_once(),
-    };
+    let spec =
+        NemesisSpec { kinds, fault_ms: FAULT_MS, calm_ms: CALM_MS, duration: FAULT_PHASE, at_once: nemesis::at_once() };
     let events = nemesis::run(cluster, &spec, &mut rng, epoch).await?;
     cluster.wait_for_leader(None, RECOVERY_DEADLINE).await?;
     let healed_ms = now_ms();
@@ -173,10 +180,12 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     // Jobs.
     let calls = receiver.calls("fire").iter().map(fire_call).collect::<Result<Vec<_>>>()?;
     let fires = check_fires(&calls)?;
+    check_fire_times(&calls, LEASE_S * 1_000, CLOCK_BOUND_MS)?;
     let first_due = healed_ms / 1_000 + LEASE_S + 2;
     let due = check_due_fires(&fires.fires, &job_id, first_due, (check_ms / 1_000).saturating_sub(JOB_IN_FLIGHT_S))?;
     eprintln!(
-        "jobs: {} calls, {} fires, {} distinct fences; {due} fires due after the faults, all arrived",
+        "jobs: {} calls, {} fires, {} distinct fences, none early, one run per lease; {due} fires due after \
+         the faults, all arrived",
         fires.calls,
         fires.fires.len(),
         fires.fences
@@ -206,6 +215,7 @@ fn fire_call(call: &raftbox_cluster_tests::receiver::Call) -> Result<FireCall> {
         scheduled_s: u64::try_from(at.timestamp()).context("scheduledFor before 1970")?,
         fence: header("x-raftbox-fence-token")?.parse().context("fence")?,
         key: header("idempotency-key")?,
+        received_ms: call.received_ms,
     })
 }
 
