@@ -27,12 +27,17 @@ pub struct Admission {
 pub struct Bucket {
     pub capacity: u64,
     pub refill_per_s: u64,
+    /// How much longer than a real-time span the limiter's clock may see it: 0 where every
+    /// node reads one clock; twice `raft.max_clock_offset_ms` where clocks are skewed (a
+    /// leader stamps the cluster's time within that bound of the agreed clocks, so the time
+    /// refilling a span may start up to the bound late and end up to the bound early).
+    pub clock_slack_ms: u64,
 }
 
 impl Bucket {
     /// The most admissions any span of `span_ms` can hold: a full bucket plus what refilled.
     pub fn allows(&self, span_ms: u64) -> u64 {
-        self.capacity + self.refill_per_s.saturating_mul(span_ms) / 1_000
+        self.capacity + self.refill_per_s.saturating_mul(span_ms + self.clock_slack_ms) / 1_000
     }
 }
 

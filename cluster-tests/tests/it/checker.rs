@@ -198,7 +198,7 @@ mod guards {
         AckedWrite, Admission, Bucket, FireCall,
     };
 
-    const BUCKET: Bucket = Bucket { capacity: 10, refill_per_s: 5 };
+    const BUCKET: Bucket = Bucket { capacity: 10, refill_per_s: 5, clock_slack_ms: 0 };
 
     fn admitted(times: impl IntoIterator<Item = u64>) -> Vec<Admission> {
         times.into_iter().map(|t| Admission { call_ms: t, ret_ms: t + 3 }).collect()
@@ -228,6 +228,16 @@ mod guards {
         times.push(60_000);
         assert!(times.len() as u64 <= BUCKET.allows(60_000));
         let error = check_admissions(&admitted(times), BUCKET).expect_err("a burst inside one window");
+        assert!(error.to_string().contains("over-admission"), "{error}");
+    }
+
+    #[test]
+    fn skewed_clocks_allow_the_refill_of_their_bound_and_no_more() {
+        // With clocks skewed, a second of slack (twice a 500 ms bound) refills 5 more: 15
+        // at once pass, 16 do not.
+        let skewed = Bucket { clock_slack_ms: 1_000, ..BUCKET };
+        check_admissions(&admitted(vec![0; 15]), skewed).expect("within the clock bound");
+        let error = check_admissions(&admitted(vec![0; 16]), skewed).expect_err("beyond the clock bound");
         assert!(error.to_string().contains("over-admission"), "{error}");
     }
 
