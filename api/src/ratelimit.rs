@@ -13,7 +13,7 @@ use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use raftbox_raft::limiter::RateAnswer;
+use raftbox_raft::RateAnswer;
 use raftbox_storage::command::RateCheck;
 use raftbox_storage::ratelimit::{Algorithm, Decision};
 use serde::Deserialize;

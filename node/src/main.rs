@@ -97,7 +97,7 @@ fn main() {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     // ring is the one rustls provider of this build; installed before anything uses TLS.
-    raftbox_raft::tls::install_default_provider();
+    raftbox_raft::install_default_provider();
     let runtime = match cli.command {
         // A node, the benchmark and the folder sync (hashing while it transfers) use every
         // core. The other clients wait on the network: one thread serves them, so a buffer

@@ -25,12 +25,28 @@ pub enum WriteError {
 pub enum StartError {
     #[error("storage: {0}")]
     Storage(#[from] raftbox_storage::StorageError),
-    #[error("raft storage: {0}")]
-    RaftStorage(#[from] openraft::StorageError<u64>),
-    #[error("raft config: {0}")]
-    Config(#[from] openraft::ConfigError),
+    /// openraft's storage, configuration or core failed (described: its types stay inside
+    /// this crate).
     #[error("raft: {0}")]
-    Fatal(#[from] openraft::error::Fatal<u64>),
+    Raft(String),
     #[error("bootstrap: {0}")]
     Bootstrap(String),
+}
+
+impl From<openraft::StorageError<u64>> for StartError {
+    fn from(e: openraft::StorageError<u64>) -> StartError {
+        StartError::Raft(format!("storage: {e}"))
+    }
+}
+
+impl From<openraft::ConfigError> for StartError {
+    fn from(e: openraft::ConfigError) -> StartError {
+        StartError::Raft(format!("config: {e}"))
+    }
+}
+
+impl From<openraft::error::Fatal<u64>> for StartError {
+    fn from(e: openraft::error::Fatal<u64>) -> StartError {
+        StartError::Raft(e.to_string())
+    }
 }

@@ -99,7 +99,7 @@ pub enum MembershipError {
 
 /// The members of the configuration in `metrics` (a joint configuration counts every voter
 /// of either half as a voter).
-pub fn members_of(metrics: &RaftMetrics) -> Vec<Member> {
+pub(crate) fn members_of(metrics: &RaftMetrics) -> Vec<Member> {
     let membership = metrics.membership_config.membership();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     membership.nodes().map(|(id, info)| Member { id: *id, info: info.clone(), voter: voters.contains(id) }).collect()

@@ -187,7 +187,7 @@ impl NodeMetrics {
     }
 
     /// The Prometheus text exposition of every series, openraft's state read from `raft`.
-    pub fn render(&self, raft: &RaftMetrics) -> String {
+    pub(crate) fn render(&self, raft: &RaftMetrics) -> String {
         let index = |i: Option<u64>| i64::try_from(i.unwrap_or(0)).unwrap_or(i64::MAX);
         let last_log = index(raft.last_log_index);
         let applied = index(raft.last_applied.map(|id| id.index));

@@ -87,7 +87,8 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// Peers dialled in plaintext.
+    /// Peers dialled in plaintext (tests; a node dials with its TLS settings).
+    #[cfg(test)]
     pub fn new(secret: ClusterSecret) -> Peers {
         Peers::with_tls(secret, None)
     }

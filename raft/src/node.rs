@@ -29,6 +29,7 @@ use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
 use crate::read_rounds::{self, ReadRounds, Waiting};
 use crate::secret::ClusterSecret;
 use crate::state_machine::{Applied, StateMachineStore};
+use crate::status::{AppliedIndex, Status};
 use crate::tls::NodeTls;
 use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
 
@@ -469,10 +470,6 @@ impl RaftNode {
             .map_err(|e| MembershipError::Unknown(format!("undecodable answer from the leader: {e}")))?
     }
 
-    pub fn raft(&self) -> &Raft {
-        &self.inner.raft
-    }
-
     /// The newest log entries, shared with the log store (the gRPC service keeps the
     /// encodings it receives there).
     pub(crate) fn log_cache(&self) -> &LogCache {
@@ -565,8 +562,23 @@ impl RaftNode {
         self.inner.applied.applied_events()
     }
 
-    pub fn metrics(&self) -> RaftMetrics {
+    pub(crate) fn metrics(&self) -> RaftMetrics {
         self.inner.raft.metrics().borrow().clone()
+    }
+
+    /// This node's view of the cluster now.
+    pub fn status(&self) -> Status {
+        Status::of(&self.inner.raft.metrics().borrow())
+    }
+
+    /// A watch on this node's applied index.
+    pub fn applied_index(&self) -> AppliedIndex {
+        AppliedIndex(self.inner.raft.metrics())
+    }
+
+    /// The Prometheus text exposition of this node's series, its Raft state included.
+    pub fn render_metrics(&self) -> String {
+        self.inner.node_metrics.render(&self.metrics())
     }
 
     /// This node's Prometheus series (see [`crate::metrics`]).
@@ -601,14 +613,12 @@ impl RaftNode {
             // The next round to begin, shared with every reader waiting now.
             if let Some(index) = rounds.next_index(deadline).await {
                 let remaining = deadline.saturating_duration_since(Instant::now());
-                return self
-                    .inner
-                    .raft
-                    .wait(Some(remaining))
-                    .applied_index_at_least(Some(index), "read barrier")
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| WriteError::Unavailable(format!("catching up to read index {index}: {e}")));
+                if self.applied_index().reach(index, remaining).await {
+                    return Ok(());
+                }
+                return Err(WriteError::Unavailable(format!(
+                    "not caught up to read index {index} within the write timeout"
+                )));
             }
             if Instant::now() >= deadline {
                 return Err(WriteError::Unavailable("no leader confirmed a read index".into()));

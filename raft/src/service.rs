@@ -28,12 +28,24 @@ use crate::types::{Entry, NodeId, NodeInfo, TypeConfig};
 
 /// Serves the `RaftService` of one node.
 #[derive(Clone)]
-pub struct RaftGrpc {
+pub(crate) struct RaftGrpc {
     node: RaftNode,
 }
 
+/// Why the node-to-node server stopped (the transport's error, described).
+#[derive(Debug)]
+pub struct ServeError(String);
+
+impl std::fmt::Display for ServeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node-to-node server: {}", self.0)
+    }
+}
+
+impl std::error::Error for ServeError {}
+
 impl RaftGrpc {
-    pub fn new(node: RaftNode) -> RaftGrpc {
+    pub(crate) fn new(node: RaftNode) -> RaftGrpc {
         RaftGrpc { node }
     }
 
@@ -266,7 +278,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     node: RaftNode,
     shutdown: impl std::future::Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+) -> Result<(), ServeError> {
     let service = RaftServiceServer::new(RaftGrpc::new(node.clone()))
         .max_decoding_message_size(MESSAGE_BYTES_MAX)
         .max_encoding_message_size(MESSAGE_BYTES_MAX);
@@ -276,11 +288,12 @@ pub async fn serve(
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_frame_size(FRAME_BYTES_MAX)
         .add_service(checked);
-    match node.tls() {
+    let served = match node.tls() {
         Some(tls) => server.serve_with_incoming_shutdown(tls.grpc_incoming(listener), shutdown).await,
         None => {
             let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
             server.serve_with_incoming_shutdown(incoming, shutdown).await
         }
-    }
+    };
+    served.map_err(|e| ServeError(e.to_string()))
 }

@@ -90,14 +90,15 @@ impl StateMachineStore {
         })
     }
 
+    /// The storage-level state machine, for the tests' reads.
+    #[cfg(test)]
+    pub fn state(&self) -> &StateMachine {
+        &self.sm
+    }
+
     /// The flag a log store reads to hold purges back while a snapshot is being installed.
     pub fn installing(&self) -> Arc<std::sync::atomic::AtomicBool> {
         self.installing.clone()
-    }
-
-    /// The storage-level state machine, for reads.
-    pub fn state(&self) -> &StateMachine {
-        &self.sm
     }
 
     /// Hears what every entry applied from now on did.

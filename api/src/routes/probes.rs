@@ -17,8 +17,7 @@ pub async fn healthz() -> Json<Value> {
 
 /// Member of a cluster that has a leader, with a clock that agrees with the cluster's.
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let metrics = state.node.metrics();
-    let member = metrics.membership_config.membership().get_node(&state.node.id()).is_some();
+    let status = state.node.status();
     let disk = state.node.disk();
     if disk.full {
         return Err(ApiError::Unavailable(disk.refusal()));
@@ -30,8 +29,8 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
             clock.offsets_ms
         )));
     }
-    match metrics.current_leader {
-        Some(leader) if member => Ok(Json(json!({ "ready": true, "leaderId": leader }))),
+    match status.leader_id {
+        Some(leader) if status.member => Ok(Json(json!({ "ready": true, "leaderId": leader }))),
         _ => Err(ApiError::Unavailable("not a member of a cluster with a leader".into())),
     }
 }
@@ -67,29 +66,25 @@ pub struct ReplicationView {
 
 /// This node's view of the cluster.
 pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
-    let m = state.node.metrics();
-    let members = member_views(raftbox_raft::membership::members_of(&m));
+    let status = state.node.status();
+    let last = status.last_log_index;
     Json(ClusterInfo {
-        node_id: m.id,
-        leader_id: m.current_leader,
-        term: m.current_term,
-        role: format!("{:?}", m.state),
+        node_id: status.id,
+        leader_id: status.leader_id,
+        term: status.term,
+        role: format!("{:?}", status.role),
         votes: state.node.vote_right().may_vote(),
-        members,
-        last_applied: m.last_applied.map(|id| id.index).unwrap_or(0),
-        last_log_index: m.last_log_index.unwrap_or(0),
-        snapshot_index: m.snapshot.map(|id| id.index),
-        replication: m.replication.as_ref().map(|replication| {
-            let last = m.last_log_index.unwrap_or(0);
+        members: member_views(status.members),
+        last_applied: status.last_applied,
+        last_log_index: last,
+        snapshot_index: status.snapshot_index,
+        replication: status.replication.map(|replication| {
             replication
-                .iter()
-                .map(|(id, matched)| {
-                    let matched_index = matched.map(|log_id| log_id.index);
-                    ReplicationView {
-                        node_id: *id,
-                        matched_index,
-                        lag: last.saturating_sub(matched_index.unwrap_or(0)),
-                    }
+                .into_iter()
+                .map(|(node_id, matched_index)| ReplicationView {
+                    node_id,
+                    matched_index,
+                    lag: last.saturating_sub(matched_index.unwrap_or(0)),
                 })
                 .collect()
         }),
@@ -97,8 +92,8 @@ pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
 }
 
 /// Prometheus text exposition of the node's series: HTTP per route, the write path, and
-/// openraft's state (see `raftbox_raft::metrics`).
+/// the Raft state (see `RaftNode::render_metrics`).
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let body = state.node.node_metrics().render(&state.node.metrics());
+    let body = state.node.render_metrics();
     ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body)
 }

@@ -76,7 +76,7 @@ impl TestNode {
             members.insert(2, named("127.0.0.1:1", "127.0.0.1:1", "down-for-good"));
             members.insert(3, named("127.0.0.1:1", "127.0.0.1:1", "down-for-good"));
             let answer = node.initialize_here(members).await;
-            assert!(matches!(answer, Err(raftbox_raft::node::Initialize::NotYet(_))), "{answer:?}");
+            assert!(matches!(answer, Err(raftbox_raft::Initialize::NotYet(_))), "{answer:?}");
         }
         if quorum {
             let admin = Command::EnsureAdmin {

@@ -1,15 +1,15 @@
-//! Integration tests of the raft crate: openraft's storage conformance suite against the
+//! Tests of the raft crate against its internals: openraft's storage conformance suite against the
 //! real RocksDB-backed log store and state machine, and streamed snapshots.
 
 mod snapshot_stream;
 
 use std::sync::{Mutex, MutexGuard};
 
+use crate::log_store::LogStore;
+use crate::state_machine::StateMachineStore;
+use crate::types::TypeConfig;
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::StorageError;
-use raftbox_raft::log_store::LogStore;
-use raftbox_raft::state_machine::StateMachineStore;
-use raftbox_raft::types::TypeConfig;
 use raftbox_storage::{Db, StateMachine};
 
 struct RocksBuilder;
@@ -19,7 +19,7 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, tempfile::TempDir> fo
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(dir.path()).expect("open db");
         let sm = StateMachineStore::new(StateMachine::new(db.clone()))?;
-        Ok((dir, LogStore::new(db, raftbox_raft::NodeMetrics::new(1)), sm))
+        Ok((dir, LogStore::new(db, crate::NodeMetrics::new(1)), sm))
     }
 }
 

@@ -7,11 +7,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::state_machine::{StateMachineStore, SNAPSHOT_DIR};
+use crate::types::{Entry, SnapshotMeta};
 use openraft::storage::RaftStateMachine;
 use openraft::testing::log_id;
 use openraft::{EntryPayload, RaftSnapshotBuilder};
-use raftbox_raft::state_machine::{StateMachineStore, SNAPSHOT_DIR};
-use raftbox_raft::types::{Entry, SnapshotMeta};
 use raftbox_storage::jobs::{Job, JobSpec, Schedule};
 use raftbox_storage::{keys, Batch, Command, Db, StateMachine};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
@@ -123,7 +123,7 @@ async fn transfer(from: &mut StateMachineStore, to: &mut StateMachineStore) -> S
 
 #[test]
 fn snapshot_build_and_install_stream_without_growing_memory() {
-    let _serial = crate::serial();
+    let _serial = super::serial();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
     runtime.block_on(async {
         let (dir_a, dir_b) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
@@ -178,7 +178,7 @@ fn snapshot_build_and_install_stream_without_growing_memory() {
 
 #[test]
 fn corrupt_snapshot_install_changes_nothing() {
-    let _serial = crate::serial();
+    let _serial = super::serial();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
     runtime.block_on(async {
         let (dir_a, dir_b) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
@@ -214,7 +214,7 @@ fn corrupt_snapshot_install_changes_nothing() {
 
 #[test]
 fn inline_snapshot_of_an_older_version_moves_to_a_file() {
-    let _serial = crate::serial();
+    let _serial = super::serial();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
     runtime.block_on(async {
         let dir = tempfile::tempdir().expect("tempdir");
