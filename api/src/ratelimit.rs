@@ -247,8 +247,12 @@ pub async fn enforce(State(state): State<AppState>, mut request: Request, next: 
                 }
                 checked_anonymous = true;
             }
-            caller = lookup(&state, &hash).await.ok().flatten();
-            request.extensions_mut().insert(LookedUp(caller.clone()));
+            // A lookup whose barrier failed found nothing either way: the route looks the
+            // token up again and answers 503 if it still cannot tell, never a wrong 401.
+            if let Ok(found) = lookup(&state, &hash).await {
+                caller = found;
+                request.extensions_mut().insert(LookedUp(caller.clone()));
+            }
         }
     }
     if let Some(principal) = &caller {

@@ -66,6 +66,10 @@ pub struct ClusterOptions {
     /// harness, unmounted when the cluster is dropped), so a test can fill one node's disk
     /// ([`Cluster::fill_disk`]). Needs root.
     pub small_disks_mb: Option<u64>,
+    /// Preload a layer that delays each node's `fsync` and `fdatasync` by what a file says
+    /// (`tests/data/slow_fsync.c`, compiled with `cc`), so a test can slow one node's disk
+    /// down ([`Cluster::set_fsync_delay`]).
+    pub slow_disks: bool,
     /// The nodes' `[webhooks] allow` list: by default loopback and 10/8 (where a test's
     /// receiver listens, on loopback or on the namespaces' bridge).
     pub webhook_allow: Vec<String>,
@@ -108,6 +112,7 @@ impl Default for ClusterOptions {
             clock_offsets: BTreeMap::new(),
             network_namespaces: false,
             small_disks_mb: None,
+            slow_disks: false,
             webhook_allow: ["127.0.0.0/8", "::1/128", "10.0.0.0/8"].map(String::from).to_vec(),
             tls: Tls::Off,
         }
@@ -132,6 +137,8 @@ struct Node {
     log_path: PathBuf,
     /// libfaketime's offset file for this node, when the cluster fakes clocks.
     clock_path: Option<PathBuf>,
+    /// The file holding this node's fsync delay (ms), when the cluster has slow disks.
+    fsync_delay_path: Option<PathBuf>,
     /// The running process; `None` while stopped.
     child: Option<Child>,
 }
@@ -162,6 +169,8 @@ pub struct Cluster {
     failed: bool,
     /// tmpfs mounted over data directories ([`ClusterOptions::small_disks_mb`]).
     mounts: Vec<PathBuf>,
+    /// The compiled slow-disk layer ([`ClusterOptions::slow_disks`]).
+    fsync_layer: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -215,7 +224,11 @@ impl Cluster {
             unexpected_exits: Vec::new(),
             failed: false,
             mounts: Vec::new(),
+            fsync_layer: None,
         };
+        if cluster.options.slow_disks {
+            cluster.fsync_layer = Some(compile_fsync_layer(&cluster.root)?);
+        }
         let members: Vec<Member> =
             (1..=cluster.options.nodes).map(|id| cluster.new_member(id)).collect::<Result<_>>()?;
         if cluster.options.tls != Tls::Off {
@@ -303,8 +316,10 @@ impl Cluster {
         } else {
             None
         };
+        let fsync_delay_path = self.options.slow_disks.then(|| node_dir.join("fsync_delay_ms"));
         let log_path = node_dir.join("log");
-        let node = Node { member: member.clone(), data_dir, config_path, log_path, clock_path, child: None };
+        let node =
+            Node { member: member.clone(), data_dir, config_path, log_path, clock_path, fsync_delay_path, child: None };
         self.nodes.insert(member.id, node);
         Ok(())
     }
@@ -451,6 +466,7 @@ impl Cluster {
             }
             None => Command::new(&bin),
         };
+        let fsync_layer = self.fsync_layer.clone();
         let node = self.node_mut(id);
         ensure!(node.child.is_none(), "node {id} is already running");
         let mut log = OpenOptions::new()
@@ -470,14 +486,22 @@ impl Cluster {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
+        let mut preload = Vec::new();
+        if let (Some(layer), Some(delay)) = (&fsync_layer, &node.fsync_delay_path) {
+            preload.push(layer.display().to_string());
+            command.env("RAFTBOX_FSYNC_DELAY_FILE", delay);
+        }
         if let Some(clock) = &node.clock_path {
+            preload.push(LIBFAKETIME.to_string());
             // The wall clock follows the offset in the file (re-read every second); timers
             // (the monotonic clock) are left alone.
             command
-                .env("LD_PRELOAD", LIBFAKETIME)
                 .env("FAKETIME_TIMESTAMP_FILE", clock)
                 .env("FAKETIME_CACHE_DURATION", "1")
                 .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        if !preload.is_empty() {
+            command.env("LD_PRELOAD", preload.join(":"));
         }
         let child = command.spawn().with_context(|| format!("spawn node {id} ({})", bin.display()))?;
         node.child = Some(child);
@@ -560,6 +584,13 @@ impl Cluster {
     pub fn set_clock_offset(&self, id: u64, offset: &str) -> Result<()> {
         let path = self.node(id).clock_path.as_ref().ok_or_else(|| anyhow!("the cluster does not fake clocks"))?;
         fs::write(path, format!("{offset}\n")).with_context(|| format!("write {}", path.display()))
+    }
+
+    /// Makes every `fsync` and `fdatasync` of node `id` wait `ms` first (0: none), from its
+    /// next call on. The cluster must have been started with `slow_disks`.
+    pub fn set_fsync_delay(&self, id: u64, ms: u64) -> Result<()> {
+        let path = self.node(id).fsync_delay_path.as_ref().ok_or_else(|| anyhow!("the cluster has no slow disks"))?;
+        fs::write(path, format!("{ms}\n")).with_context(|| format!("write {}", path.display()))
     }
 
     /// The block files node `id` holds on its disk.
@@ -1050,4 +1081,20 @@ fn run_command(program: &str, args: &[&str]) -> Result<()> {
         String::from_utf8_lossy(&output.stderr).trim()
     );
     Ok(())
+}
+
+/// Compiles the slow-disk layer (`tests/data/slow_fsync.c`) into `dir`, with the system's C
+/// compiler (scripts/test installs one: rocksdb needs it too).
+fn compile_fsync_layer(dir: &Path) -> Result<PathBuf> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/slow_fsync.c");
+    let out = dir.join("slow_fsync.so");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&out)
+        .arg(&source)
+        .arg("-ldl")
+        .status()
+        .context("run cc to build the slow-disk layer")?;
+    ensure!(status.success(), "cc {} failed ({status})", source.display());
+    Ok(out)
 }

@@ -128,8 +128,10 @@ pub fn check_fires(calls: &[FireCall]) -> Result<FireSummary> {
 /// fire's time, and its k-th run (the k-th fence seen) not before `k` leases after it. A run
 /// is claimed at or after the fire's time and the next only once the lease of the one
 /// before lapsed (each claim takes a lease of `lease_ms` at least), so two runs of one fire
-/// within one lease are two executors at once. (A failed attempt is retried sooner, after
-/// its backoff: this check is for targets that answer every call.)
+/// within one lease are two executors at once. Its limits: it measures from the fire's time,
+/// so a run claimed k leases late is not judged against the run before it (the fences and
+/// keys of [`check_fires`] still catch a second effect); and a failed attempt is retried
+/// sooner, after its backoff, so it is for targets that answer every call.
 pub fn check_fire_times(calls: &[FireCall], lease_ms: u64, tolerance_ms: u64) -> Result<()> {
     // Each fire's runs: fence → first arrival.
     let mut runs: BTreeMap<(&str, u64), BTreeMap<u64, u64>> = BTreeMap::new();

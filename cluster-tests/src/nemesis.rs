@@ -138,6 +138,8 @@ pub enum Fault {
     ClockSkew(u64, String),
     Replace(u64),
     DiskFull(u64),
+    /// A lossy, slow link (how lossy, how slow).
+    LossyLink(u64, String),
     /// Killed; at heal started, killed again after this many ms, and started.
     KillCatchingUp(u64, u64),
     WipeInPlace(u64),
@@ -319,7 +321,8 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
             Fault::DiskFull(id)
         }
         FaultKind::WipeInPlace => {
-            let leader = cluster.leader_id().await;
+            // A known leader, so that the node wiped is surely a follower.
+            let leader = Some(cluster.wait_for_leader(None, READD_DEADLINE).await?);
             let followers: Vec<u64> = cluster.live_ids().into_iter().filter(|id| Some(*id) != leader).collect();
             let id = *followers.choose(rng).context("no running follower")?;
             cluster.kill9(id)?;
@@ -333,7 +336,7 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
             let kbit = rng.gen_range(LINK_KBIT.0..=LINK_KBIT.1);
             let network = cluster.network().context("a lossy link needs `network_namespaces`")?;
             network.degrade(id, loss, kbit, LINK_QUEUE_MS)?;
-            Fault::Network(format!("{} ({loss}% lost, {kbit} kbit/s)", network.describe()))
+            Fault::LossyLink(id, format!("{loss}% lost, {kbit} kbit/s"))
         }
         FaultKind::Pause => {
             let id = target(cluster, rng).await?;
@@ -400,6 +403,8 @@ async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
             cluster.start_node(*id)?;
             // The fault's own timing (a kill part-way through the catch-up), not a wait.
             tokio::time::sleep(Duration::from_millis(*after_ms)).await;
+            // A node that exited on its own meanwhile is recorded (and fails the test).
+            cluster.reap_exited()?;
             if cluster.is_running(*id) {
                 cluster.kill9(*id)?;
             }
@@ -409,6 +414,7 @@ async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
         Fault::Pause(id) => cluster.resume(*id),
         Fault::ClockSkew(id, _) => cluster.set_clock_offset(*id, "+0"),
         Fault::Network(_) => cluster.network().context("network")?.heal(),
+        Fault::LossyLink(id, _) => cluster.network().context("network")?.restore(*id),
     }
 }
 
@@ -438,7 +444,8 @@ async fn remove(cluster: &Cluster, id: u64) -> Result<()> {
     loop {
         let via = cluster.live_ids().into_iter().find(|n| *n != id).context("no other running node")?;
         match remove_member(&cluster.client(), &cluster.http_url(via), cluster.admin_token(), id).await? {
-            Outcome::Ok(_) | Outcome::Rejected(404, _) => return Ok(()),
+            Outcome::Ok(body) if body["complete"] == true => return Ok(()),
+            Outcome::Rejected(404, _) => return Ok(()),
             other => wait.tick(&format!("through node {via}: {other:?}")).await?,
         }
     }

@@ -25,6 +25,8 @@ use anyhow::{bail, Context as _, Result};
 
 /// The nft table each namespace gets.
 const TABLE: &str = "raftbox_nemesis";
+/// The chain of the lossy links' rules (the cuts are in `input`).
+const LOSSY_CHAIN: &str = "lossy";
 /// First octet of the test subnets (10.0.0.0/8 is private; the harness picks the others).
 const SUBNET_FIRST_OCTET: u8 = 10;
 
@@ -108,6 +110,15 @@ impl Network {
             "nft",
             &format!("add chain inet {TABLE} input {{ type filter hook input priority 0 ; policy accept ; }}"),
         ])?;
+        // A lossy link's rule lives in a chain of its own, so healing the cuts leaves it.
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            &ns,
+            "nft",
+            &format!("add chain inet {TABLE} {LOSSY_CHAIN} {{ type filter hook input priority 1 ; policy accept ; }}"),
+        ])?;
         Ok(())
     }
 
@@ -169,14 +180,16 @@ impl Network {
     /// it are dropped at random, and what it sends goes through a token bucket of `kbit`
     /// kbit/s (queueing up to `queue_ms`, dropping beyond).
     pub fn degrade(&mut self, id: u64, loss_percent: u8, kbit: u32, queue_ms: u32) -> Result<()> {
-        if !self.degraded.insert(id) {
+        if self.degraded.contains(&id) {
             return Ok(());
         }
+        // Marked first, so a heal undoes whatever part of it was applied.
+        self.degraded.insert(id);
         let ns = self.namespace(id);
         let peers: Vec<String> = self.nodes.iter().filter(|n| **n != id).map(|n| self.ip(*n).to_string()).collect();
         if !peers.is_empty() {
             let rule = format!(
-                "add rule inet {TABLE} input ip saddr {{ {} }} numgen random mod 100 < {loss_percent} drop",
+                "add rule inet {TABLE} {LOSSY_CHAIN} ip saddr {{ {} }} numgen random mod 100 < {loss_percent} drop",
                 peers.join(", ")
             );
             run(&["ip", "netns", "exec", &ns, "nft", &rule])?;
@@ -188,16 +201,36 @@ impl Network {
         run(&[&["ip", "netns", "exec", &ns][..], &tbf[..]].concat())
     }
 
-    /// Removes every drop rule and every lossy, slow link.
+    /// Removes every cut link (lossy links stay: [`Network::restore`] heals those).
     pub fn heal(&mut self) -> Result<()> {
-        let targets: BTreeSet<u64> = self.cut.iter().map(|(_, to)| *to).chain(self.degraded.iter().copied()).collect();
+        let targets: BTreeSet<u64> = self.cut.iter().map(|(_, to)| *to).collect();
+        let mut first_error = None;
         for to in targets {
-            run(&["ip", "netns", "exec", &self.namespace(to), "nft", "flush", "chain", "inet", TABLE, "input"])?;
+            let flushed =
+                run(&["ip", "netns", "exec", &self.namespace(to), "nft", "flush", "chain", "inet", TABLE, "input"]);
+            match flushed {
+                Ok(()) => self.cut.retain(|(_, t)| *t != to),
+                Err(e) => first_error = first_error.or(Some(e)),
+            }
         }
-        for id in std::mem::take(&mut self.degraded) {
-            run(&["ip", "netns", "exec", &self.namespace(id), "tc", "qdisc", "del", "dev", "eth0", "root"])?;
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Makes node `id`'s lossy, slow link whole again.
+    pub fn restore(&mut self, id: u64) -> Result<()> {
+        if !self.degraded.contains(&id) {
+            return Ok(());
         }
-        self.cut.clear();
+        let ns = self.namespace(id);
+        run(&["ip", "netns", "exec", &ns, "nft", "flush", "chain", "inet", TABLE, LOSSY_CHAIN])?;
+        let removed = run(&["ip", "netns", "exec", &ns, "tc", "qdisc", "del", "dev", "eth0", "root"]);
+        // No qdisc to remove: `degrade` failed before it added one.
+        if let Err(e) = removed {
+            if !e.to_string().contains("No such file") && !e.to_string().contains("Cannot find") {
+                return Err(e);
+            }
+        }
+        self.degraded.remove(&id);
         Ok(())
     }
 

@@ -17,6 +17,11 @@ impl BootInstant {
         BootInstant(Duration::new(t.tv_sec as u64, t.tv_nsec as u32))
     }
 
+    /// The time since the machine booted.
+    pub fn since_boot(self) -> Duration {
+        self.0
+    }
+
     /// The time from `earlier` to this instant; zero if `earlier` is later.
     pub fn saturating_duration_since(self, earlier: BootInstant) -> Duration {
         self.0.saturating_sub(earlier.0)

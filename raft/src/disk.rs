@@ -11,15 +11,68 @@
 //! and sets `raftbox_disk_full`. Once twice the minimum is free again the alarm clears by
 //! itself and the node catches up from the leader: nothing is lost, since the node
 //! acknowledged nothing it did not store.
+//!
+//! A slow disk: a log write (one fsync) in flight for more than [`SLOW_SYNC`], or one that
+//! took that long in the last [`SLOW_COOL_DOWN`], marks the disk slow ([`SyncTimer`]). A slow
+//! node does not lead — no elections, no heartbeats, so a leader steps down once its write
+//! returns, and while it is stuck its silence lets the others elect — is not ready and sets
+//! `raftbox_disk_slow`; it still stores what leaders send, since a follower's slow fsync only
+//! delays its own acknowledgements and a majority commits without them. A leader's stalled
+//! fsync thus holds writes for an election timeout, not for the stall.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus::IntGauge;
 use tokio::sync::watch;
 
-/// How often the free space is read.
-pub const DISK_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+use crate::boot_clock::BootInstant;
+
+/// How often the free space and the log's writes are checked.
+pub const DISK_CHECK_INTERVAL: Duration = Duration::from_millis(250);
+/// A log write that takes longer marks the disk slow.
+pub const SLOW_SYNC: Duration = Duration::from_secs(1);
+/// How long the disk stays slow after the last slow log write ended.
+pub const SLOW_COOL_DOWN: Duration = Duration::from_secs(10);
+
+/// The log's writes, timed for the slow-disk check: the log store marks each write's
+/// beginning and end (one at a time: openraft appends serially).
+#[derive(Debug, Default)]
+pub(crate) struct SyncTimer {
+    /// When the write in flight began (ms since boot, plus one), 0 when none is.
+    in_flight_since: AtomicU64,
+    /// Until when the disk counts as slow (ms since boot), after a slow write ended.
+    slow_until: AtomicU64,
+}
+
+impl SyncTimer {
+    fn now_ms(&self) -> u64 {
+        BootInstant::now().since_boot().as_millis() as u64
+    }
+
+    /// A write begins.
+    pub(crate) fn begin(&self) {
+        self.in_flight_since.store(self.now_ms() + 1, Ordering::SeqCst);
+    }
+
+    /// The write that began last ended.
+    pub(crate) fn end(&self) {
+        let began = self.in_flight_since.swap(0, Ordering::SeqCst);
+        let now = self.now_ms();
+        if began > 0 && now.saturating_sub(began - 1) > SLOW_SYNC.as_millis() as u64 {
+            self.slow_until.fetch_max(now + SLOW_COOL_DOWN.as_millis() as u64, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether a write has been in flight too long, or one ended slow within the cool-down.
+    pub(crate) fn slow(&self) -> bool {
+        let now = self.now_ms();
+        let began = self.in_flight_since.load(Ordering::SeqCst);
+        let stuck = began > 0 && now.saturating_sub(began - 1) > SLOW_SYNC.as_millis() as u64;
+        stuck || now < self.slow_until.load(Ordering::SeqCst)
+    }
+}
 
 /// What the last check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,11 +83,34 @@ pub struct DiskHealth {
     pub free_bytes: Option<u64>,
     /// The configured minimum.
     pub min_free_bytes: u64,
+    /// A log write is taking, or took within the cool-down, longer than [`SLOW_SYNC`].
+    pub slow: bool,
 }
 
 impl DiskHealth {
     pub fn new(min_free_bytes: u64) -> DiskHealth {
-        DiskHealth { full: false, free_bytes: None, min_free_bytes }
+        DiskHealth { full: false, free_bytes: None, min_free_bytes, slow: false }
+    }
+
+    /// Whether the disk lets this node lead: neither full nor slow.
+    pub fn may_lead(&self) -> bool {
+        !self.full && !self.slow
+    }
+
+    /// Why this node is not ready, if its disk is the reason.
+    pub fn unready(&self) -> Option<String> {
+        if self.full {
+            Some(self.refusal())
+        } else if self.slow {
+            Some(format!(
+                "this node's disk is slow: a log write took more than {} ms; it does not lead until its writes \
+                 are fast again for {} s",
+                SLOW_SYNC.as_millis(),
+                SLOW_COOL_DOWN.as_secs()
+            ))
+        } else {
+            None
+        }
     }
 
     /// The error a refused write or append carries.
@@ -63,13 +139,21 @@ fn raised(was: bool, free: u64, min_free: u64) -> bool {
     }
 }
 
-/// Checks the free space of `path` forever, publishing the verdict and the gauges.
+/// The gauges the disk check sets.
+pub(crate) struct DiskGauges {
+    pub full: IntGauge,
+    pub free_bytes: IntGauge,
+    pub slow: IntGauge,
+}
+
+/// Checks the free space of `path` and the log's writes forever, publishing the verdict and
+/// the gauges.
 pub(crate) async fn watch_disk(
     path: PathBuf,
     min_free_bytes: u64,
+    syncs: std::sync::Arc<SyncTimer>,
     health: watch::Sender<DiskHealth>,
-    full_gauge: IntGauge,
-    free_gauge: IntGauge,
+    gauges: DiskGauges,
 ) {
     let mut ticks = tokio::time::interval(DISK_CHECK_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -98,9 +182,23 @@ pub(crate) async fn watch_disk(
                 tracing::warn!(free_mib = free >> 20, "space freed: the NOSPACE alarm is cleared; catching up");
             }
         }
-        full_gauge.set(i64::from(full));
-        free_gauge.set(i64::try_from(free).unwrap_or(i64::MAX));
-        health.send_replace(DiskHealth { full, free_bytes: Some(free), min_free_bytes });
+        let (was_slow, slow) = (health.borrow().slow, syncs.slow());
+        if slow != was_slow {
+            if slow {
+                // A warning, as etcd's "slow fdatasync": the node serves on, it only does not
+                // lead (a node stopped for a second mid-write, a SIGSTOP say, counts too).
+                tracing::warn!(
+                    slow_sync_ms = SLOW_SYNC.as_millis() as u64,
+                    "slow disk: a log write (fsync) is taking longer than the limit; this node does not lead"
+                );
+            } else {
+                tracing::warn!("the disk's writes are fast again: this node may lead");
+            }
+        }
+        gauges.full.set(i64::from(full));
+        gauges.free_bytes.set(i64::try_from(free).unwrap_or(i64::MAX));
+        gauges.slow.set(i64::from(slow));
+        health.send_replace(DiskHealth { full, free_bytes: Some(free), min_free_bytes, slow });
     }
 }
 
@@ -114,6 +212,23 @@ mod tests {
         assert!(raised(false, 63, 64));
         assert!(raised(true, 100, 64), "still raised between the minimum and twice it");
         assert!(!raised(true, 128, 64));
+    }
+
+    #[test]
+    fn a_write_in_flight_too_long_or_ended_slow_marks_the_disk_slow() {
+        let syncs = SyncTimer::default();
+        assert!(!syncs.slow());
+        syncs.begin();
+        syncs.end();
+        assert!(!syncs.slow(), "a fast write");
+        // A write that began 1.5 s ago and has not ended; then ends.
+        let long_ago = syncs.now_ms().saturating_sub(1_500);
+        syncs.in_flight_since.store(long_ago + 1, Ordering::SeqCst);
+        assert!(syncs.slow(), "stuck in flight");
+        syncs.end();
+        assert!(syncs.slow(), "ended slow: within the cool-down");
+        syncs.slow_until.store(syncs.now_ms(), Ordering::SeqCst);
+        assert!(!syncs.slow(), "the cool-down over");
     }
 
     #[test]

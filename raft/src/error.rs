@@ -33,20 +33,9 @@ pub enum StartError {
     Bootstrap(String),
 }
 
-impl From<openraft::StorageError<u64>> for StartError {
-    fn from(e: openraft::StorageError<u64>) -> StartError {
-        StartError::Raft(format!("storage: {e}"))
-    }
-}
-
-impl From<openraft::ConfigError> for StartError {
-    fn from(e: openraft::ConfigError) -> StartError {
-        StartError::Raft(format!("config: {e}"))
-    }
-}
-
-impl From<openraft::error::Fatal<u64>> for StartError {
-    fn from(e: openraft::error::Fatal<u64>) -> StartError {
+impl StartError {
+    /// An openraft failure (storage, configuration or core), described.
+    pub(crate) fn raft(e: impl std::fmt::Display) -> StartError {
         StartError::Raft(e.to_string())
     }
 }

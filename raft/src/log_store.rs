@@ -12,6 +12,7 @@ use raftbox_storage::{keys, Db};
 
 use bytes::Bytes;
 
+use crate::disk::SyncTimer;
 use crate::log_cache::LogCache;
 use crate::metrics::NodeMetrics;
 
@@ -26,6 +27,8 @@ pub struct LogStore {
     cache: LogCache,
     /// The state machine's flag: set while a snapshot is received or installed.
     installing: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Times every append (one fsync) for the slow-disk check ([`crate::disk`]).
+    syncs: std::sync::Arc<SyncTimer>,
 }
 
 impl Debug for LogStore {
@@ -36,7 +39,12 @@ impl Debug for LogStore {
 
 impl LogStore {
     pub fn new(db: Db, metrics: NodeMetrics) -> LogStore {
-        LogStore { db, metrics, cache: LogCache::default(), installing: None }
+        LogStore { db, metrics, cache: LogCache::default(), installing: None, syncs: Default::default() }
+    }
+
+    /// The timer of the log's writes, for the slow-disk check.
+    pub(crate) fn syncs(&self) -> std::sync::Arc<SyncTimer> {
+        self.syncs.clone()
     }
 
     /// Holds purges back to the durable snapshot while `installing` is set (see
@@ -195,6 +203,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         self.metrics.log_append_entries.observe(encoded.len() as f64);
         let fsync = self.metrics.log_fsync_seconds.clone();
+        self.syncs.begin();
         let result = self
             .blocking(move |db| {
                 let _timer = fsync.start_timer();
@@ -202,6 +211,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 db.log_append(writes).map_err(|e| StorageIOError::write_logs(&e).into()).map(|()| encoded)
             })
             .await;
+        self.syncs.end();
         match result {
             Ok(encoded) => {
                 self.cache.appended(encoded);

@@ -44,6 +44,7 @@ pub struct NodeMetrics {
     /// The NOSPACE alarm (1 while raised) and the data directory's free bytes.
     pub(crate) disk_full: IntGauge,
     pub(crate) disk_free_bytes: IntGauge,
+    pub(crate) disk_slow: IntGauge,
     /// Leader only: per follower, entries of the leader's log not yet replicated to it.
     replication_lag: IntGaugeVec,
     /// RocksDB's memory by `kind` (memtables, table_readers, block_cache), read at each scrape.
@@ -151,6 +152,11 @@ impl NodeMetrics {
                 "1 while the NOSPACE alarm is raised: the data directory's free space fell below the minimum.",
             ),
             disk_free_bytes: gauge("raftbox_disk_free_bytes", "Free bytes of the data directory's file system."),
+            disk_slow: gauge(
+                "raftbox_disk_slow",
+                "1 while a log write (its fsync) has taken longer than a second, and for 10 s after: the node \
+                 does not lead.",
+            ),
             replication_lag,
             rocksdb_memory,
             db: Arc::default(),

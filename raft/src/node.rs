@@ -190,7 +190,7 @@ async fn switch_elections_forever(
     loop {
         ticks.tick().await;
         let Some(promises) = promises.upgrade() else { return };
-        let fit = clock.borrow().may_lead() && !disk.borrow().full;
+        let fit = clock.borrow().may_lead() && disk.borrow().may_lead();
         let votes = vote_right.borrow().may_vote();
         raft.runtime_config().heartbeat(fit);
         RaftNode::switch_elections(&promises, &raft, id, fit, votes);
@@ -237,19 +237,21 @@ impl RaftNode {
             enable_elect: false,
             ..Default::default()
         }
-        .validate()?;
+        .validate()
+        .map_err(StartError::raft)?;
         let identity = membership::load_identity(&db)?;
         let vote_right = watch::Sender::new(VoteRight::NotVoter);
         let state = StateMachine::new(db.clone());
-        let sm_store = StateMachineStore::new(state.clone())?;
+        let sm_store = StateMachineStore::new(state.clone()).map_err(StartError::raft)?;
         let applied = sm_store.clone();
         let peers = Peers::with_tls(secret.clone(), tls.clone());
         let node_metrics = NodeMetrics::new(id);
         node_metrics.set_db(db.clone());
         let log_store = LogStore::new(db.clone(), node_metrics.clone()).guarded_by(sm_store.installing());
         let log_cache = log_store.cache();
+        let syncs = log_store.syncs();
         let network = NetworkFactory { peers: peers.clone(), cache: log_cache.clone() };
-        let raft = Raft::new(id, Arc::new(config), network, log_store, sm_store).await?;
+        let raft = Raft::new(id, Arc::new(config), network, log_store, sm_store).await.map_err(StartError::raft)?;
         let (clock_tx, clock) = watch::channel(ClockHealth {
             ok: None,
             offsets_ms: Default::default(),
@@ -273,9 +275,13 @@ impl RaftNode {
         tokio::spawn(crate::disk::watch_disk(
             db.path().to_path_buf(),
             settings.min_free_disk_bytes,
+            syncs,
             disk_tx,
-            node_metrics.disk_full.clone(),
-            node_metrics.disk_free_bytes.clone(),
+            crate::disk::DiskGauges {
+                full: node_metrics.disk_full.clone(),
+                free_bytes: node_metrics.disk_free_bytes.clone(),
+                slow: node_metrics.disk_slow.clone(),
+            },
         ));
         tokio::spawn(switch_elections_forever(
             id,
@@ -494,7 +500,7 @@ impl RaftNode {
     /// leader not to help elect another, nor to stand itself, for a lease (see
     /// [`crate::lease`]). Under the vote gate, so no vote is granted between a refusal check
     /// and this promise.
-    pub async fn confirm_leader(&self, term: u64, leader_id: NodeId) -> bool {
+    pub(crate) async fn confirm_leader(&self, term: u64, leader_id: NodeId) -> bool {
         let _gate = self.inner.vote_gate.lock().await;
         let saved = crate::log_store::stored_vote(&self.inner.db)
             .is_some_and(|vote| vote.leader_id.term == term && vote.leader_id.node_id == leader_id);
@@ -525,7 +531,7 @@ impl RaftNode {
     /// Hands a candidate's vote request to openraft unless this node may not vote (it lost
     /// its data, or is no voter of its configuration) or a promise forbids it: checked and
     /// granted under the vote gate, which [`RaftNode::confirm_leader`] holds too.
-    pub async fn vote(
+    pub(crate) async fn vote(
         &self,
         rpc: openraft::raft::VoteRequest<NodeId>,
     ) -> Result<Result<openraft::raft::VoteResponse<NodeId>, openraft::error::RaftError<NodeId>>, String> {
@@ -658,7 +664,7 @@ impl RaftNode {
 
     /// The read index this node hands a follower, if it is the leader and can confirm it
     /// within the write timeout (sharing rounds with the other followers asking).
-    pub async fn confirmed_read_index(&self) -> Option<u64> {
+    pub(crate) async fn confirmed_read_index(&self) -> Option<u64> {
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.write_timeout_ms);
         self.inner.leader_rounds.next_index(deadline).await
     }
@@ -680,7 +686,9 @@ impl RaftNode {
     /// peer already belongs to a cluster with a log beyond its first entry, or a peer holds
     /// another initial configuration. Repeating it after a crash part-way changes nothing.
     pub async fn bootstrap(&self, members: BTreeMap<NodeId, NodeInfo>) -> Result<(), StartError> {
-        if self.inner.raft.is_initialized().await? && self.metrics().last_log_index.unwrap_or(0) > 0 {
+        if self.inner.raft.is_initialized().await.map_err(StartError::raft)?
+            && self.metrics().last_log_index.unwrap_or(0) > 0
+        {
             tracing::info!("cluster already initialized; no bootstrap");
             return Ok(());
         }
@@ -846,7 +854,7 @@ impl RaftNode {
     }
 
     /// Hands an appended-entries request to openraft under the initialization gate.
-    pub async fn append_entries(
+    pub(crate) async fn append_entries(
         &self,
         rpc: openraft::raft::AppendEntriesRequest<crate::types::TypeConfig>,
     ) -> Result<openraft::raft::AppendEntriesResponse<NodeId>, openraft::error::RaftError<NodeId>> {
@@ -855,15 +863,27 @@ impl RaftNode {
     }
 
     /// Hands a snapshot chunk to openraft under the initialization gate.
-    pub async fn install_snapshot(
+    pub(crate) async fn install_snapshot(
         &self,
         rpc: openraft::raft::InstallSnapshotRequest<crate::types::TypeConfig>,
     ) -> Result<
         openraft::raft::InstallSnapshotResponse<NodeId>,
         openraft::error::RaftError<NodeId, openraft::error::InstallSnapshotError>,
     > {
-        let _gate = self.inner.init_gate.read().await;
-        self.inner.raft.install_snapshot(rpc).await
+        // In a task of its own, holding the gate: a leader giving up on the chunk (its call
+        // timed out) must not drop the answer openraft's core sends back mid-call.
+        let node = self.clone();
+        let installed = tokio::spawn(async move {
+            let _gate = node.inner.init_gate.read().await;
+            node.inner.raft.install_snapshot(rpc).await
+        });
+        match installed.await {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::error!(error = %e, "the task installing a snapshot chunk failed");
+                Err(openraft::error::RaftError::Fatal(openraft::error::Fatal::Panicked))
+            }
+        }
     }
 
     /// Stops openraft (the caller stops serving first).

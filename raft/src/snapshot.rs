@@ -39,11 +39,6 @@ impl SnapshotFile {
         Ok(SnapshotFile { file: tokio::fs::File::from_std(file), path })
     }
 
-    /// Where the file is.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The synchronous file (every buffered write flushed) and its path.
     pub(crate) async fn into_std(self) -> (std::fs::File, PathBuf) {
         (self.file.into_std().await, self.path)

@@ -146,7 +146,7 @@ impl NodeTls {
     /// Each handshake is bounded by [`HANDSHAKE_TIMEOUT_MS`] and at most [`HANDSHAKES_MAX`]
     /// run at once (tonic's own TLS waits for a handshake without limit). Ends when the
     /// stream is dropped.
-    pub fn grpc_incoming(&self, listener: TcpListener) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
+    pub(crate) fn grpc_incoming(&self, listener: TcpListener) -> ReceiverStream<std::io::Result<TlsStream<TcpStream>>> {
         let (tx, rx) = mpsc::channel(HANDSHAKES_MAX);
         let acceptor = TlsAcceptor::from(self.grpc.clone());
         let permits = Arc::new(Semaphore::new(HANDSHAKES_MAX));
@@ -192,7 +192,7 @@ impl NodeTls {
 
     /// TLS of the channels to peers: peers are verified against the CA (or, without one,
     /// the public web roots), and with `mutual` the node presents its own certificate.
-    pub fn grpc_client(&self) -> ClientTlsConfig {
+    pub(crate) fn grpc_client(&self) -> ClientTlsConfig {
         let config = match &self.ca_pem {
             Some(ca) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)),
             None => ClientTlsConfig::new().with_webpki_roots(),

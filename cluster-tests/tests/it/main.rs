@@ -47,6 +47,10 @@
 //!   linearizable, no acknowledged commit lost, conflicted copies kept.
 //! - `checker`: the linearizability checker on histories whose verdict is known.
 //! - `clock_skew`: a node with a wrong clock does not lead.
+//! - `disk_full`: a leader's disk filled past the NOSPACE minimum: it steps down, others
+//!   commit, it catches up once space is freed.
+//! - `slow_disk`: a leader's fsync stalled for 3 s: another leads within an election, the
+//!   slow node never leads while slow and catches up once fast.
 //! - `system_jobs`: the maintenance jobs follow a changed interval.
 //! - `token_revocation`: a revoked token is refused on every node within a second.
 //! - `webhook_egress`: webhooks to loopback refused at creation and at run time.
@@ -83,6 +87,7 @@ mod poison_pill;
 mod restart_durability;
 mod shared_folder;
 mod shared_rate_limit;
+mod slow_disk;
 mod snapshot_install_crash;
 mod snapshot_rejoin;
 mod sync_accidents;
