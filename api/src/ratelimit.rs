@@ -247,11 +247,14 @@ pub async fn enforce(State(state): State<AppState>, mut request: Request, next: 
                 }
                 checked_anonymous = true;
             }
-            // A lookup whose barrier failed found nothing either way: the route looks the
-            // token up again and answers 503 if it still cannot tell, never a wrong 401.
-            if let Ok(found) = lookup(&state, &hash).await {
-                caller = found;
-                request.extensions_mut().insert(LookedUp(caller.clone()));
+            // A lookup whose barrier failed cannot tell who calls: 503, never a wrong 401,
+            // and never a pass past the caller's own limits.
+            match lookup(&state, &hash).await {
+                Ok(found) => {
+                    caller = found;
+                    request.extensions_mut().insert(LookedUp(caller.clone()));
+                }
+                Err(e) => return e.into_response(),
             }
         }
     }

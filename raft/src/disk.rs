@@ -14,11 +14,13 @@
 //!
 //! A slow disk: a log write (one fsync) in flight for more than [`SLOW_SYNC`], or one that
 //! took that long in the last [`SLOW_COOL_DOWN`], marks the disk slow ([`SyncTimer`]). A slow
-//! node does not lead — no elections, no heartbeats, so a leader steps down once its write
-//! returns, and while it is stuck its silence lets the others elect — is not ready and sets
-//! `raftbox_disk_slow`; it still stores what leaders send, since a follower's slow fsync only
-//! delays its own acknowledgements and a majority commits without them. A leader's stalled
-//! fsync thus holds writes for an election timeout, not for the stall.
+//! node does not stand for election and sets `raftbox_disk_slow` (a warning, as etcd's "slow
+//! fdatasync"); it stays ready, keeps storing what leaders send (a follower's slow fsync only
+//! delays its own acknowledgements; a majority commits without them) and, leading, keeps its
+//! heartbeats: a leader whose fsync is stuck is stuck in openraft's core, silent, and the
+//! others elect within an election timeout; once it is back it does not stand again for the
+//! cool-down. Only standing is refused, so a hiccup of a disk every node shares (a false
+//! alarm on all of them at once) costs no leader, only elections for 10 s.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +35,8 @@ use crate::boot_clock::BootInstant;
 pub const DISK_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// A log write that takes longer marks the disk slow.
 pub const SLOW_SYNC: Duration = Duration::from_secs(1);
+/// How long one free-space read may take before the check goes on without it.
+const STATVFS_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long the disk stays slow after the last slow log write ended.
 pub const SLOW_COOL_DOWN: Duration = Duration::from_secs(10);
 
@@ -51,13 +55,14 @@ impl SyncTimer {
         BootInstant::now().since_boot().as_millis() as u64
     }
 
-    /// A write begins.
-    pub(crate) fn begin(&self) {
+    /// A write begins; it ends when the guard is dropped (even if the write is abandoned).
+    pub(crate) fn begin(&self) -> SyncGuard<'_> {
         self.in_flight_since.store(self.now_ms() + 1, Ordering::SeqCst);
+        SyncGuard(self)
     }
 
     /// The write that began last ended.
-    pub(crate) fn end(&self) {
+    fn end(&self) {
         let began = self.in_flight_since.swap(0, Ordering::SeqCst);
         let now = self.now_ms();
         if began > 0 && now.saturating_sub(began - 1) > SLOW_SYNC.as_millis() as u64 {
@@ -71,6 +76,15 @@ impl SyncTimer {
         let began = self.in_flight_since.load(Ordering::SeqCst);
         let stuck = began > 0 && now.saturating_sub(began - 1) > SLOW_SYNC.as_millis() as u64;
         stuck || now < self.slow_until.load(Ordering::SeqCst)
+    }
+}
+
+/// A log write in flight ([`SyncTimer::begin`]); dropping it ends the write.
+pub(crate) struct SyncGuard<'a>(&'a SyncTimer);
+
+impl Drop for SyncGuard<'_> {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 
@@ -92,25 +106,9 @@ impl DiskHealth {
         DiskHealth { full: false, free_bytes: None, min_free_bytes, slow: false }
     }
 
-    /// Whether the disk lets this node lead: neither full nor slow.
-    pub fn may_lead(&self) -> bool {
+    /// Whether the disk lets this node stand for election: neither full nor slow.
+    pub fn may_stand(&self) -> bool {
         !self.full && !self.slow
-    }
-
-    /// Why this node is not ready, if its disk is the reason.
-    pub fn unready(&self) -> Option<String> {
-        if self.full {
-            Some(self.refusal())
-        } else if self.slow {
-            Some(format!(
-                "this node's disk is slow: a log write took more than {} ms; it does not lead until its writes \
-                 are fast again for {} s",
-                SLOW_SYNC.as_millis(),
-                SLOW_COOL_DOWN.as_secs()
-            ))
-        } else {
-            None
-        }
     }
 
     /// The error a refused write or append carries.
@@ -159,14 +157,33 @@ pub(crate) async fn watch_disk(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
+        // The log's writes first, whatever the free-space read below does.
+        let (was_slow, slow) = (health.borrow().slow, syncs.slow());
+        if slow != was_slow {
+            if slow {
+                // A warning, as etcd's "slow fdatasync": the node serves on, it only does not
+                // stand (a node stopped for a second mid-write, a SIGSTOP say, counts too).
+                tracing::warn!(
+                    slow_sync_ms = SLOW_SYNC.as_millis() as u64,
+                    "slow disk: a log write (fsync) is taking longer than the limit; this node does not stand \
+                     for election"
+                );
+            } else {
+                tracing::warn!("the disk's writes are fast again: this node may stand for election");
+            }
+        }
+        gauges.slow.set(i64::from(slow));
+        health.send_modify(|h| h.slow = slow);
+        // A file system that hangs leaves one blocking thread behind, not this check.
         let at = path.clone();
-        let free = match tokio::task::spawn_blocking(move || free_bytes(&at)).await {
-            Ok(Ok(free)) => free,
-            Ok(Err(e)) => {
+        let read = tokio::time::timeout(STATVFS_TIMEOUT, tokio::task::spawn_blocking(move || free_bytes(&at)));
+        let free = match read.await {
+            Ok(Ok(Ok(free))) => free,
+            Ok(Ok(Err(e))) => {
                 tracing::warn!(path = %path.display(), error = %e, "could not read the data directory's free space");
                 continue;
             }
-            Err(_) => continue,
+            _ => continue,
         };
         let was = health.borrow().full;
         let full = raised(was, free, min_free_bytes);
@@ -182,23 +199,12 @@ pub(crate) async fn watch_disk(
                 tracing::warn!(free_mib = free >> 20, "space freed: the NOSPACE alarm is cleared; catching up");
             }
         }
-        let (was_slow, slow) = (health.borrow().slow, syncs.slow());
-        if slow != was_slow {
-            if slow {
-                // A warning, as etcd's "slow fdatasync": the node serves on, it only does not
-                // lead (a node stopped for a second mid-write, a SIGSTOP say, counts too).
-                tracing::warn!(
-                    slow_sync_ms = SLOW_SYNC.as_millis() as u64,
-                    "slow disk: a log write (fsync) is taking longer than the limit; this node does not lead"
-                );
-            } else {
-                tracing::warn!("the disk's writes are fast again: this node may lead");
-            }
-        }
         gauges.full.set(i64::from(full));
         gauges.free_bytes.set(i64::try_from(free).unwrap_or(i64::MAX));
-        gauges.slow.set(i64::from(slow));
-        health.send_replace(DiskHealth { full, free_bytes: Some(free), min_free_bytes, slow });
+        health.send_modify(|h| {
+            h.full = full;
+            h.free_bytes = Some(free);
+        });
     }
 }
 
@@ -218,8 +224,7 @@ mod tests {
     fn a_write_in_flight_too_long_or_ended_slow_marks_the_disk_slow() {
         let syncs = SyncTimer::default();
         assert!(!syncs.slow());
-        syncs.begin();
-        syncs.end();
+        drop(syncs.begin());
         assert!(!syncs.slow(), "a fast write");
         // A write that began 1.5 s ago and has not ended; then ends.
         let long_ago = syncs.now_ms().saturating_sub(1_500);

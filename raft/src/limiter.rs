@@ -268,7 +268,7 @@ impl Limiter {
     /// This node's term if it is the leader with a clock fit to lead.
     fn leader_term(&self) -> Option<u64> {
         let ctx = &self.inner.ctx;
-        if !ctx.clock.borrow().may_lead() || !ctx.disk.borrow().may_lead() {
+        if !ctx.clock.borrow().may_lead() || ctx.disk.borrow().full {
             return None;
         }
         let metrics = ctx.raft.metrics();

@@ -203,7 +203,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         self.metrics.log_append_entries.observe(encoded.len() as f64);
         let fsync = self.metrics.log_fsync_seconds.clone();
-        self.syncs.begin();
+        let in_flight = self.syncs.begin();
         let result = self
             .blocking(move |db| {
                 let _timer = fsync.start_timer();
@@ -211,7 +211,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 db.log_append(writes).map_err(|e| StorageIOError::write_logs(&e).into()).map(|()| encoded)
             })
             .await;
-        self.syncs.end();
+        drop(in_flight);
         match result {
             Ok(encoded) => {
                 self.cache.appended(encoded);

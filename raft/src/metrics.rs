@@ -155,7 +155,7 @@ impl NodeMetrics {
             disk_slow: gauge(
                 "raftbox_disk_slow",
                 "1 while a log write (its fsync) has taken longer than a second, and for 10 s after: the node \
-                 does not lead.",
+                 does not stand for election.",
             ),
             replication_lag,
             rocksdb_memory,

@@ -175,9 +175,12 @@ const PACED_ROUND_INTERVAL: Duration = Duration::from_millis(10);
 /// right switches elections back on within this).
 const ELECTION_SWITCH_INTERVAL: Duration = Duration::from_millis(25);
 
-/// Keeps openraft's elections switched as [`RaftNode::switch_elections`] says, and its
-/// leader heartbeats on only while the clock agrees and the disk is not full (a leader that
-/// stops them steps down: the others elect another), for as long as the node lives.
+/// Keeps openraft's elections switched as [`RaftNode::switch_elections`] says (on only while
+/// the clock agrees and the disk is neither full nor slow), and its leader heartbeats on only
+/// while the clock agrees and the disk is not full (a leader that stops them steps down: the
+/// others elect another), for as long as the node lives. A slow disk only keeps the node from
+/// standing: a leader whose fsync is stuck is silent anyway, and the others elect.
+
 async fn switch_elections_forever(
     id: NodeId,
     raft: Raft,
@@ -190,10 +193,11 @@ async fn switch_elections_forever(
     loop {
         ticks.tick().await;
         let Some(promises) = promises.upgrade() else { return };
-        let fit = clock.borrow().may_lead() && disk.borrow().may_lead();
+        let clock_ok = clock.borrow().may_lead();
+        let disk = *disk.borrow();
         let votes = vote_right.borrow().may_vote();
-        raft.runtime_config().heartbeat(fit);
-        RaftNode::switch_elections(&promises, &raft, id, fit, votes);
+        raft.runtime_config().heartbeat(clock_ok && !disk.full);
+        RaftNode::switch_elections(&promises, &raft, id, clock_ok && disk.may_stand(), votes);
     }
 }
 

@@ -18,8 +18,9 @@ pub async fn healthz() -> Json<Value> {
 /// Member of a cluster that has a leader, with a clock that agrees with the cluster's.
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let status = state.node.status();
-    if let Some(reason) = state.node.disk().unready() {
-        return Err(ApiError::Unavailable(reason));
+    let disk = state.node.disk();
+    if disk.full {
+        return Err(ApiError::Unavailable(disk.refusal()));
     }
     let clock = state.node.clock();
     if clock.ok == Some(false) {
