@@ -23,11 +23,12 @@ pub struct Connection {
     /// Any node's HTTP address.
     #[arg(long, env = "RAFTBOX_URL", default_value = "http://127.0.0.1:7081", global = true)]
     url: String,
-    /// Bearer token (or --token-file).
-    #[arg(long, env = "RAFTBOX_TOKEN", global = true, hide_env_values = true)]
+    /// Bearer token (or --token-file). Without either flag: $RAFTBOX_TOKEN, then
+    /// $RAFTBOX_TOKEN_FILE (a flag given on the command line always wins over both).
+    #[arg(long, global = true)]
     token: Option<String>,
     /// File holding the bearer token.
-    #[arg(long, env = "RAFTBOX_TOKEN_FILE", global = true)]
+    #[arg(long, global = true)]
     token_file: Option<PathBuf>,
     /// CA certificate (PEM) to trust for an `https://` URL, besides the public roots: the
     /// cluster's `ca.pem` (README "TLS").
@@ -40,6 +41,27 @@ impl Connection {
     pub fn anonymous(&self) -> anyhow::Result<(reqwest::Client, String)> {
         let http = http_client(reqwest::Client::builder(), self.ca_file.as_deref())?;
         Ok((http, self.url.trim_end_matches('/').to_string()))
+    }
+}
+
+/// Where the client's token comes from.
+#[derive(Debug, PartialEq, Eq)]
+enum TokenSource {
+    Given(String),
+    File(PathBuf),
+}
+
+/// The token to use: `--token`, else `--token-file`, else `RAFTBOX_TOKEN`, else
+/// `RAFTBOX_TOKEN_FILE` — what the user typed beats what the environment holds.
+fn token_source(
+    flag: Option<&str>,
+    flag_file: Option<&std::path::Path>,
+    (env, env_file): (Option<String>, Option<PathBuf>),
+) -> Option<TokenSource> {
+    match (flag, flag_file) {
+        (Some(token), _) => Some(TokenSource::Given(token.to_owned())),
+        (None, Some(path)) => Some(TokenSource::File(path.to_owned())),
+        (None, None) => env.map(TokenSource::Given).or(env_file.map(TokenSource::File)),
     }
 }
 
@@ -73,12 +95,16 @@ impl Api {
         url: &str,
         builder: reqwest::ClientBuilder,
     ) -> anyhow::Result<Api> {
-        let token = match (&connection.token, &connection.token_file) {
-            (Some(token), _) => token.clone(),
-            (None, Some(path)) => {
-                std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?.trim().to_string()
+        let from_env = (
+            std::env::var("RAFTBOX_TOKEN").ok().filter(|t| !t.is_empty()),
+            std::env::var_os("RAFTBOX_TOKEN_FILE").filter(|f| !f.is_empty()).map(PathBuf::from),
+        );
+        let token = match token_source(connection.token.as_deref(), connection.token_file.as_deref(), from_env) {
+            Some(TokenSource::Given(token)) => token,
+            Some(TokenSource::File(path)) => {
+                std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?.trim().to_string()
             }
-            (None, None) => bail!("a token is needed: --token, --token-file, RAFTBOX_TOKEN or RAFTBOX_TOKEN_FILE"),
+            None => bail!("a token is needed: --token, --token-file, RAFTBOX_TOKEN or RAFTBOX_TOKEN_FILE"),
         };
         let http = http_client(builder, connection.ca_file.as_deref())?;
         Ok(Api { http, url: url.to_string(), token, device, namespace: None })
@@ -110,12 +136,20 @@ impl Api {
 
     /// A request to `path`; a POST gets a fresh `Idempotency-Key`, which its retries keep.
     pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.request_keyed(method, path, None)
+    }
+
+    /// A request to `path` whose POST carries `key` as its one `Idempotency-Key` (the user's,
+    /// from `--idempotency-key`), or a fresh one when `None`. (One header only: a server acts
+    /// on the first, so a second one would be ignored.)
+    pub fn request_keyed(&self, method: reqwest::Method, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
         let is_post = method == reqwest::Method::POST;
         let is_get = method == reqwest::Method::GET;
         let mut request =
             self.http.request(method, format!("{}{path}", self.url.trim_end_matches('/'))).bearer_auth(&self.token);
         if is_post {
-            request = request.header("idempotency-key", uuid::Uuid::new_v4().to_string());
+            let key = key.map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
+            request = request.header("idempotency-key", key);
         }
         if let (true, true, Some(namespace)) = (is_get, path.starts_with("/v1/files"), &self.namespace) {
             request = request.query(&[("namespaceId", namespace)]);
@@ -221,6 +255,40 @@ pub fn problem(status: StatusCode, body: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn api() -> Api {
+        let http = reqwest::Client::new();
+        Api { http, url: "http://127.0.0.1:9".into(), token: "t".into(), device: None, namespace: None }
+    }
+
+    fn keys(request: reqwest::RequestBuilder) -> Vec<String> {
+        let built = request.build().expect("a request");
+        built.headers().get_all("idempotency-key").iter().map(|v| v.to_str().expect("ascii").to_owned()).collect()
+    }
+
+    #[test]
+    fn a_flag_beats_the_environment_and_a_token_beats_a_file() {
+        let env = || (Some("from-env".to_owned()), Some(PathBuf::from("/env/file")));
+        let file = std::path::Path::new("/flag/file");
+        assert_eq!(token_source(None, Some(file), env()), Some(TokenSource::File(file.to_owned())));
+        assert_eq!(token_source(Some("flag"), Some(file), env()), Some(TokenSource::Given("flag".into())));
+        assert_eq!(token_source(None, None, env()), Some(TokenSource::Given("from-env".into())));
+        assert_eq!(
+            token_source(None, None, (None, Some(PathBuf::from("/env/file")))),
+            Some(TokenSource::File(PathBuf::from("/env/file")))
+        );
+        assert_eq!(token_source(None, None, (None, None)), None);
+    }
+
+    #[test]
+    fn a_post_carries_one_idempotency_key_the_users_when_given() {
+        let api = api();
+        let given = keys(api.request_keyed(reqwest::Method::POST, "/v1/jobs", Some("mine")));
+        assert_eq!(given, vec!["mine".to_owned()], "the user's key, once");
+        let fresh = keys(api.request(reqwest::Method::POST, "/v1/jobs"));
+        assert_eq!(fresh.len(), 1, "one fresh key: {fresh:?}");
+        assert!(keys(api.request(reqwest::Method::GET, "/v1/jobs")).is_empty(), "a GET carries none");
+    }
 
     #[test]
     fn retry_waits_follow_retry_after_within_bounds() {

@@ -53,12 +53,9 @@ enum JobsCommand {
 }
 
 async fn call(api: &Api, method: Method, path: &str, body: Option<Value>, key: Option<&str>) -> anyhow::Result<Value> {
-    let mut request = api.request(method, path);
+    let mut request = api.request_keyed(method, path, key);
     if let Some(body) = body {
         request = request.json(&body);
-    }
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
     }
     let (status, answer) = api.send(request).await?;
     if !status.is_success() {

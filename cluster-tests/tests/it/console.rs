@@ -190,6 +190,11 @@ async fn browse(
 ) -> Result<()> {
     browser.goto(&format!("{url}/")).await?;
     let input = browser.wait_for("#token", "", PAGE_WAIT).await?;
+    // Logged out: no navigation and no "Log out" on the page.
+    let shown = browser
+        .script("return ['nav', 'who'].filter(id => getComputedStyle(document.getElementById(id)).display !== 'none');")
+        .await?;
+    ensure!(shown == serde_json::json!([]), "shown while logged out: {shown}");
     // A wrong token is refused with a visible error, and the page stays on the login form.
     browser.type_into(&input, "rbx_not-a-token").await?;
     browser.click(&browser.wait_for("#login-submit", "Log in", PAGE_WAIT).await?).await?;
