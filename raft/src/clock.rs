@@ -63,11 +63,19 @@ impl ClockHealth {
         self.ok == Some(true)
     }
 
-    /// The time a leader stamps into a batch: the wall clock, kept within the offset bound
-    /// of what the monotonic clock predicts since the last check that found it fine. A
-    /// wall clock that jumps between two checks (a second apart) therefore moves the
-    /// replicated clock by at most the bound — it cannot expire every lease at once or
+    /// The time a leader stamps into a batch: the wall clock, kept within half the offset
+    /// bound of what the boot-time clock predicts since the last check that found it fine.
+    /// A wall clock that jumps between two checks (a second apart) therefore moves the
+    /// replicated clock by at most half the bound — it cannot expire every lease at once or
     /// freeze refills — and the next check stops the node from leading.
+    ///
+    /// Why half: the prediction starts from the agreed clocks' median as *measured*, and an
+    /// honest member's measured offset is wrong by up to its uncertainty, which agreement
+    /// (`|offset| + uncertainty <= bound`) holds to half the bound. Where a majority of
+    /// clocks are right, the prediction is then within half the bound of real time and
+    /// every stamp within the bound, so a span the replicated clock measures is at most
+    /// twice the bound longer than the real one (ARCHITECTURE.md, "Time"). An honest
+    /// leader's stamp is its wall clock: it is within half the bound of the prediction.
     pub fn stamp(&self) -> u64 {
         self.stamp_for(now_ms(), crate::boot_clock::BootInstant::now())
     }
@@ -76,7 +84,8 @@ impl ClockHealth {
         match self.agreed_at {
             Some((agreed_wall_ms, agreed)) => {
                 let expected = agreed_wall_ms.saturating_add(now.saturating_duration_since(agreed).as_millis() as u64);
-                wall_ms.clamp(expected.saturating_sub(self.max_offset_ms), expected.saturating_add(self.max_offset_ms))
+                let slack = self.max_offset_ms / 2;
+                wall_ms.clamp(expected.saturating_sub(slack), expected.saturating_add(slack))
             }
             None => wall_ms,
         }
@@ -234,9 +243,9 @@ mod tests {
         let later = agreed.plus(Duration::from_millis(300));
         // An honest clock passes as it is.
         assert_eq!(health.stamp_for(1_000_300, later), 1_000_300);
-        // An hour ahead, or behind: held within the bound of the prediction.
-        assert_eq!(health.stamp_for(1_000_300 + 3_600_000, later), 1_000_800);
-        assert_eq!(health.stamp_for(1_000_300 - 600_000, later), 999_800);
+        // An hour ahead, or behind: held within half the bound of the prediction.
+        assert_eq!(health.stamp_for(1_000_300 + 3_600_000, later), 1_000_550);
+        assert_eq!(health.stamp_for(1_000_300 - 600_000, later), 1_000_050);
         // Before any agreeing check there is nothing to predict from.
         let fresh = ClockHealth { agreed_at: None, ..health };
         assert_eq!(fresh.stamp_for(42, later), 42);
@@ -274,6 +283,35 @@ mod tests {
         // This node's wall clock jumped 30 s ahead meanwhile: the member is now 30 s behind.
         assert_eq!(aged(sample, 1_000, 32_000, Duration::from_secs(1)).offset_ms, 20 - 30_000);
         assert!(!agrees(&aged(sample, 1_000, 32_000, Duration::from_secs(1)), 500));
+    }
+
+    #[test]
+    fn with_a_majority_of_right_clocks_a_stamp_stays_within_the_bound_of_real_time() {
+        // Real time is 1_000_000 and this node's clock and its peers' are right, but the
+        // links are asymmetric: each peer measures as far off as agreement lets an honest
+        // clock seem (half the bound, with half the bound of uncertainty).
+        let bound = 500;
+        let honest = Sample { offset_ms: bound / 2, uncertainty_ms: bound / 2 };
+        assert!(agrees(&honest, bound as u64));
+        let offset = cluster_offset_ms(&[honest, honest], bound as u64);
+        assert_eq!(offset, bound / 2, "the anchor is biased by half the bound at most");
+        let agreed = crate::boot_clock::BootInstant::now();
+        let health = ClockHealth {
+            ok: Some(true),
+            offsets_ms: BTreeMap::new(),
+            agreed_at: Some(((1_000_000 + offset) as u64, agreed)),
+            max_offset_ms: bound as u64,
+            cluster_size: 3,
+        };
+        let later = agreed.plus(Duration::from_millis(700));
+        let real = 1_000_700u64;
+        // Right, the leader stamps real time; its clock jumped either way since the check,
+        // its stamps stay within the bound of real time (so a span stretches by twice the
+        // bound at most, the chaos suite's allowance).
+        assert_eq!(health.stamp_for(real, later), real);
+        for jumped in [real + 30_000, real - 30_000] {
+            assert!(health.stamp_for(jumped, later).abs_diff(real) <= bound as u64, "jumped to {jumped}");
+        }
     }
 
     #[test]
