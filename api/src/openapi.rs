@@ -425,7 +425,7 @@ pub struct GroupDetail {
     paths(
         ops::console_index, ops::console_asset,
         ops::healthz, ops::readyz, ops::metrics, ops::cluster, ops::openapi,
-        ops::members, ops::add_member_node, ops::remove_member_node,
+        ops::members, ops::add_member_node, ops::remove_member_node, ops::backup, ops::backup_block,
         ops::create_user, ops::get_user, ops::create_token, ops::list_tokens, ops::revoke_token,
         ops::me, ops::my_tokens, ops::revoke_my_token,
         ops::blocks_status, ops::get_block, ops::put_block,
@@ -573,6 +573,21 @@ mod ops {
         (status = 409, description = "The change conflicts with the membership.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn remove_member_node() {}
+
+    #[utoipa::path(get, path = "/v1/admin/backup", tag = "admin", responses(
+        (status = 200, description = "A consistent image of the replicated state (a snapshot image ending in its blake3 checksum), reflecting every write acknowledged before the request. Headers: `X-Raftbox-Backup-Index` and `X-Raftbox-Backup-Term` (the last log entry it reflects), `X-Raftbox-Backup-Checksum` (blake3, hex).", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "No quorum for the read barrier, or a backup already runs on this node.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn backup() {}
+
+    #[utoipa::path(get, path = "/v1/admin/blocks/{hash}", tag = "admin", params(("hash" = String, Path, description = "Block hash (64 lowercase hex)", pattern = "^[0-9a-f]{64}$")), responses(
+        (status = 200, description = "The block's bytes (for a backup's blocks).", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 400, description = "Not a block hash.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not in the chunk index, or no node holds it.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn backup_block() {}
 
     #[utoipa::path(post, path = "/v1/admin/users", tag = "admin", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
         (status = 201, description = "The user and its personal namespace.", body = accounts::UserCreated),

@@ -82,6 +82,25 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>> {
     Ok(ports)
 }
 
+/// A base port `b` such that `b..b + len` are all free and handed out to the caller, for a
+/// program that numbers its ports from a base (`scripts/cluster`'s `RAFTBOX_PORT_BASE`).
+pub fn free_port_range(len: u16) -> Result<u16> {
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut rng = rand::thread_rng();
+    for _ in 0..FREE_PORT_TRIES {
+        let base = rng.gen_range(TEST_PORTS.start..TEST_PORTS.end - len);
+        let range = base..base + len;
+        let free = range
+            .clone()
+            .all(|port| !handed_out.contains(&port) && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok());
+        if free {
+            handed_out.extend(range);
+            return Ok(base);
+        }
+    }
+    bail!("no {len} consecutive free loopback ports in {TEST_PORTS:?} after {FREE_PORT_TRIES} tries")
+}
+
 /// How many random ports [`free_ports`] tries before it gives up.
 const FREE_PORT_TRIES: usize = 10_000;
 

@@ -31,7 +31,10 @@ enum UsersCommand {
     /// Create user NAME with its personal namespace; prints the user id (admin token).
     Create { name: String },
     /// Show a user: id, name, personal namespace (admin token).
-    Show { user_id: String },
+    Show {
+        #[arg(value_parser = crate::client::id)]
+        user_id: String,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -49,6 +52,7 @@ pub struct TokensArgs {
 enum TokensCommand {
     /// Create a token for USER_ID; prints the token (shown once) (admin token).
     Create {
+        #[arg(value_parser = crate::client::id)]
         user_id: String,
         /// The token's name (e.g. the device it is for).
         #[arg(long, default_value = "cli")]
@@ -58,9 +62,13 @@ enum TokensCommand {
         expires_in_s: Option<u64>,
     },
     /// List USER_ID's tokens (admin token), or without USER_ID the caller's own.
-    Ls { user_id: Option<String> },
+    Ls {
+        #[arg(value_parser = crate::client::id)]
+        user_id: Option<String>,
+    },
     /// Revoke TOKEN_ID of --user USER_ID (admin token), or without --user one of the caller's.
     Revoke {
+        #[arg(value_parser = crate::client::id)]
         token_id: String,
         #[arg(long)]
         user: Option<String>,

@@ -65,6 +65,19 @@ fn token_source(
     }
 }
 
+/// An id on the command line (a user's, a folder's, a job's…): refused here when empty or
+/// when it could not be one path segment, so `raftbox share members ""` says so instead of
+/// calling `/v1/namespaces//acl`.
+pub fn id(given: &str) -> Result<String, String> {
+    if given.trim().is_empty() {
+        return Err("an id cannot be empty (did a variable holding it go unset?)".into());
+    }
+    if let Some(c) = given.chars().find(|c| matches!(c, '/' | '?' | '#' | '%') || c.is_whitespace() || c.is_control()) {
+        return Err(format!("an id holds no {c:?}: {given:?} is not one"));
+    }
+    Ok(given.to_string())
+}
+
 #[derive(Clone)]
 pub struct Api {
     http: reqwest::Client,
@@ -288,6 +301,14 @@ mod tests {
         let fresh = keys(api.request(reqwest::Method::POST, "/v1/jobs"));
         assert_eq!(fresh.len(), 1, "one fresh key: {fresh:?}");
         assert!(keys(api.request(reqwest::Method::GET, "/v1/jobs")).is_empty(), "a GET carries none");
+    }
+
+    #[test]
+    fn an_empty_or_path_breaking_id_is_refused() {
+        assert_eq!(super::id("01a2-77").as_deref(), Ok("01a2-77"));
+        for bad in ["", "  ", "a/b", "a b", "x?y", "../x", "a%2f"] {
+            assert!(super::id(bad).is_err(), "{bad:?} passed");
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context as _};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -72,16 +72,27 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Add { id, http_addr, grpc_addr } => {
             let body = json!({ "id": id, "httpAddr": http_addr, "grpcAddr": grpc_addr });
             let started = Instant::now();
+            // Whatever stops the command part-way, the change may be half done: say how to
+            // finish it or undo it.
+            let half_done = || {
+                format!(
+                    "node {id} may have joined as a learner and not become a voter yet; to finish, run \
+                     `raftbox cluster add {id} {http_addr} {grpc_addr}` again (it goes on where it \
+                     stopped); to undo, `raftbox cluster remove {id}`; `raftbox cluster members` shows \
+                     where it stands"
+                )
+            };
             loop {
-                let (status, answer) =
-                    call(&api, Method::POST, "/v1/admin/cluster/members", Some(body.clone())).await?;
+                let (status, answer) = call(&api, Method::POST, "/v1/admin/cluster/members", Some(body.clone()))
+                    .await
+                    .with_context(half_done)?;
                 if status == StatusCode::OK {
                     eprintln!("node {id} is a voter");
                     print_members(&answer);
                     break;
                 }
                 if started.elapsed() > ADD_DEADLINE {
-                    bail!("node {id} is still catching up after {ADD_DEADLINE:?}; run the same command again");
+                    bail!("node {id} is still catching up after {ADD_DEADLINE:?}: {}", half_done());
                 }
                 eprintln!("node {id} joined as a learner and is catching up ({}s)…", started.elapsed().as_secs());
             }

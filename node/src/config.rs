@@ -136,6 +136,29 @@ struct RaftConfig {
 }
 
 /// A validated node configuration.
+impl ServeArgs {
+    /// The arguments of a node given by its configuration file alone (the offline commands,
+    /// `raftbox restore` and `raftbox recover`).
+    pub fn from_file(config: PathBuf) -> ServeArgs {
+        ServeArgs { config: Some(config), ..ServeArgs::none() }
+    }
+
+    /// No file, no flag.
+    pub fn none() -> ServeArgs {
+        ServeArgs {
+            config: None,
+            node_id: None,
+            data_dir: None,
+            http_addr: None,
+            grpc_addr: None,
+            admin_token_file: None,
+            cluster_secret_file: None,
+            bootstrap: false,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub node_id: u64,
@@ -328,17 +351,7 @@ mod tests {
     }
 
     fn args() -> ServeArgs {
-        ServeArgs {
-            config: None,
-            node_id: None,
-            data_dir: None,
-            http_addr: None,
-            grpc_addr: None,
-            admin_token_file: None,
-            cluster_secret_file: None,
-            bootstrap: false,
-            log_format: LogFormat::Text,
-        }
+        ServeArgs::none()
     }
 
     const THREE: &str = r#"

@@ -42,7 +42,7 @@ pub struct FilesArgs {
     device: Option<String>,
     /// Work in this namespace (a shared folder's id, see `raftbox share ls`) instead of
     /// your personal one.
-    #[arg(long, env = "RAFTBOX_NAMESPACE", global = true)]
+    #[arg(long, env = "RAFTBOX_NAMESPACE", global = true, value_parser = crate::client::id)]
     namespace: Option<String>,
     #[command(subcommand)]
     command: FilesCommand,

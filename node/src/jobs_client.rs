@@ -43,13 +43,22 @@ enum JobsCommand {
         idempotency_key: Option<String>,
     },
     /// Show a job.
-    Get { job_id: String },
+    Get {
+        #[arg(value_parser = crate::client::id)]
+        job_id: String,
+    },
     /// List your jobs.
     Ls,
     /// Show a job's runs, newest first.
-    Runs { job_id: String },
+    Runs {
+        #[arg(value_parser = crate::client::id)]
+        job_id: String,
+    },
     /// Cancel a job (future runs stop).
-    Cancel { job_id: String },
+    Cancel {
+        #[arg(value_parser = crate::client::id)]
+        job_id: String,
+    },
 }
 
 async fn call(api: &Api, method: Method, path: &str, body: Option<Value>, key: Option<&str>) -> anyhow::Result<Value> {
@@ -82,9 +91,11 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
             };
             let body = json!({ "type": job_type, "target": target, "payload": payload, "schedule": schedule, "maxRetries": max_retries });
             let created = call(&api, Method::POST, "/v1/jobs", Some(body), idempotency_key.as_deref()).await?;
-            println!(
-                "{} {} next run {}",
-                created["jobId"].as_str().unwrap_or("?"),
+            // The id alone on stdout, so `JOB_ID=$(raftbox jobs create …)` captures it.
+            let job_id = created["jobId"].as_str().unwrap_or("?");
+            println!("{job_id}");
+            eprintln!(
+                "created job {job_id}: {}, next run {}",
                 created["status"].as_str().unwrap_or("?"),
                 created["nextRunAt"].as_str().unwrap_or("-")
             );

@@ -4,6 +4,7 @@
 //! - [`serve`]: wiring of storage, Raft, gRPC and HTTP; signals and graceful shutdown.
 //! - [`bench`]: the benchmark client.
 //! - [`certs`]: `raftbox certs`, a cluster CA and node certificates for `[tls]`.
+//! - [`backup_client`]: `raftbox backup`, and the offline `raftbox restore` and `raftbox recover`.
 //! - [`admin_client`]: `raftbox users`, `raftbox tokens` (accounts) and `raftbox status`.
 //! - [`client`]: what the client subcommands share (connection flags, API calls).
 //! - [`cluster_client`]: `raftbox cluster`, members and membership change.
@@ -15,6 +16,7 @@
 //! - [`maintenance`]: node-local background work: block replication and reclaiming.
 
 mod admin_client;
+mod backup_client;
 mod bench;
 mod certs;
 mod client;
@@ -86,6 +88,17 @@ enum Commands {
     Bench(bench::BenchArgs),
     /// Make a cluster CA and a certificate per node for `[tls]` (DIR --nodes N --host H).
     Certs(certs::CertsArgs),
+    /// Back up the replicated state of a running cluster through any node (admin token):
+    /// a consistent image with its log index and blake3 checksum; the blocks it names are
+    /// listed (FILE.blocks) or copied (--with-blocks).
+    Backup(backup_client::BackupArgs),
+    /// Seed a stopped node's empty data directory from a backup: the node starts as the only
+    /// voter of a new cluster, and the others are added back with empty data directories.
+    Restore(backup_client::RestoreArgs),
+    /// After losing a majority: make a stopped surviving node the only voter of a new
+    /// cluster, keeping its data (etcd's --force-new-cluster). Whatever only the lost nodes
+    /// held is lost; never start them again on their old data.
+    Recover(backup_client::RecoverArgs),
 }
 
 fn main() {
@@ -116,6 +129,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Commands::Bench(args) => runtime.block_on(bench::run(args)),
         Commands::Certs(args) => certs::run(args),
+        Commands::Backup(args) => runtime.block_on(backup_client::run_backup(args)),
+        Commands::Restore(args) => backup_client::run_restore(args),
+        Commands::Recover(args) => backup_client::run_recover(args),
         Commands::Cluster(args) => runtime.block_on(cluster_client::run(args)),
         Commands::Status(args) => runtime.block_on(admin_client::run_status(args)),
         Commands::Users(args) => runtime.block_on(admin_client::run_users(args)),

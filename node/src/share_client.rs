@@ -44,12 +44,16 @@ enum ShareCommand {
     /// Create a shared folder named NAME; you become its owner.
     Create { name: String },
     /// List the members of shared folder ID (users and groups, with their roles).
-    Members { id: String },
+    Members {
+        #[arg(value_parser = crate::client::id)]
+        id: String,
+    },
     /// Invite a user or a group to shared folder ID with a role, or change the role of an
     /// existing member (owners only). An invitation grants nothing until accepted: the user
     /// runs `raftbox share accept ID` (a group's: an admin, with --group or --group-id).
     /// Name exactly one of --user, --user-id, --group, --group-id.
     Grant {
+        #[arg(value_parser = crate::client::id)]
         id: String,
         /// The role to give.
         #[arg(long, value_enum)]
@@ -58,22 +62,23 @@ enum ShareCommand {
         #[arg(long)]
         user: Option<String>,
         /// A user, by id.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::client::id)]
         user_id: Option<String>,
         /// A group, by name.
         #[arg(long)]
         group: Option<String>,
         /// A group, by id.
-        #[arg(long)]
+        #[arg(long, value_parser = crate::client::id)]
         group_id: Option<String>,
     },
     /// Take a user's (--user-id) or a group's (--group-id) access to shared folder ID away
     /// (owners only). The last owner cannot be removed.
     Revoke {
+        #[arg(value_parser = crate::client::id)]
         id: String,
-        #[arg(long, conflicts_with = "group_id", required_unless_present = "group_id")]
+        #[arg(long, conflicts_with = "group_id", required_unless_present = "group_id", value_parser = crate::client::id)]
         user_id: Option<String>,
-        #[arg(long)]
+        #[arg(long, value_parser = crate::client::id)]
         group_id: Option<String>,
     },
     /// List the shared folders you are invited to (accept or decline each by its id).
@@ -81,29 +86,37 @@ enum ShareCommand {
     /// Accept the invitation to shared folder ID: it then syncs like your other folders.
     /// An admin accepts a group's invitation with --group or --group-id.
     Accept {
+        #[arg(value_parser = crate::client::id)]
         id: String,
         /// A group's invitation, by group name (admin token).
         #[arg(long, conflicts_with = "group_id")]
         group: Option<String>,
         /// A group's invitation, by group id (admin token).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::client::id)]
         group_id: Option<String>,
     },
     /// Decline the invitation to shared folder ID (removes it).
     Decline {
+        #[arg(value_parser = crate::client::id)]
         id: String,
         /// A group's invitation, by group name (admin token).
         #[arg(long, conflicts_with = "group_id")]
         group: Option<String>,
         /// A group's invitation, by group id (admin token).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::client::id)]
         group_id: Option<String>,
     },
     /// Leave shared folder ID (removes your own entry; access through a group stays). The
     /// last owner cannot leave.
-    Leave { id: String },
+    Leave {
+        #[arg(value_parser = crate::client::id)]
+        id: String,
+    },
     /// Delete shared folder ID with all its files and history, for every member (owners only).
-    Delete { id: String },
+    Delete {
+        #[arg(value_parser = crate::client::id)]
+        id: String,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -121,11 +134,24 @@ enum GroupsCommand {
     /// Create a group named NAME (admin token); grant it access with `raftbox share grant`.
     Create { name: String },
     /// Show group ID and its members (admin token).
-    Show { id: String },
+    Show {
+        #[arg(value_parser = crate::client::id)]
+        id: String,
+    },
     /// Add user USER_ID to group ID (admin token).
-    Add { id: String, user_id: String },
+    Add {
+        #[arg(value_parser = crate::client::id)]
+        id: String,
+        #[arg(value_parser = crate::client::id)]
+        user_id: String,
+    },
     /// Remove user USER_ID from group ID (admin token).
-    Remove { id: String, user_id: String },
+    Remove {
+        #[arg(value_parser = crate::client::id)]
+        id: String,
+        #[arg(value_parser = crate::client::id)]
+        user_id: String,
+    },
 }
 
 fn text<'a>(value: &'a Value, key: &str) -> &'a str {

@@ -19,6 +19,7 @@
 //! - [`secret`]: the cluster secret every node-to-node call carries.
 //! - [`tls`]: TLS of the node (HTTPS, gRPC between nodes, mutual TLS), one crypto provider.
 //! - [`clock`]: the clock-offset check that keeps a node with a wrong clock from leading.
+//! - [`recover`]: offline: a one-member cluster from a survivor, or from a backup.
 
 mod blocks;
 mod boot_clock;
@@ -35,6 +36,7 @@ mod network;
 mod node;
 mod proposer;
 mod read_rounds;
+mod recover;
 mod secret;
 mod service;
 mod snapshot;
@@ -58,7 +60,8 @@ pub use error::{StartError, WriteError};
 pub use limiter::{Limiter, RateAnswer};
 pub use membership::{Member, MembershipAnswer, MembershipChange, MembershipError, VoteRight};
 pub use metrics::NodeMetrics;
-pub use node::{Initialize, RaftNode, RaftSettings};
+pub use node::{BackupImage, Initialize, RaftNode, RaftSettings};
+pub use recover::{force_new_cluster, restore_backup, RecoverError, Recovered, Restored};
 pub use secret::ClusterSecret;
 pub use service::{serve, ServeError};
 pub use state_machine::Applied;

@@ -26,9 +26,9 @@ pub const SNAPSHOT_DIR: &str = "snapshots";
 
 /// What the storage crate keeps, opaquely, as the applied marker.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct AppliedMarker {
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
+pub(crate) struct AppliedMarker {
+    pub(crate) last_applied: Option<LogId>,
+    pub(crate) membership: StoredMembership,
 }
 
 /// The state-machine store handed to openraft; clones share the cached marker.
@@ -166,7 +166,7 @@ impl StateMachineStore {
     /// Installs a received snapshot file: moves it into place (or copies it, when it is not a
     /// reception of this store), restores the state from it and makes it current, in one
     /// synced switch. Blocking.
-    fn install_blocking(
+    pub(crate) fn install_blocking(
         &self,
         meta: &SnapshotMeta,
         mut file: std::fs::File,

@@ -589,6 +589,16 @@ impl StateMachine {
         Ok(self.scan_rev("job run", &start, &end, limit)?.into_iter().map(|(_, r)| r).collect())
     }
 
+    /// The attempts of the job's current fire or, between fires, of its last one: the
+    /// record counts a fire's attempts only while the fire runs (the count restarts at its
+    /// end), so a one-off job that failed twice shows 2, not 0. One read of the newest run.
+    pub fn job_attempts(&self, job: &Job) -> Result<u32, StorageError> {
+        if job.scheduled_for_ms.is_some() || job.runs == 0 {
+            return Ok(job.attempts);
+        }
+        Ok(self.job_runs(&job.id, None, 1)?.first().map_or(job.attempts, |run| run.attempt))
+    }
+
     /// How many of `owner`'s jobs may still run (scheduled, claimed or running): one read of
     /// the count every job write keeps (jobs created before the count existed are not in it).
     pub fn active_jobs_of(&self, owner: &str) -> Result<u64, StorageError> {

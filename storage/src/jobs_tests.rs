@@ -122,6 +122,8 @@ fn failures_retry_until_exhausted_then_fail() {
     }
     let job = sm.job("j").expect("read").expect("job");
     assert_eq!((job.status, job.attempts), (JobStatus::Failed, 0));
+    // What the API shows: the attempts of the fire that failed, not the record's reset count.
+    assert_eq!(sm.job_attempts(&job).expect("attempts"), 3);
     assert_eq!(sm.job_runs("j", None, 10).expect("runs").len(), 3, "1 + maxRetries attempts");
     assert!(sm.job_runs("j", None, 10).expect("runs").iter().all(|r| r.scheduled_for_ms == 10));
 }

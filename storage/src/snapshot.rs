@@ -39,6 +39,54 @@ pub struct SnapshotWritten {
     pub marker: Option<Vec<u8>>,
     /// Length of the image in bytes, checksum included.
     pub bytes: u64,
+    /// The blake3 checksum that ends the image.
+    pub checksum: [u8; SNAPSHOT_CHECKSUM_BYTES],
+}
+
+/// What [`read_image`] found in an image.
+#[derive(Debug, Clone)]
+pub struct ImageSummary {
+    /// The applied marker as of the image.
+    pub marker: Option<Vec<u8>>,
+    /// Length of the image in bytes, checksum included.
+    pub bytes: u64,
+    /// The blake3 checksum that ends the image.
+    pub checksum: [u8; SNAPSHOT_CHECKSUM_BYTES],
+    /// State records in the image.
+    pub records: u64,
+}
+
+/// Checks an image (length, magic, checksum) and reads it through without restoring it:
+/// its applied marker, and every chunk hash of its index, handed to `on_chunk` in order (a
+/// backup lists the blocks its state names this way). Streams: memory stays bounded
+/// whatever the image's size.
+pub fn read_image(
+    image: impl Read + Seek,
+    mut on_chunk: impl FnMut(crate::blocks::BlockHash) -> Result<(), StorageError>,
+) -> Result<ImageSummary, StorageError> {
+    let mut image = BufReader::with_capacity(IO_BUFFER_BYTES, image);
+    let body_len = verify_image(&mut image)?;
+    let mut checksum = [0u8; SNAPSHOT_CHECKSUM_BYTES];
+    image.seek(SeekFrom::Start(body_len))?;
+    image.read_exact(&mut checksum)?;
+    let mut body = pairs(&mut image, body_len)?;
+    let marker_key = keys::applied_marker();
+    let (chunks_from, chunks_to) = keys::chunk_range();
+    let (mut key, mut value) = (Vec::new(), Vec::new());
+    let (mut marker, mut records) = (None, 0);
+    while body.limit() > 0 {
+        read_framed(&mut body, &mut key)?;
+        read_framed(&mut body, &mut value)?;
+        records += 1;
+        if key == marker_key {
+            marker = Some(value.clone());
+        } else if key >= chunks_from && key < chunks_to {
+            if let Some(hash) = key.get(1..).and_then(|h| <[u8; 32]>::try_from(h).ok()) {
+                on_chunk(crate::blocks::BlockHash(hash))?;
+            }
+        }
+    }
+    Ok(ImageSummary { marker, bytes: body_len + SNAPSHOT_CHECKSUM_BYTES as u64, checksum, records })
 }
 
 /// A writer that hashes and counts what passes through it.
@@ -87,7 +135,11 @@ impl StateMachine {
         let checksum = out.hasher.finalize();
         out.inner.write_all(checksum.as_bytes())?;
         out.inner.flush()?;
-        Ok(SnapshotWritten { marker, bytes: out.bytes + SNAPSHOT_CHECKSUM_BYTES as u64 })
+        Ok(SnapshotWritten {
+            marker,
+            bytes: out.bytes + SNAPSHOT_CHECKSUM_BYTES as u64,
+            checksum: *checksum.as_bytes(),
+        })
     }
 
     /// Replaces the whole state with the image in `image` (read from its start). First
@@ -103,13 +155,7 @@ impl StateMachine {
     ) -> Result<Option<Vec<u8>>, StorageError> {
         let mut image = BufReader::with_capacity(IO_BUFFER_BYTES, image);
         let body_len = verify_image(&mut image)?;
-        image.seek(SeekFrom::Start(0))?;
-        let mut body = (&mut image).take(body_len);
-        let mut magic = [0u8; SNAPSHOT_MAGIC.len()];
-        body.read_exact(&mut magic)?;
-        if &magic != SNAPSHOT_MAGIC {
-            return Err(corrupt_image("bad header"));
-        }
+        let mut body = pairs(&mut image, body_len)?;
 
         let db = self.db();
         let spare = db.spare_state();
@@ -151,6 +197,19 @@ impl StateMachine {
         db.rocks().delete_file_in_range_cf(old, STATE_KEYS_FROM, STATE_KEYS_TO)?;
         Ok(marker)
     }
+}
+
+/// The key/value pairs of a checked image of `body_len` bytes: read from its start, past
+/// the magic (which must be there).
+fn pairs<R: Read + Seek>(image: &mut R, body_len: u64) -> Result<std::io::Take<&mut R>, StorageError> {
+    image.seek(SeekFrom::Start(0))?;
+    let mut body = image.take(body_len);
+    let mut magic = [0u8; SNAPSHOT_MAGIC.len()];
+    body.read_exact(&mut magic)?;
+    if &magic != SNAPSHOT_MAGIC {
+        return Err(corrupt_image("bad header"));
+    }
+    Ok(body)
 }
 
 /// Deletes every state key of `cf`.

@@ -26,7 +26,7 @@ use crate::{json, ApiError, AppState};
 /// Hashes one status call may ask about, at most.
 pub const STATUS_HASHES_MAX: usize = 10_000;
 
-fn parse_hash(text: &str) -> Result<BlockHash, ApiError> {
+pub(crate) fn parse_hash(text: &str) -> Result<BlockHash, ApiError> {
     text.parse()
         .map_err(|_| ApiError::BadRequest(format!("{text:?} is not a block hash (64 lowercase hex characters)")))
 }
@@ -141,6 +141,12 @@ pub async fn get(
     if !access::block(&state, &caller, &hash).await? {
         return Err(ApiError::NotFound(format!("block {hash}")));
     }
+    block_response(&state, hash).await
+}
+
+/// A block's bytes as an answer (fetched from a peer when this node lacks it); 404 when no
+/// node has it.
+pub(crate) async fn block_response(state: &AppState, hash: BlockHash) -> Result<Response, ApiError> {
     let data = state
         .node
         .blocks()

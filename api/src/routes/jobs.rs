@@ -199,21 +199,23 @@ fn schedule_json(schedule: &Schedule) -> Value {
     }
 }
 
-fn view(job: &Job) -> Value {
+/// A job as the API shows it; `attempts` as the state machine's `job_attempts` counts them.
+fn view(state: &AppState, job: &Job) -> Result<Value, ApiError> {
+    let attempts = state.node.state().job_attempts(job)?;
     let (kind, cron_expr, timezone) = match &job.schedule {
         Schedule::Once { .. } => ("ONCE", "", ""),
         Schedule::Cron(cron) => ("CRON", cron.expr.as_str(), cron.timezone.as_str()),
         Schedule::Interval { .. } => ("INTERVAL", "", "UTC"),
     };
-    json!({
+    Ok(json!({
         "jobId": job.id, "ownerId": job.owner_user_id, "tenantId": job.owner_user_id, "type": job.job_type,
         "target": job.target, "payload": job.payload, "schedule": schedule_json(&job.schedule),
         "scheduleKind": kind, "cronExpr": cron_expr, "timezone": timezone,
         "maxRetries": job.max_retries, "timeoutSeconds": job.timeout_s, "retryBackoffMs": job.retry_backoff_ms,
-        "status": job.status, "nextRunAt": job.next_run_at_ms.map(format_utc), "attempts": job.attempts,
+        "status": job.status, "nextRunAt": job.next_run_at_ms.map(format_utc), "attempts": attempts,
         "fenceToken": job.fence, "leaseOwner": job.lease_owner, "leaseExpiresAt": job.lease_expires_ms.map(format_utc),
         "createdAt": format_utc(job.created_ms), "updatedAt": format_utc(job.updated_ms), "lastError": job.last_error,
-    })
+    }))
 }
 
 pub async fn get(
@@ -221,7 +223,7 @@ pub async fn get(
     principal: Principal,
     Path(job_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(view(&visible_job(&state, &principal, &job_id).await?)))
+    Ok(Json(view(&state, &visible_job(&state, &principal, &job_id).await?)?))
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -294,7 +296,7 @@ pub async fn patch(
     }
     match state.node.write(Command::PatchJob { job_id: job_id.clone(), patch: Box::new(patch) }).await? {
         raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
-        _ => Ok(Json(view(&visible_job(&state, &principal, &job_id).await?))),
+        _ => Ok(Json(view(&state, &visible_job(&state, &principal, &job_id).await?)?)),
     }
 }
 
@@ -306,7 +308,7 @@ pub async fn cancel(
     visible_job(&state, &principal, &job_id).await?;
     match state.node.write(Command::CancelJob { job_id: job_id.clone() }).await? {
         raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
-        _ => Ok(Json(view(&visible_job(&state, &principal, &job_id).await?))),
+        _ => Ok(Json(view(&state, &visible_job(&state, &principal, &job_id).await?)?)),
     }
 }
 
@@ -363,7 +365,8 @@ pub async fn list(
         None => None,
     };
     let jobs = state.node.state().jobs_of(&principal.user.id, after.as_ref(), limit + 1)?;
-    let mut body = json!({ "jobs": jobs.iter().take(limit).map(view).collect::<Vec<_>>() });
+    let views = jobs.iter().take(limit).map(|job| view(&state, job)).collect::<Result<Vec<_>, _>>()?;
+    let mut body = json!({ "jobs": views });
     if jobs.len() > limit {
         body["nextPageToken"] = json!(jobs[limit - 1].id);
     }

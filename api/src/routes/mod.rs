@@ -1,6 +1,7 @@
 //! The handlers, one module per area, and the route table.
 
 pub(crate) mod accounts;
+pub(crate) mod backup;
 pub(crate) mod blocks;
 pub(crate) mod cluster;
 pub(crate) mod files;
@@ -70,6 +71,8 @@ pub fn router() -> Router<AppState> {
         .route("/v1/openapi.json", get(crate::openapi::serve))
         .route("/v1/admin/cluster/members", get(cluster::list).post(cluster::add))
         .route("/v1/admin/cluster/members/{id}", axum::routing::delete(cluster::remove))
+        .route("/v1/admin/backup", get(backup::backup))
+        .route("/v1/admin/blocks/{hash}", get(backup::block))
         .route("/v1/admin/users", post(accounts::create_user))
         .route("/v1/admin/users/{user_id}", get(accounts::get_user))
         .route("/v1/admin/users/{user_id}/tokens", post(accounts::create_token).get(accounts::list_tokens))

@@ -60,8 +60,14 @@
 //! - `console`: the web console in headless Chromium: log in, cluster status, a file's
 //!   history, download and restore, a job's runs; screenshots in `<target>/console-screenshots/`.
 //! - `admin_cli`: `raftbox users`, `raftbox tokens` and `raftbox status` through any node.
+//! - `backup_restore`: `raftbox backup` under load, every node lost, `raftbox restore`:
+//!   everything back; two of three nodes lost, `raftbox recover --force-new-cluster`.
+//! - `docs_walkthrough`: every `sh` block of README.md and docs/user-guide.md runs, in
+//!   order, against a `scripts/cluster up` cluster.
+//! - `install_step`: `scripts/cluster` and `scripts/test` install through one shared step.
 
 mod admin_cli;
+mod backup_restore;
 mod big_file;
 mod block_replication;
 mod blocks_durable;
@@ -70,6 +76,7 @@ mod checker;
 mod clock_skew;
 mod console;
 mod disk_full;
+mod docs_walkthrough;
 mod failover;
 mod files_sync;
 mod folder_sync;
@@ -77,6 +84,7 @@ mod grpc_secret;
 mod guards_chaos;
 mod hostile_tenants;
 mod idempotency_across_nodes;
+mod install_step;
 mod jobs_exec;
 mod limiter_failure_modes;
 mod lost_quorum;

@@ -127,7 +127,7 @@ struct RunArgs {
     endpoints: Vec<String>,
     /// Sync this namespace (a shared folder's id, see `raftbox share ls`) instead of your
     /// personal one.
-    #[arg(long, env = "RAFTBOX_NAMESPACE")]
+    #[arg(long, env = "RAFTBOX_NAMESPACE", value_parser = crate::client::id)]
     namespace: Option<String>,
     /// Device name used in conflicted copies (X-Device-Id); default: the token's name.
     #[arg(long, env = "RAFTBOX_DEVICE")]

@@ -1,0 +1,268 @@
+//! `raftbox backup` (from a running cluster, admin token), and the offline `raftbox restore`
+//! and `raftbox recover --force-new-cluster` on a stopped node's data directory (see
+//! `raftbox_raft::recover` for what they do to it and what they cost).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context as _};
+use futures::StreamExt as _;
+use raftbox_storage::blocks::{BlockHash, BlockStore, VerifiedBlock};
+
+use crate::client::{problem, Api, Connection};
+use crate::config::{Config, ServeArgs};
+
+/// Blocks `backup --with-blocks` fetches at once.
+const BLOCK_FETCHES_IN_FLIGHT: usize = 8;
+
+#[derive(clap::Args, Debug)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    connection: Connection,
+    /// Where to write the backup (a snapshot image of the replicated state, ending in its
+    /// blake3 checksum). Refused if it exists.
+    file: PathBuf,
+    /// Also copy every block the backup's state names into FILE.blocks.d/ (one file per
+    /// block, named by its hash). Without it, FILE.blocks lists their hashes, one per line,
+    /// for copying from a node's `blocks/` directory.
+    #[arg(long)]
+    with_blocks: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RestoreArgs {
+    /// A backup written by `raftbox backup`.
+    file: PathBuf,
+    /// The configuration of the node to seed (its id, addresses and data directory, which
+    /// must hold no database yet).
+    #[arg(long, env = "RAFTBOX_CONFIG")]
+    config: PathBuf,
+    /// A directory of blocks to copy into the node's block store (`FILE.blocks.d` of
+    /// `raftbox backup --with-blocks`, or a node's `blocks/` tree); each is checked against
+    /// its hash.
+    #[arg(long)]
+    blocks: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RecoverArgs {
+    /// Make this stopped node the only voter of a new configuration, keeping its data: the
+    /// way back after losing a majority. Whatever only the lost nodes held is lost.
+    #[arg(long, required = true)]
+    force_new_cluster: bool,
+    /// The node's configuration (its id, addresses and data directory).
+    #[arg(long, env = "RAFTBOX_CONFIG")]
+    config: PathBuf,
+}
+
+fn node_config(path: &Path) -> anyhow::Result<Config> {
+    Config::load(ServeArgs::from_file(path.to_path_buf())).with_context(|| format!("load {}", path.display()))
+}
+
+/// A node's id and addresses as the offline commands hand them to `raftbox_raft::recover`.
+fn node_identity(config: &Config) -> (u64, String, String) {
+    (config.node_id, config.http_addr.to_string(), config.grpc_addr.to_string())
+}
+
+pub async fn run_backup(args: BackupArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    ensure!(!args.file.exists(), "{} exists: choose another name", args.file.display());
+    let api = Api::new(&args.connection, None)?;
+    let response = api.send_raw(api.request(reqwest::Method::GET, "/v1/admin/backup")).await?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.json().await.unwrap_or_default();
+        bail!("/v1/admin/backup: {}", problem(status, &body));
+    }
+    let header = |name: &str| -> anyhow::Result<String> {
+        let value = response.headers().get(name).with_context(|| format!("the answer lacks {name}"))?;
+        Ok(value.to_str().with_context(|| format!("{name} is not text"))?.to_string())
+    };
+    let (index, term, checksum) =
+        (header("x-raftbox-backup-index")?, header("x-raftbox-backup-term")?, header("x-raftbox-backup-checksum")?);
+
+    let partial = with_suffix(&args.file, ".partial");
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&partial)
+        .with_context(|| format!("create {}", partial.display()))?;
+    let mut stream = response.bytes_stream();
+    let mut bytes = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.context("the backup's transfer broke off")?;
+        out.write_all(&chunk).with_context(|| format!("write {}", partial.display()))?;
+        bytes += chunk.len() as u64;
+    }
+    out.sync_all()?;
+    drop(out);
+
+    // Checked as written, before it takes its name: magic, checksum, the one announced.
+    let mut blocks = Vec::new();
+    let summary = raftbox_storage::snapshot::read_image(std::fs::File::open(&partial)?, |hash| {
+        blocks.push(hash);
+        Ok(())
+    })
+    .with_context(|| format!("{} (as received) is not a sound image", partial.display()))?;
+    let found = blake3::Hash::from_bytes(summary.checksum).to_hex().to_string();
+    ensure!(found == checksum, "the backup's checksum is {found}, the node announced {checksum}");
+    std::fs::rename(&partial, &args.file)?;
+    sync_parent(&args.file)?;
+
+    let list = with_suffix(&args.file, ".blocks");
+    let mut text = String::with_capacity(blocks.len() * 65);
+    for hash in &blocks {
+        text.push_str(&hash.to_hex());
+        text.push('\n');
+    }
+    std::fs::write(&list, text).with_context(|| format!("write {}", list.display()))?;
+    eprintln!(
+        "backup of log index {index} (term {term}): {bytes} bytes, {} records, blake3 {checksum}, in {:.1} s",
+        summary.records,
+        started.elapsed().as_secs_f64()
+    );
+    if args.with_blocks {
+        let dir = with_suffix(&args.file, ".blocks.d");
+        std::fs::create_dir_all(&dir)?;
+        let fetched = fetch_blocks(&api, &blocks, &dir).await?;
+        eprintln!("{fetched} blocks copied into {} ({:.1} s in all)", dir.display(), started.elapsed().as_secs_f64());
+    } else {
+        eprintln!(
+            "{} blocks are named by it: listed in {} (copy them from a node's blocks/ directory, or \
+             back up again with --with-blocks)",
+            blocks.len(),
+            list.display()
+        );
+    }
+    println!("{}", args.file.display());
+    Ok(())
+}
+
+/// Fetches `blocks` into `dir` (each checked against its hash), a few at a time; returns how
+/// many it went through.
+async fn fetch_blocks(api: &Api, blocks: &[BlockHash], dir: &Path) -> anyhow::Result<usize> {
+    let fetches = futures::stream::iter(blocks.iter().copied())
+        .map(|hash| async move {
+            let path = dir.join(hash.to_hex());
+            if path.exists() {
+                return Ok::<_, anyhow::Error>(());
+            }
+            let response = api.send_raw(api.request(reqwest::Method::GET, &format!("/v1/admin/blocks/{hash}"))).await?;
+            let status = response.status();
+            if !status.is_success() {
+                let body = response.json().await.unwrap_or_default();
+                bail!("block {hash}: {}", problem(status, &body));
+            }
+            let data = response.bytes().await.with_context(|| format!("block {hash}"))?;
+            let block = VerifiedBlock::verify(hash, data).map_err(|e| anyhow::anyhow!("block {hash}: {e}"))?;
+            let partial = with_suffix(&path, ".partial");
+            std::fs::write(&partial, block.data())?;
+            std::fs::rename(&partial, &path)?;
+            Ok(())
+        })
+        .buffer_unordered(BLOCK_FETCHES_IN_FLIGHT);
+    futures::pin_mut!(fetches);
+    let mut done = 0;
+    while let Some(fetched) = fetches.next().await {
+        fetched?;
+        done += 1;
+    }
+    Ok(done)
+}
+
+pub fn run_restore(args: RestoreArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let config = node_config(&args.config)?;
+    let (id, http_addr, grpc_addr) = node_identity(&config);
+    let restored = raftbox_raft::restore_backup(&args.file, &config.data_dir, id, &http_addr, &grpc_addr)?;
+    eprintln!(
+        "restored log index {} (term {}) into {} as node {}, the only voter of a new configuration \
+         (entry {}, term {}), in {:.1} s",
+        restored.backup_index,
+        restored.backup_term,
+        config.data_dir.display(),
+        config.node_id,
+        restored.recovered.membership_index,
+        restored.recovered.term,
+        started.elapsed().as_secs_f64()
+    );
+    match &args.blocks {
+        Some(dir) => {
+            let store = BlockStore::open(&config.data_dir.join("blocks"))?;
+            let copied = copy_blocks(dir, &store)?;
+            eprintln!("{copied} blocks copied from {} into the node's block store", dir.display());
+        }
+        None => eprintln!(
+            "no --blocks: copy the backup's blocks (FILE.blocks lists them) into {} before starting \
+             the node, or its files cannot be read",
+            config.data_dir.join("blocks").display()
+        ),
+    }
+    eprintln!(
+        "next: start the node, then add the others back, each with an empty data directory \
+         (scripts/cluster add N, or raftbox cluster add N HTTP GRPC)"
+    );
+    Ok(())
+}
+
+/// Copies every block file under `dir` (any depth; a file named by its hash) into `store`,
+/// each checked against its name.
+fn copy_blocks(dir: &Path, store: &BlockStore) -> anyhow::Result<usize> {
+    let mut copied = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).with_context(|| format!("read {}", folder.display()))? {
+            let entry = entry?;
+            let path = entry.path();
+            if entry.file_type()?.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            let Some(hash) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.parse::<BlockHash>().ok()) else {
+                continue;
+            };
+            if store.has(&hash) {
+                continue;
+            }
+            let data = std::fs::read(&path)?;
+            let block =
+                VerifiedBlock::verify(hash, data.into()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            store.put(&block)?;
+            copied += 1;
+        }
+    }
+    Ok(copied)
+}
+
+pub fn run_recover(args: RecoverArgs) -> anyhow::Result<()> {
+    debug_assert!(args.force_new_cluster);
+    let config = node_config(&args.config)?;
+    let (id, http_addr, grpc_addr) = node_identity(&config);
+    let recovered = raftbox_raft::force_new_cluster(&config.data_dir, id, &http_addr, &grpc_addr)?;
+    eprintln!(
+        "node {} is now the only voter of a new configuration (log entry {}, term {}), with all the \
+         data it held (log up to entry {}).\n\
+         Whatever only the lost nodes held is gone. Never start the lost nodes on their old data: \
+         wipe their data directories, then start the recovered node and add them back \
+         (scripts/cluster add N, or raftbox cluster add N HTTP GRPC).",
+        config.node_id, recovered.membership_index, recovered.term, recovered.previous_index
+    );
+    Ok(())
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Makes a rename in `path`'s directory durable.
+fn sync_parent(path: &Path) -> anyhow::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(parent)?.sync_all()?;
+    Ok(())
+}
