@@ -575,7 +575,7 @@ mod ops {
     fn remove_member_node() {}
 
     #[utoipa::path(get, path = "/v1/admin/backup", tag = "admin", responses(
-        (status = 200, description = "A consistent image of the replicated state (a snapshot image ending in its blake3 checksum), reflecting every write acknowledged before the request. Headers: `X-Raftbox-Backup-Index` and `X-Raftbox-Backup-Term` (the last log entry it reflects), `X-Raftbox-Backup-Checksum` (blake3, hex).", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 200, description = "A consistent image of the replicated state (a snapshot image ending in its blake3 checksum), reflecting every write acknowledged before the request. Headers: `X-Raftbox-Backup-Index` and `X-Raftbox-Backup-Term` (the last log entry it reflects).", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "No quorum for the read barrier, or a backup already runs on this node.", body = Problem, content_type = "application/problem+json"),
     ))]

@@ -28,9 +28,10 @@ pub struct Bucket {
     pub capacity: u64,
     pub refill_per_s: u64,
     /// How much longer than a real-time span the limiter's clock may see it: 0 where every
-    /// node reads one clock; twice `raft.max_clock_offset_ms` where clocks are skewed (a
-    /// leader stamps the cluster's time within that bound of the agreed clocks, so the time
-    /// refilling a span may start up to the bound late and end up to the bound early).
+    /// node reads one clock; three times `raft.max_clock_offset_ms` where clocks are skewed
+    /// (a stamp is within 1.5 bounds of real time where a majority of clocks are right, so
+    /// the time refilling a span may start that much late and end that much early:
+    /// ARCHITECTURE.md, "Time").
     pub clock_slack_ms: u64,
 }
 

@@ -69,46 +69,33 @@ pub async fn run_backup(args: BackupArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     ensure!(!args.file.exists(), "{} exists: choose another name", args.file.display());
     let api = Api::new(&args.connection, None)?;
-    let response = api.send_raw(api.request(reqwest::Method::GET, "/v1/admin/backup")).await?;
-    let status = response.status();
-    if !status.is_success() {
-        let body = response.json().await.unwrap_or_default();
-        bail!("/v1/admin/backup: {}", problem(status, &body));
-    }
-    let header = |name: &str| -> anyhow::Result<String> {
-        let value = response.headers().get(name).with_context(|| format!("the answer lacks {name}"))?;
-        Ok(value.to_str().with_context(|| format!("{name} is not text"))?.to_string())
-    };
-    let (index, term, checksum) =
-        (header("x-raftbox-backup-index")?, header("x-raftbox-backup-term")?, header("x-raftbox-backup-checksum")?);
-
     let partial = with_suffix(&args.file, ".partial");
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&partial)
-        .with_context(|| format!("create {}", partial.display()))?;
-    let mut stream = response.bytes_stream();
-    let mut bytes = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.context("the backup's transfer broke off")?;
-        out.write_all(&chunk).with_context(|| format!("write {}", partial.display()))?;
-        bytes += chunk.len() as u64;
-    }
-    out.sync_all()?;
-    drop(out);
-
-    // Checked as written, before it takes its name: magic, checksum, the one announced.
+    let fetched = fetch_image(&api, &partial).await;
+    let (index, term, bytes) = match fetched {
+        Ok(fetched) => fetched,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+    };
+    // Checked as written, before it takes its name: magic and the checksum that ends it.
     let mut blocks = Vec::new();
     let summary = raftbox_storage::snapshot::read_image(std::fs::File::open(&partial)?, |hash| {
         blocks.push(hash);
         Ok(())
-    })
-    .with_context(|| format!("{} (as received) is not a sound image", partial.display()))?;
-    let found = blake3::Hash::from_bytes(summary.checksum).to_hex().to_string();
-    ensure!(found == checksum, "the backup's checksum is {found}, the node announced {checksum}");
-    std::fs::rename(&partial, &args.file)?;
+    });
+    let summary = match summary {
+        Ok(summary) => summary,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            bail!("the backup as received is not a sound image ({e}); nothing was kept");
+        }
+    };
+    // A link, not a rename: it fails rather than replace a file that appeared meanwhile.
+    std::fs::hard_link(&partial, &args.file).with_context(|| format!("name the backup {}", args.file.display()))?;
+    std::fs::remove_file(&partial)?;
     sync_parent(&args.file)?;
+    let checksum = blake3::Hash::from_bytes(summary.checksum).to_hex();
 
     let list = with_suffix(&args.file, ".blocks");
     let mut text = String::with_capacity(blocks.len() * 65);
@@ -126,6 +113,7 @@ pub async fn run_backup(args: BackupArgs) -> anyhow::Result<()> {
         let dir = with_suffix(&args.file, ".blocks.d");
         std::fs::create_dir_all(&dir)?;
         let fetched = fetch_blocks(&api, &blocks, &dir).await?;
+        std::fs::File::open(&dir)?.sync_all()?;
         eprintln!("{fetched} blocks copied into {} ({:.1} s in all)", dir.display(), started.elapsed().as_secs_f64());
     } else {
         eprintln!(
@@ -139,13 +127,45 @@ pub async fn run_backup(args: BackupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Fetches `blocks` into `dir` (each checked against its hash), a few at a time; returns how
-/// many it went through.
+/// Streams the node's backup into `partial` (synced): the index and term it reflects, and
+/// its length.
+async fn fetch_image(api: &Api, partial: &Path) -> anyhow::Result<(String, String, u64)> {
+    let response = api.send_raw(api.request(reqwest::Method::GET, "/v1/admin/backup")).await?;
+    let status = response.status();
+    if !status.is_success() {
+        let body = response.json().await.unwrap_or_default();
+        bail!("/v1/admin/backup: {}", problem(status, &body));
+    }
+    let header = |name: &str| -> anyhow::Result<String> {
+        let value = response.headers().get(name).with_context(|| format!("the answer lacks {name}"))?;
+        Ok(value.to_str().with_context(|| format!("{name} is not text"))?.to_string())
+    };
+    let (index, term) = (header("x-raftbox-backup-index")?, header("x-raftbox-backup-term")?);
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(partial)
+        .with_context(|| format!("create {}", partial.display()))?;
+    let mut stream = response.bytes_stream();
+    let mut bytes = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.context("the backup's transfer broke off")?;
+        out.write_all(&chunk).with_context(|| format!("write {}", partial.display()))?;
+        bytes += chunk.len() as u64;
+    }
+    out.sync_all()?;
+    Ok((index, term, bytes))
+}
+
+/// Fetches `blocks` into `dir` (each checked against its hash and synced; a file already
+/// there is kept only if it holds its block), a few at a time; returns how many it went
+/// through.
 async fn fetch_blocks(api: &Api, blocks: &[BlockHash], dir: &Path) -> anyhow::Result<usize> {
     let fetches = futures::stream::iter(blocks.iter().copied())
         .map(|hash| async move {
             let path = dir.join(hash.to_hex());
-            if path.exists() {
+            if std::fs::read(&path).is_ok_and(|data| BlockHash::of(&data) == hash) {
                 return Ok::<_, anyhow::Error>(());
             }
             let response = api.send_raw(api.request(reqwest::Method::GET, &format!("/v1/admin/blocks/{hash}"))).await?;
@@ -157,7 +177,9 @@ async fn fetch_blocks(api: &Api, blocks: &[BlockHash], dir: &Path) -> anyhow::Re
             let data = response.bytes().await.with_context(|| format!("block {hash}"))?;
             let block = VerifiedBlock::verify(hash, data).map_err(|e| anyhow::anyhow!("block {hash}: {e}"))?;
             let partial = with_suffix(&path, ".partial");
-            std::fs::write(&partial, block.data())?;
+            let mut file = std::fs::File::create(&partial)?;
+            file.write_all(block.data())?;
+            file.sync_all()?;
             std::fs::rename(&partial, &path)?;
             Ok(())
         })
@@ -174,6 +196,38 @@ async fn fetch_blocks(api: &Api, blocks: &[BlockHash], dir: &Path) -> anyhow::Re
 pub fn run_restore(args: RestoreArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let config = node_config(&args.config)?;
+    // The blocks first: a restore whose blocks fail leaves the database untouched, to run
+    // again.
+    let store = BlockStore::open(&config.data_dir.join("blocks"))?;
+    if let Some(dir) = &args.blocks {
+        let copied = copy_blocks(dir, &store)?;
+        eprintln!("{copied} blocks copied from {} into the node's block store", dir.display());
+    }
+    let mut missing = Vec::new();
+    raftbox_storage::snapshot::read_image(std::fs::File::open(&args.file)?, |hash| {
+        if !store.has(&hash) {
+            missing.push(hash);
+        }
+        Ok(())
+    })
+    .with_context(|| format!("{} is not a sound backup", args.file.display()))?;
+    if !missing.is_empty() {
+        let dir = config.data_dir.join("blocks");
+        match &args.blocks {
+            Some(given) => bail!(
+                "{} of the backup's blocks are not in {} (the first: {}); nothing was restored",
+                missing.len(),
+                given.display(),
+                missing[0]
+            ),
+            None => eprintln!(
+                "warning: {} of the backup's blocks are not in {} yet: copy them there (FILE.blocks \
+                 lists them) before starting the node, or their files cannot be read",
+                missing.len(),
+                dir.display()
+            ),
+        }
+    }
     let (id, http_addr, grpc_addr) = node_identity(&config);
     let restored = raftbox_raft::restore_backup(&args.file, &config.data_dir, id, &http_addr, &grpc_addr)?;
     eprintln!(
@@ -187,18 +241,6 @@ pub fn run_restore(args: RestoreArgs) -> anyhow::Result<()> {
         restored.recovered.term,
         started.elapsed().as_secs_f64()
     );
-    match &args.blocks {
-        Some(dir) => {
-            let store = BlockStore::open(&config.data_dir.join("blocks"))?;
-            let copied = copy_blocks(dir, &store)?;
-            eprintln!("{copied} blocks copied from {} into the node's block store", dir.display());
-        }
-        None => eprintln!(
-            "no --blocks: copy the backup's blocks (FILE.blocks lists them) into {} before starting \
-             the node, or its files cannot be read",
-            config.data_dir.join("blocks").display()
-        ),
-    }
     eprintln!(
         "next: start the node, then add the others back, each with an empty data directory \
          (scripts/cluster add N, or raftbox cluster add N HTTP GRPC)"

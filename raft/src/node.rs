@@ -395,33 +395,41 @@ impl RaftNode {
         self.inner.identity.legacy
     }
 
-    /// Writes a consistent image of the replicated state, as this node has applied it, to
-    /// `out` (a backup: a snapshot image, the blake3 checksum at its end), syncs it and says
-    /// what it reflects. The caller first makes sure everything acknowledged before is applied
-    /// here ([`RaftNode::read_barrier`]). Streams from a RocksDB snapshot view: the node goes
-    /// on applying meanwhile, and memory stays bounded whatever the state's size.
-    pub async fn backup(&self, out: std::fs::File) -> Result<BackupImage, WriteError> {
+    /// Streams a consistent image of the replicated state, as this node has applied it (a
+    /// backup: a snapshot image, its blake3 checksum at its end), and says first which log
+    /// entry it reflects. The caller first makes sure everything acknowledged before is
+    /// applied here ([`RaftNode::read_barrier`]). The image is read from one RocksDB snapshot
+    /// view straight into the stream, a buffer at a time, as the receiver takes it: memory
+    /// stays bounded, nothing is written to disk, and the node goes on applying meanwhile.
+    /// Dropping the receiver ends the writing; `guard` is held until the writing ends.
+    pub async fn backup(
+        &self,
+        guard: impl Send + 'static,
+    ) -> Result<(BackupImage, tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>), WriteError> {
         let state = self.inner.state.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            let written = state.write_snapshot(&out)?;
-            out.sync_all()?;
-            Ok::<_, raftbox_storage::StorageError>(written)
-        })
-        .await
-        .map_err(|e| WriteError::Unavailable(format!("backup: {e}")))?
-        .map_err(|e| WriteError::Unavailable(format!("backup: {e}")))?;
-        let marker: crate::state_machine::AppliedMarker = match &written.marker {
+        let (marker_tx, marker_rx) = tokio::sync::oneshot::channel::<Option<Vec<u8>>>();
+        let (tx, rx) = tokio::sync::mpsc::channel(BACKUP_CHUNKS_QUEUED);
+        tokio::task::spawn_blocking(move || {
+            let _guard = guard;
+            let out = ChannelWriter { tx: tx.clone(), buffer: Vec::with_capacity(BACKUP_CHUNK_BYTES) };
+            let written = state.write_snapshot_with(out, |marker| {
+                let _ = marker_tx.send(marker.map(<[u8]>::to_vec));
+            });
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "backup stopped");
+                let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+            }
+        });
+        let marker =
+            marker_rx.await.map_err(|_| WriteError::Unavailable("backup: the state could not be read".into()))?;
+        let marker: crate::state_machine::AppliedMarker = match &marker {
             Some(bytes) => serde_json::from_slice(bytes)
                 .map_err(|e| WriteError::Unavailable(format!("backup: the applied marker does not decode: {e}")))?,
             None => crate::state_machine::AppliedMarker::default(),
         };
         let last = marker.last_applied;
-        Ok(BackupImage {
-            index: last.map_or(0, |l| l.index),
-            term: last.map_or(0, |l| l.leader_id.term),
-            bytes: written.bytes,
-            checksum: written.checksum,
-        })
+        let image = BackupImage { index: last.map_or(0, |l| l.index), term: last.map_or(0, |l| l.leader_id.term) };
+        Ok((image, rx))
     }
 
     /// The members of the cluster as this node sees them.
@@ -927,14 +935,46 @@ impl RaftNode {
     }
 }
 
-/// What [`RaftNode::backup`] wrote.
+/// What [`RaftNode::backup`] streams: the last log entry the image reflects, and its term.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackupImage {
-    /// The last log entry the image reflects, and its term.
     pub index: u64,
     pub term: u64,
-    /// The image's length, checksum included.
-    pub bytes: u64,
-    /// The blake3 checksum that ends the image.
-    pub checksum: [u8; 32],
+}
+
+/// Bytes of one chunk of a backup's stream, and chunks queued ahead of the receiver: the
+/// memory a backup holds.
+const BACKUP_CHUNK_BYTES: usize = 1 << 20;
+const BACKUP_CHUNKS_QUEUED: usize = 4;
+
+/// A blocking writer into a channel, a chunk at a time; fails once the receiver is gone.
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>,
+    buffer: Vec<u8>,
+}
+
+impl ChannelWriter {
+    fn send(&mut self) -> std::io::Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.buffer, Vec::with_capacity(BACKUP_CHUNK_BYTES));
+        self.tx
+            .blocking_send(Ok(bytes::Bytes::from(chunk)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the backup's receiver is gone"))
+    }
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buffer.extend_from_slice(bytes);
+        if self.buffer.len() >= BACKUP_CHUNK_BYTES {
+            self.send()?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.send()
+    }
 }

@@ -21,9 +21,9 @@ use std::path::Path;
 use openraft::{CommittedLeaderId, EntryPayload, Membership};
 use raftbox_storage::{keys, Db, StateMachine};
 
-use crate::log_store::stored_vote;
+use crate::log_store::{purge_upto, stored_vote};
 use crate::membership::load_identity;
-use crate::state_machine::{AppliedMarker, StateMachineStore};
+use crate::state_machine::{load_marker, AppliedMarker, StateMachineStore};
 use crate::types::{Entry, LogId, NodeId, NodeInfo, SnapshotMeta, Vote};
 
 /// Why a recovery could not be done; nothing was changed unless said.
@@ -60,10 +60,23 @@ pub fn force_new_cluster(
     grpc_addr: &str,
 ) -> Result<Recovered, RecoverError> {
     let db = open(data_dir)?;
-    let last = last_log_id(&db)?.ok_or_else(|| {
-        refused(format!("{} holds no Raft log: there is nothing to recover from", data_dir.display()))
-    })?;
-    sole_voter(&db, last, id, NodeInfo::new(http_addr, grpc_addr))
+    let last = last_log_id(&db)?;
+    // A crash inside a snapshot install can leave the state applied past the log's end (the
+    // install purges the log after its synced switch): the new entry goes after what is
+    // applied, and the log is purged that far first, as openraft does at start-up.
+    let applied = load_marker(&StateMachine::new(db.clone())).map_err(|e| refused(e.to_string()))?.last_applied;
+    let base = match (last, applied) {
+        (Some(last), Some(applied)) if applied.index > last.index => {
+            purge_upto(&db, applied)?;
+            applied
+        }
+        (Some(last), _) => last,
+        (None, Some(applied)) => applied,
+        (None, None) => {
+            return Err(refused(format!("{} holds no Raft log: there is nothing to recover from", data_dir.display())))
+        }
+    };
+    sole_voter(&db, base, id, NodeInfo::new(http_addr, grpc_addr))
 }
 
 /// What [`restore_backup`] did.
@@ -86,13 +99,6 @@ pub fn restore_backup(
     http_addr: &str,
     grpc_addr: &str,
 ) -> Result<Restored, RecoverError> {
-    let db_dir = data_dir.join("db");
-    if db_dir.exists() && std::fs::read_dir(&db_dir).map_err(raftbox_storage::StorageError::from)?.next().is_some() {
-        return Err(refused(format!(
-            "{} already holds a database: restore seeds an empty data directory only",
-            db_dir.display()
-        )));
-    }
     let file = std::fs::File::open(image).map_err(raftbox_storage::StorageError::from)?;
     let summary = raftbox_storage::snapshot::read_image(&file, |_| Ok(()))?;
     let marker: AppliedMarker = match &summary.marker {
@@ -102,6 +108,18 @@ pub fn restore_backup(
     };
     let last = marker.last_applied.ok_or_else(|| refused(format!("{} reflects no entry", image.display())))?;
     let db = open(data_dir)?;
+    // A database without Raft state (a restore that stopped before its install) is empty.
+    let held = db.meta_get(keys::meta::VOTE)?.is_some()
+        || db.log_last()?.is_some()
+        || db.meta_get(keys::meta::SNAPSHOT)?.is_some();
+    if held {
+        return Err(refused(format!(
+            "{} already holds Raft state: restore seeds an empty data directory only (if an earlier \
+             restore into it stopped after installing the backup, `raftbox recover \
+             --force-new-cluster` finishes it)",
+            data_dir.join("db").display()
+        )));
+    }
     load_identity(&db)?;
     let meta = SnapshotMeta {
         last_log_id: Some(last),

@@ -232,7 +232,7 @@ impl std::fmt::Display for Message {
 
 impl std::error::Error for Message {}
 
-fn load_marker(sm: &StateMachine) -> Result<AppliedMarker, RaftStorageError> {
+pub(crate) fn load_marker(sm: &StateMachine) -> Result<AppliedMarker, RaftStorageError> {
     let raw = sm.applied_marker().map_err(|e| StorageIOError::read_state_machine(&e))?;
     match raw {
         None => Ok(AppliedMarker::default()),

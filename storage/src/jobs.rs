@@ -80,8 +80,11 @@ pub struct Job {
     pub next_run_at_ms: Option<u64>,
     /// The fire being attempted: its scheduled time (stays the same across retries).
     pub scheduled_for_ms: Option<u64>,
-    /// Attempts made for the current fire.
+    /// Attempts made for the current fire (0 between fires).
     pub attempts: u32,
+    /// Attempts the last fire that ended took (what the API shows between fires).
+    #[serde(default)]
+    pub last_fire_attempts: u32,
     pub lease_owner: Option<String>,
     pub lease_expires_ms: Option<u64>,
     pub fence: u64,
@@ -130,6 +133,7 @@ impl Job {
             next_run_at_ms,
             scheduled_for_ms: None,
             attempts: 0,
+            last_fire_attempts: 0,
             lease_owner: None,
             lease_expires_ms: None,
             fence: 0,
@@ -464,6 +468,7 @@ fn end_fire(job: &mut Job, now: u64, succeeded: bool) {
     };
     job.next_run_at_ms = next;
     job.scheduled_for_ms = None;
+    job.last_fire_attempts = job.attempts;
     job.attempts = 0;
 }
 
@@ -589,14 +594,17 @@ impl StateMachine {
         Ok(self.scan_rev("job run", &start, &end, limit)?.into_iter().map(|(_, r)| r).collect())
     }
 
-    /// The attempts of the job's current fire or, between fires, of its last one: the
-    /// record counts a fire's attempts only while the fire runs (the count restarts at its
-    /// end), so a one-off job that failed twice shows 2, not 0. One read of the newest run.
+    /// The attempts of the job's current fire or, between fires, of its last one (a one-off
+    /// job that failed twice shows 2). A record from before `last_fire_attempts` existed
+    /// counts from its newest run record, while that is kept.
     pub fn job_attempts(&self, job: &Job) -> Result<u32, StorageError> {
         if job.scheduled_for_ms.is_some() || job.runs == 0 {
             return Ok(job.attempts);
         }
-        Ok(self.job_runs(&job.id, None, 1)?.first().map_or(job.attempts, |run| run.attempt))
+        if job.last_fire_attempts > 0 {
+            return Ok(job.last_fire_attempts);
+        }
+        Ok(self.job_runs(&job.id, None, 1)?.first().map_or(0, |run| run.attempt))
     }
 
     /// How many of `owner`'s jobs may still run (scheduled, claimed or running): one read of

@@ -122,10 +122,14 @@ fn failures_retry_until_exhausted_then_fail() {
     }
     let job = sm.job("j").expect("read").expect("job");
     assert_eq!((job.status, job.attempts), (JobStatus::Failed, 0));
-    // What the API shows: the attempts of the fire that failed, not the record's reset count.
-    assert_eq!(sm.job_attempts(&job).expect("attempts"), 3);
+    // What the API shows: the attempts of the fire that failed, not the record's reset count,
+    // even once the run records are gone.
+    assert_eq!((job.last_fire_attempts, sm.job_attempts(&job).expect("attempts")), (3, 3));
     assert_eq!(sm.job_runs("j", None, 10).expect("runs").len(), 3, "1 + maxRetries attempts");
     assert!(sm.job_runs("j", None, 10).expect("runs").iter().all(|r| r.scheduled_for_ms == 10));
+    at(&sm, 10_000_000 + RUN_TTL_MS, Command::ExpireRuns { before_ms: 10_000_000 + RUN_TTL_MS, max_runs: 10 });
+    assert!(sm.job_runs("j", None, 10).expect("runs").is_empty(), "the run records expired");
+    assert_eq!(sm.job_attempts(&job).expect("attempts"), 3);
 }
 
 #[test]

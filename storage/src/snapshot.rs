@@ -119,11 +119,22 @@ impl StateMachine {
     /// Writes a consistent image of the whole state, from one RocksDB snapshot view, to
     /// `out`, a buffer's worth at a time. The caller makes `out` durable.
     pub fn write_snapshot(&self, out: impl Write) -> Result<SnapshotWritten, StorageError> {
+        self.write_snapshot_with(out, |_| {})
+    }
+
+    /// [`StateMachine::write_snapshot`], telling `on_marker` the image's applied marker before
+    /// its first byte is written (a backup names the index it reflects before streaming it).
+    pub fn write_snapshot_with(
+        &self,
+        out: impl Write,
+        on_marker: impl FnOnce(Option<&[u8]>),
+    ) -> Result<SnapshotWritten, StorageError> {
         self.db().sync_wal()?;
         let rocks = self.db().rocks();
         let state = self.db().state();
         let view = rocks.snapshot();
         let marker = view.get_cf(state, keys::applied_marker())?;
+        on_marker(marker.as_deref());
         let mut out =
             Hashing { inner: BufWriter::with_capacity(IO_BUFFER_BYTES, out), hasher: blake3::Hasher::new(), bytes: 0 };
         out.put(SNAPSHOT_MAGIC)?;

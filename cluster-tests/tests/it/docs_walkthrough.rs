@@ -75,7 +75,7 @@ impl Drop for Teardown {
     fn drop(&mut self) {
         if let Some(group) = self.script_group {
             // The script's whole process group: a sync client or receiver it left running.
-            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).status();
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{group}")]).stderr(Stdio::null()).status();
         }
         let mut down = Command::new("bash");
         down.arg("scripts/cluster").arg("down");
