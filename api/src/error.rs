@@ -89,6 +89,7 @@ impl From<WriteError> for ApiError {
         match error {
             WriteError::TooLarge { .. } => ApiError::PayloadTooLarge(error.to_string()),
             WriteError::Invalid(_) => ApiError::BadRequest(error.to_string()),
+            WriteError::FormatNotReached { .. } => ApiError::Conflict(error.to_string()),
             _ => ApiError::Unavailable(error.to_string()),
         }
     }

@@ -7,6 +7,8 @@
 //! - [`json`]: request-body parsing with problem+json errors.
 //! - [`idempotency`]: `Idempotency-Key` handling, declared per route through `Keyed`.
 //! - [`ratelimit`]: configured rate limits, applied as middleware to matching routes.
+//! - [`runtime_limits`]: the cluster's replicated rate limits, job limits and quotas
+//!   (`/v1/admin/limits`), reloaded as they change.
 //! - [`metrics`]: per-route request counts and latency histograms (middleware).
 //! - [`routes`]: the handlers, one module per area (probes, accounts).
 //! - [`console`]: the web console's static files (embedded), served at `/`.
@@ -27,6 +29,7 @@ pub mod notify;
 pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
+pub mod runtime_limits;
 pub mod webhooks;
 
 use std::future::Future;
@@ -38,7 +41,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use raftbox_raft::RaftNode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
 pub use error::ApiError;
@@ -62,6 +65,9 @@ pub struct Shared {
     /// Places for requests in flight (`[http] requests_in_flight_max`): a request beyond is
     /// answered 503 at once.
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// The rate limits, job limits and quotas in force (the cluster's, once set; this
+    /// node's TOML before).
+    pub limits: Arc<runtime_limits::Live>,
 }
 
 impl std::ops::Deref for AppState {
@@ -79,7 +85,15 @@ impl AppState {
         let channels = routes::sync::Channels::default();
         let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.requests_in_flight_max));
         let hub = notify::Hub::start(&node);
-        AppState(Arc::new(Shared { node, config: Arc::new(config), channels, hub, http_metrics, in_flight }))
+        let own = config.limits_config();
+        let in_force = runtime_limits::Limits {
+            rate_limits: config.rate_limits.clone(),
+            job_limits: config.job_limits.clone(),
+            quotas: config.quotas.clone(),
+        };
+        let limits = Arc::new(runtime_limits::Live::new(own, in_force));
+        tokio::spawn(runtime_limits::reload(node.clone(), limits.clone()));
+        AppState(Arc::new(Shared { node, config: Arc::new(config), channels, hub, http_metrics, in_flight, limits }))
     }
 }
 
@@ -89,6 +103,8 @@ pub struct ApiConfig {
     pub http: HttpConfig,
     pub idempotency: idempotency::IdempotencyConfig,
     pub rate_limiting: ratelimit::RateLimitingConfig,
+    /// This node's TOML rate limits, job limits and quotas: in force until the cluster's are
+    /// set ([`runtime_limits`]); the bootstrap node seeds the cluster's from them.
     pub rate_limits: Vec<ratelimit::RateLimit>,
     /// Where webhooks may go (checked at job creation and by the executor at each call).
     pub webhooks: webhooks::WebhookPolicy,
@@ -100,9 +116,21 @@ pub struct ApiConfig {
     pub quotas: Quotas,
 }
 
+impl ApiConfig {
+    /// This node's TOML limits as written (what `GET /v1/admin/limits` shows before the
+    /// cluster's are set, and what the bootstrap node seeds them with).
+    pub fn limits_config(&self) -> runtime_limits::LimitsConfig {
+        runtime_limits::LimitsConfig {
+            rate_limits: self.rate_limits.iter().map(ratelimit::RateLimit::to_config).collect(),
+            job_limits: self.job_limits.clone(),
+            quotas: self.quotas.clone(),
+        }
+    }
+}
+
 /// Per-user quotas of non-admins (node TOML `[quotas]`), enforced in apply (the limit travels
 /// in the command, so every node judges it alike).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Quotas {
     /// Bytes of blocks a user stores, each block counted once per user who uploaded it
@@ -133,7 +161,7 @@ impl Default for NotifyLimits {
 }
 
 /// Limits on non-admins' jobs (node TOML `[job_limits]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobLimits {
     /// The shortest interval between two fires of a recurring job, in seconds.

@@ -20,10 +20,11 @@ use serde::Deserialize;
 
 use crate::auth::{bearer_hash, lookup, lookup_local, LookedUp, Principal};
 use crate::metrics::LimiterDecision;
+use crate::runtime_limits::Limits;
 use crate::{ApiError, AppState};
 
 /// What a limit counts requests by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// The authenticated user (all of their tokens together).
@@ -41,7 +42,7 @@ pub enum Scope {
 }
 
 /// What to do when no decision can be had in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum Failure {
     /// Admit the request (usage quotas).
@@ -90,7 +91,7 @@ pub const SLIDING_LOG_LIMIT_MAX: u64 = 10_000;
 pub const LEAKY_QUEUE_WAIT_MS_MAX: u64 = 60_000;
 
 /// The names of the algorithms, for the config.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum AlgorithmName {
     #[default]
@@ -104,7 +105,7 @@ pub enum AlgorithmName {
 /// A limit as written in the TOML: `algorithm` defaults to `token_bucket`; the parameters
 /// are those of the algorithm (`capacity` + `refill_per_s`, `limit` + `window_ms`, or
 /// `capacity` + `drain_per_s`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitConfig {
     pub name: String,
@@ -205,6 +206,40 @@ fn pattern_matches(pattern: &str, path: &str) -> bool {
 }
 
 impl RateLimit {
+    /// The limit as written (what [`RateLimitConfig::validate`] took).
+    pub fn to_config(&self) -> RateLimitConfig {
+        let (algorithm, capacity, refill_per_s, drain_per_s, limit, window_ms) = match self.algorithm {
+            Algorithm::TokenBucket { capacity, refill_per_s } => {
+                (AlgorithmName::TokenBucket, Some(capacity), Some(refill_per_s), None, None, None)
+            }
+            Algorithm::LeakyBucket { capacity, drain_per_s } => {
+                (AlgorithmName::LeakyBucket, Some(capacity), None, Some(drain_per_s), None, None)
+            }
+            Algorithm::FixedWindow { limit, window_ms } => {
+                (AlgorithmName::FixedWindow, None, None, None, Some(limit), Some(window_ms))
+            }
+            Algorithm::SlidingWindow { limit, window_ms } => {
+                (AlgorithmName::SlidingWindow, None, None, None, Some(limit), Some(window_ms))
+            }
+            Algorithm::SlidingLog { limit, window_ms } => {
+                (AlgorithmName::SlidingLog, None, None, None, Some(limit), Some(window_ms))
+            }
+        };
+        RateLimitConfig {
+            name: self.name.clone(),
+            scope: self.scope,
+            routes: self.routes.clone(),
+            exclude: self.exclude.clone(),
+            algorithm,
+            capacity,
+            refill_per_s,
+            drain_per_s,
+            limit,
+            window_ms,
+            failure: self.failure,
+        }
+    }
+
     fn matches(&self, path: &str) -> bool {
         self.routes.iter().any(|p| pattern_matches(p, path)) && !self.exclude.iter().any(|p| pattern_matches(p, path))
     }
@@ -230,12 +265,14 @@ struct Applied<'a> {
 /// the request does the lookup's read barrier cost the leader a round. Whatever the lookup
 /// finds is left for the route (`auth::LookedUp`), so it is never done twice.
 pub async fn enforce(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    // The limits in force for this request's whole check (a change swaps them whole).
+    let in_force = state.limits.get();
     let mut checked_anonymous = false;
     let mut caller = None;
-    if let Some(hash) = bearer_hash(request.headers()).filter(|_| !state.config.rate_limits.is_empty()) {
+    if let Some(hash) = bearer_hash(request.headers()).filter(|_| !in_force.rate_limits.is_empty()) {
         caller = lookup_local(&state, &hash).ok().flatten();
         if caller.is_none() {
-            let anonymous = applicable(&state, &request, None);
+            let anonymous = applicable(&in_force, &request, None);
             if !anonymous.is_empty() {
                 match decide(&state, &anonymous).await {
                     Err(refused) => return refused,
@@ -261,7 +298,7 @@ pub async fn enforce(State(state): State<AppState>, mut request: Request, next: 
     if let Some(principal) = &caller {
         request.extensions_mut().insert(principal.clone());
     }
-    let mut applied = applicable(&state, &request, caller.as_ref());
+    let mut applied = applicable(&in_force, &request, caller.as_ref());
     if checked_anonymous {
         applied.retain(|a| a.limit.scope.needs_caller());
     }
@@ -338,9 +375,9 @@ async fn undecided(
 
 /// The limits that apply to this request and their keys; scopes that need a caller are
 /// skipped for requests without a known token (those get their 401 from the route).
-fn applicable<'a>(state: &'a AppState, request: &Request, caller: Option<&Principal>) -> Vec<Applied<'a>> {
+fn applicable<'a>(in_force: &'a Limits, request: &Request, caller: Option<&Principal>) -> Vec<Applied<'a>> {
     let path = request.uri().path();
-    let limits: Vec<&RateLimit> = state.config.rate_limits.iter().filter(|l| l.matches(path)).collect();
+    let limits: Vec<&RateLimit> = in_force.rate_limits.iter().filter(|l| l.matches(path)).collect();
     if limits.is_empty() {
         return Vec::new();
     }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use raftbox_api::idempotency::IdempotencyConfig;
 use raftbox_api::ratelimit::{RateLimitConfig, RateLimitingConfig};
+use raftbox_api::runtime_limits::LimitsConfig;
 use raftbox_api::webhooks::{WebhookPolicy, WebhooksConfig};
 use raftbox_api::{ApiConfig, HttpConfig, JobLimits, NotifyLimits};
 
@@ -245,6 +246,7 @@ impl Config {
             max_clock_offset_ms: file.raft.max_clock_offset_ms.unwrap_or(d.max_clock_offset_ms),
             membership_timeout_ms: file.raft.membership_timeout_ms.unwrap_or(d.membership_timeout_ms),
             min_free_disk_bytes: file.raft.min_free_disk_mb.map_or(d.min_free_disk_bytes, |mb| mb << 20),
+            reads_format: reported_format()?,
         };
         if raft.heartbeat_ms == 0 || raft.heartbeat_ms >= raft.election_timeout_min_ms {
             bail!("raft.heartbeat_ms must be positive and below raft.election_timeout_min_ms");
@@ -258,15 +260,10 @@ impl Config {
         in_range("raft.write_timeout_ms", raft.write_timeout_ms, 100, 600_000)?;
         in_range("notify_limits.per_principal_max", file.notify_limits.per_principal_max as u64, 1, 1_000_000)?;
         in_range("notify_limits.per_node_max", file.notify_limits.per_node_max as u64, 1, 10_000_000)?;
-        in_range("job_limits.min_cron_interval_s", file.job_limits.min_cron_interval_s, 1, 86_400)?;
-        in_range(
-            "job_limits.active_jobs_per_owner_max",
-            file.job_limits.active_jobs_per_owner_max as u64,
-            1,
-            10_000_000,
-        )?;
-        in_range("quotas.stored_bytes_per_user", file.quotas.stored_bytes_per_user, 1, u64::MAX)?;
-        in_range("quotas.folders_per_user", file.quotas.folders_per_user as u64, 1, 1_000_000)?;
+        // The same checks as a change at runtime (`raftbox limits set`).
+        let limits = LimitsConfig { rate_limits: file.rate_limits, job_limits: file.job_limits, quotas: file.quotas }
+            .validate()
+            .map_err(anyhow::Error::msg)?;
         in_range("raft.membership_timeout_ms", raft.membership_timeout_ms, 1_000, 3_600_000)?;
         in_range("raft.max_clock_offset_ms", raft.max_clock_offset_ms, 10, 3_600_000)?;
         in_range("http.request_timeout_ms", file.http.request_timeout_ms, 1_000, 3_600_000)?;
@@ -274,14 +271,6 @@ impl Config {
         in_range("http.connections_max", file.http.connections_max as u64, 1, 1_000_000)?;
         if raft.membership_timeout_ms >= file.http.request_timeout_ms {
             bail!("raft.membership_timeout_ms must be below http.request_timeout_ms (a change answers before the request times out)");
-        }
-        let mut names = BTreeSet::new();
-        let mut rate_limits = Vec::new();
-        for limit in file.rate_limits {
-            if !names.insert(limit.name.clone()) {
-                bail!("rate limit name {:?} appears twice", limit.name);
-            }
-            rate_limits.push(limit.validate().map_err(anyhow::Error::msg)?);
         }
         in_range("rate_limiting.decision_timeout_ms", file.rate_limiting.decision_timeout_ms, 1, 60_000)?;
         in_range("idempotency.ttl_s", file.idempotency.ttl_s, 1, 365 * 24 * 3600)?;
@@ -311,11 +300,11 @@ impl Config {
                 http: file.http,
                 idempotency: file.idempotency,
                 rate_limiting: file.rate_limiting,
-                rate_limits,
+                rate_limits: limits.rate_limits,
                 webhooks: WebhookPolicy::new(&file.webhooks).map_err(|e| anyhow::anyhow!(e))?,
-                job_limits: file.job_limits,
+                job_limits: limits.job_limits,
                 notify_limits: file.notify_limits,
-                quotas: file.quotas,
+                quotas: limits.quotas,
             },
         })
     }
@@ -323,10 +312,21 @@ impl Config {
 
 /// `value` of the setting `name` is within `min..=max`, or a clear start-up error.
 fn in_range(name: &str, value: u64, min: u64, max: u64) -> anyhow::Result<()> {
-    if !(min..=max).contains(&value) {
-        bail!("{name} must be {min} to {max}, not {value}");
+    raftbox_api::runtime_limits::in_range(name, value, min, max).map_err(anyhow::Error::msg)
+}
+
+/// The data format the node tells its peers it reads: this code's, or — only where the
+/// rolling-upgrade test stands in for a node of the previous release —
+/// `RAFTBOX_REPORT_FORMAT` (docs/testing.md).
+fn reported_format() -> anyhow::Result<u32> {
+    let newest = raftbox_storage::format::FORMAT;
+    match std::env::var("RAFTBOX_REPORT_FORMAT") {
+        Err(_) => Ok(newest),
+        Ok(text) => match text.parse::<u32>() {
+            Ok(format) if (2..=newest).contains(&format) => Ok(format),
+            _ => bail!("RAFTBOX_REPORT_FORMAT must be 2 to {newest}, not {text:?}"),
+        },
     }
-    Ok(())
 }
 
 #[cfg(test)]

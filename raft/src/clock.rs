@@ -141,17 +141,58 @@ fn cluster_offset_ms(samples: &[Sample], max_offset_ms: u64) -> i64 {
     }
 }
 
-async fn sample(peers: &Peers, addr: &str) -> Option<Sample> {
+/// A measurement and the moment it refers to: this node's wall clock and boot clock read
+/// together when the probe left. Aging from that pair (not from when the answer was handled)
+/// sees a wall-clock jump that happened while the probe was out, so a sample taken on the
+/// clock before a jump never vouches for the clock after it.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    sample: Sample,
+    taken_wall_ms: u64,
+    taken: crate::boot_clock::BootInstant,
+}
+
+async fn sample(peers: &Peers, addr: &str) -> Option<Measured> {
     let mut client = peers.client(addr).ok()?;
     let mut request = tonic::Request::new(StatusRequest {});
     request.set_timeout(CLOCK_PROBE_TIMEOUT);
-    let sent = now_ms();
+    let (sent, taken) = (now_ms(), crate::boot_clock::BootInstant::now());
     let started = Instant::now();
     let reply = tokio::time::timeout(CLOCK_PROBE_TIMEOUT, client.status(request)).await.ok()?.ok()?.into_inner();
     let round_trip = started.elapsed().as_millis() as i64;
     let midpoint = i64::try_from(sent).ok()?.saturating_add(round_trip / 2);
     let peer = i64::try_from(reply.now_ms).ok()?;
-    Some(Sample { offset_ms: peer.saturating_sub(midpoint), uncertainty_ms: round_trip / 2 + 1 })
+    let sample = Sample { offset_ms: peer.saturating_sub(midpoint), uncertainty_ms: round_trip / 2 + 1 };
+    Some(Measured { sample, taken_wall_ms: sent, taken })
+}
+
+/// One check's verdict from the measurements held, judged at one reading of both clocks
+/// (`wall_now_ms`, `now`): whether this node's clock is fine, the members' offsets, and when
+/// fine the cluster's time at that same reading (the anchor of [`ClockHealth::stamp`]).
+fn verdict(
+    last: &BTreeMap<NodeId, Measured>,
+    wall_now_ms: u64,
+    now: crate::boot_clock::BootInstant,
+    cluster_size: usize,
+    max_offset_ms: u64,
+) -> (bool, BTreeMap<NodeId, i64>, Option<(u64, crate::boot_clock::BootInstant)>) {
+    let mut offsets_ms = BTreeMap::new();
+    let mut samples = Vec::new();
+    for (member, measured) in last {
+        let elapsed = now.saturating_duration_since(measured.taken);
+        if elapsed <= SAMPLE_VALID {
+            let s = aged(measured.sample, measured.taken_wall_ms, wall_now_ms, elapsed);
+            offsets_ms.insert(*member, s.offset_ms);
+            samples.push(s);
+        }
+    }
+    let ok = judge(&samples, cluster_size, max_offset_ms);
+    let agreed_at = ok.then(|| {
+        let cluster_ms =
+            i64::try_from(wall_now_ms).unwrap_or(i64::MAX).saturating_add(cluster_offset_ms(&samples, max_offset_ms));
+        (u64::try_from(cluster_ms).unwrap_or(0), now)
+    });
+    (ok, offsets_ms, agreed_at)
 }
 
 /// Measures the members' clocks forever, publishing the verdict and switching heartbeats
@@ -165,7 +206,7 @@ pub(crate) async fn watch_clock(
     initial: watch::Receiver<Vec<(NodeId, String)>>,
 ) {
     // The last measurement of each member, with this node's wall clock and boot time then.
-    let mut last: BTreeMap<NodeId, (Sample, u64, crate::boot_clock::BootInstant)> = BTreeMap::new();
+    let mut last: BTreeMap<NodeId, Measured> = BTreeMap::new();
     let mut ticks = tokio::time::interval(CLOCK_CHECK_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -186,25 +227,16 @@ pub(crate) async fn watch_clock(
             }
         };
         let measured = futures::future::join_all(members.iter().map(|(_, addr)| sample(&peers, addr))).await;
-        let now = crate::boot_clock::BootInstant::now();
         last.retain(|member, _| members.iter().any(|(m, _)| m == member));
         for ((member, _), found) in members.iter().zip(measured) {
-            if let Some(s) = found {
-                last.insert(*member, (s, now_ms(), now));
+            if let Some(m) = found {
+                last.insert(*member, m);
             }
         }
-        let mut offsets_ms = BTreeMap::new();
-        let mut samples = Vec::new();
-        let wall_now = now_ms();
-        for (member, (s, taken_wall, taken)) in &last {
-            let elapsed = now.saturating_duration_since(*taken);
-            if elapsed <= SAMPLE_VALID {
-                let s = aged(*s, *taken_wall, wall_now, elapsed);
-                offsets_ms.insert(*member, s.offset_ms);
-                samples.push(s);
-            }
-        }
-        let ok = judge(&samples, members.len() + 1, max_offset_ms);
+        // One reading of both clocks for the aging and the anchor alike.
+        let (wall_now, now) = (now_ms(), crate::boot_clock::BootInstant::now());
+        let cluster_size = members.len() + 1;
+        let (ok, offsets_ms, agreed) = verdict(&last, wall_now, now, cluster_size, max_offset_ms);
         let was = health.borrow().ok;
         if was != Some(ok) {
             if ok {
@@ -213,14 +245,7 @@ pub(crate) async fn watch_clock(
                 tracing::warn!(?offsets_ms, max_offset_ms, "clock is off from the cluster; this node will not lead");
             }
         }
-        let agreed_at = if ok {
-            let cluster_ms =
-                i64::try_from(now_ms()).unwrap_or(i64::MAX).saturating_add(cluster_offset_ms(&samples, max_offset_ms));
-            Some((u64::try_from(cluster_ms).unwrap_or(0), crate::boot_clock::BootInstant::now()))
-        } else {
-            health.borrow().agreed_at
-        };
-        let cluster_size = members.len() + 1;
+        let agreed_at = agreed.or(health.borrow().agreed_at);
         health.send_replace(ClockHealth { ok: Some(ok), offsets_ms, agreed_at, max_offset_ms, cluster_size });
     }
 }
@@ -286,6 +311,27 @@ mod tests {
         // This node's wall clock jumped 30 s ahead meanwhile: the member is now 30 s behind.
         assert_eq!(aged(sample, 1_000, 32_000, Duration::from_secs(1)).offset_ms, 20 - 30_000);
         assert!(!agrees(&aged(sample, 1_000, 32_000, Duration::from_secs(1)), 500));
+    }
+
+    #[test]
+    fn a_jump_while_a_probe_is_out_is_seen_and_never_anchored() {
+        // The chaos campaign's failure: node 1's wall clock jumped +20 s while its probe of
+        // node 3 was out; the answer was filed under the wall time read after the jump, so
+        // the sample (taken on the old clock) vouched for the new one and the anchor moved
+        // 20 s ahead. Filed under the moment the probe left, it disagrees.
+        let left = crate::boot_clock::BootInstant::now();
+        let mut last = BTreeMap::new();
+        let on_old_clock = Measured { sample: s(3), taken_wall_ms: 1_000_000, taken: left };
+        last.insert(3, on_old_clock);
+        let after = left.plus(Duration::from_millis(300));
+        let (ok, offsets, agreed) = verdict(&last, 1_000_300 + 20_000, after, 3, 500);
+        assert!(!ok, "a clock 20 s off with one peer measured is off");
+        assert_eq!(offsets.get(&3), Some(&(3 - 20_000)));
+        assert_eq!(agreed, None, "a failed check never re-anchors stamps");
+        // Without the jump the same sample agrees, and the anchor is the one reading's.
+        let (ok, _, agreed) = verdict(&last, 1_000_300, after, 3, 500);
+        assert!(ok);
+        assert_eq!(agreed, Some((1_000_300 + 1, after)), "halfway to the one agreeing peer, rounded down");
     }
 
     /// The stamp of a leader whose wall clock jumped either way since its last good check,

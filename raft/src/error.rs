@@ -18,6 +18,13 @@ pub enum WriteError {
     /// The commands could not be encoded; nothing was proposed.
     #[error("invalid command: {0}")]
     Invalid(String),
+    /// The command needs a newer data format than the cluster's (a node still runs an older
+    /// release); nothing was proposed.
+    #[error(
+        "this needs data format {needs}, but the cluster is at format {current}: every node must run a raftbox \
+         that reads format {needs} first (docs/operations.md, \"Upgrading\")"
+    )]
+    FormatNotReached { needs: u32, current: u32 },
 }
 
 /// Why a node could not start.

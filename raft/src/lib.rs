@@ -26,6 +26,7 @@ mod boot_clock;
 mod clock;
 mod disk;
 mod error;
+mod format;
 mod lease;
 mod limiter;
 mod log_cache;

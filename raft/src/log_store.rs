@@ -127,8 +127,19 @@ fn range_to_indexes<RB: RangeBounds<u64>>(range: &RB) -> (u64, u64) {
     (start, end)
 }
 
-fn decode_entry(bytes: &[u8]) -> Result<Entry, RaftStorageError> {
-    serde_json::from_slice(bytes).map_err(|e| StorageIOError::read_logs(&e).into())
+pub(crate) fn decode_entry(bytes: &[u8]) -> Result<Entry, RaftStorageError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        // An entry of a newer format (a node downgraded past what the cluster writes) says
+        // so, instead of reading as damage.
+        match raftbox_storage::format::declared_entry_format(bytes) {
+            Some(format) if format > raftbox_storage::format::FORMAT => {
+                let why = raftbox_storage::format::too_new("a log entry", format);
+                tracing::error!("{why}");
+                StorageIOError::read_logs(&std::io::Error::other(why)).into()
+            }
+            _ => StorageIOError::read_logs(&e).into(),
+        }
+    })
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {

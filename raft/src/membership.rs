@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::format::ClusterFormat;
 use crate::network::Peers;
 use crate::pb::{FillBlocksRequest, StatusRequest};
 use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
@@ -106,14 +107,23 @@ pub(crate) fn members_of(metrics: &RaftMetrics) -> Vec<Member> {
 }
 
 /// Carries out `change` on this node, which must be the leader, by `deadline`.
+///
+/// An addition holds `format_gate` throughout, as the raising of the cluster's format does
+/// (`crate::format`), so the format never rises past what a node being added reads.
 pub(crate) async fn change_on_leader(
     raft: &Raft,
     peers: &Peers,
+    cluster_format: &ClusterFormat,
     change: &MembershipChange,
     deadline: Instant,
 ) -> Result<MembershipAnswer, MembershipError> {
     match change {
-        MembershipChange::Add { id, info } => add(raft, peers, *id, info, deadline).await,
+        MembershipChange::Add { id, info } => {
+            let _gate = tokio::time::timeout_at(deadline, cluster_format.gate.lock())
+                .await
+                .map_err(|_| MembershipError::Unavailable("the cluster's format is being raised; try again".into()))?;
+            add(raft, peers, cluster_format, *id, info, deadline).await
+        }
         MembershipChange::Remove { id } => remove(raft, *id, deadline).await,
     }
 }
@@ -121,6 +131,7 @@ pub(crate) async fn change_on_leader(
 async fn add(
     raft: &Raft,
     peers: &Peers,
+    cluster_format: &ClusterFormat,
     id: NodeId,
     info: &NodeInfo,
     deadline: Instant,
@@ -158,6 +169,14 @@ async fn add(
             "node {id} runs a version without incarnations: upgrade it before adding it"
         )));
     }
+    let format = cluster_format.current();
+    if status.format < format {
+        return Err(MembershipError::Invalid(format!(
+            "node {id} reads data formats up to {}, but the cluster is at format {format}: run the same raftbox \
+             on it as on the other nodes (docs/operations.md, \"Upgrading\")",
+            status.format
+        )));
+    }
     let info = &NodeInfo { incarnation: Some(status.incarnation.clone()), ..info.clone() };
     match existing {
         Some(m) if m.info.incarnation.is_some() && m.info.incarnation != info.incarnation => {
@@ -185,6 +204,17 @@ async fn add(
         let members = members_of(&raft.metrics().borrow());
         tracing::info!(node = id, %why, "learner still filling in blocks; not promoted yet");
         return Ok(MembershipAnswer { members, complete: false });
+    }
+    // Checked again: a leader before this one may have raised the format meanwhile.
+    let format = cluster_format.current();
+    match peer_status(peers, &info.grpc_addr, IDENTITY_PROBE_TIMEOUT).await {
+        Some(status) if status.format >= format => {}
+        _ => {
+            return Err(MembershipError::Invalid(format!(
+                "node {id} did not confirm that it reads the cluster's data format {format}; it stays a learner \
+                 (remove it, or upgrade it and add it again)"
+            )))
+        }
     }
     let promoted =
         tokio::time::timeout_at(deadline, raft.change_membership(ChangeMembers::AddVoterIds([id].into()), true)).await;
@@ -396,7 +426,12 @@ pub(crate) struct PeerStatus {
     pub initialized: bool,
     pub last_log_index: u64,
     pub incarnation: String,
+    /// The newest data format it reads (2 for a node too old to say).
+    pub format: u32,
 }
+
+/// The format of a node that does not report one: the last before reports began.
+const FORMAT_BEFORE_REPORTS: u32 = 2;
 
 /// Asks the node at `addr` for its status, within `timeout`; `None` if it did not answer.
 pub(crate) async fn peer_status(peers: &Peers, addr: &str, timeout: Duration) -> Option<PeerStatus> {
@@ -408,5 +443,6 @@ pub(crate) async fn peer_status(peers: &Peers, addr: &str, timeout: Duration) ->
         initialized: reply.initialized,
         last_log_index: reply.last_log_index,
         incarnation: reply.incarnation,
+        format: if reply.format == 0 { FORMAT_BEFORE_REPORTS } else { reply.format },
     })
 }

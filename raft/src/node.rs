@@ -16,6 +16,7 @@ use crate::boot_clock::BootInstant;
 use crate::clock::{watch_clock, ClockHealth};
 use crate::disk::DiskHealth;
 use crate::error::{StartError, WriteError};
+use crate::format::ClusterFormat;
 use crate::lease::{lease_for, Promises};
 use crate::limiter::{Limiter, LimiterContext};
 use crate::log_cache::LogCache;
@@ -61,6 +62,9 @@ pub struct RaftSettings {
     /// Free space below which the data directory's disk counts as full (see
     /// [`crate::disk`]).
     pub min_free_disk_bytes: u64,
+    /// The newest data format this node says it reads ([`raftbox_storage::format::FORMAT`];
+    /// lower only where a test stands in for a node of an older release).
+    pub reads_format: u32,
 }
 
 impl Default for RaftSettings {
@@ -76,6 +80,7 @@ impl Default for RaftSettings {
             max_clock_offset_ms: 500,
             membership_timeout_ms: 30_000,
             min_free_disk_bytes: 64 << 20,
+            reads_format: raftbox_storage::format::FORMAT,
         }
     }
 }
@@ -119,6 +124,8 @@ struct Inner {
     state: StateMachine,
     proposer: Proposer,
     limiter: Limiter,
+    /// The cluster's data format and the gate of its raising ([`crate::format`]).
+    cluster_format: ClusterFormat,
     peers: Peers,
     secret: ClusterSecret,
     tls: Option<NodeTls>,
@@ -246,6 +253,13 @@ impl RaftNode {
         let identity = membership::load_identity(&db)?;
         let vote_right = watch::Sender::new(VoteRight::NotVoter);
         let state = StateMachine::new(db.clone());
+        let stored_format = state.schema()?;
+        if stored_format > raftbox_storage::format::FORMAT {
+            return Err(StartError::Storage(raftbox_storage::StorageError::TooNew(raftbox_storage::format::too_new(
+                "the replicated state of this data directory",
+                stored_format,
+            ))));
+        }
         let sm_store = StateMachineStore::new(state.clone()).map_err(StartError::raft)?;
         let applied = sm_store.clone();
         let peers = Peers::with_tls(secret.clone(), tls.clone());
@@ -316,6 +330,8 @@ impl RaftNode {
             write_timeout: Duration::from_millis(settings.write_timeout_ms),
             promises: promises.clone(),
         });
+        let cluster_format = ClusterFormat::new(state.clone(), settings.reads_format);
+        tokio::spawn(crate::format::raise(id, raft.clone(), peers.clone(), proposer.clone(), cluster_format.clone()));
         let blocks = Blocks::new(id, blocks, raft.clone(), peers.clone());
         let (barrier_rounds, barrier_waiting) = ReadRounds::new();
         let (leader_rounds, leader_waiting) = ReadRounds::new();
@@ -331,6 +347,7 @@ impl RaftNode {
             state,
             proposer,
             limiter,
+            cluster_format,
             peers,
             secret,
             tls,
@@ -376,6 +393,16 @@ impl RaftNode {
 
     pub fn id(&self) -> NodeId {
         self.inner.id
+    }
+
+    /// The newest data format this node reads (what it tells peers; see [`crate::format`]).
+    pub fn reads_format(&self) -> u32 {
+        self.inner.cluster_format.reads
+    }
+
+    /// The cluster's data format as applied on this node (see [`crate::format`]).
+    pub fn cluster_format(&self) -> u32 {
+        self.inner.cluster_format.current()
     }
 
     /// Whether this node may vote (a node that lost its data may not; see
@@ -446,7 +473,14 @@ impl RaftNode {
                 .await
                 .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
             let result = if leader == self.inner.id {
-                membership::change_on_leader(&self.inner.raft, &self.inner.peers, &change, deadline).await
+                membership::change_on_leader(
+                    &self.inner.raft,
+                    &self.inner.peers,
+                    &self.inner.cluster_format,
+                    &change,
+                    deadline,
+                )
+                .await
             } else {
                 self.forward_membership(&addr, &change, deadline).await
             };
@@ -474,7 +508,8 @@ impl RaftNode {
             return Err(MembershipError::NotLeader);
         }
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.membership_timeout_ms);
-        membership::change_on_leader(&self.inner.raft, &self.inner.peers, change, deadline).await
+        membership::change_on_leader(&self.inner.raft, &self.inner.peers, &self.inner.cluster_format, change, deadline)
+            .await
     }
 
     /// Fetches every block the chunk index names and this node lacks, once this node has
@@ -636,6 +671,7 @@ impl RaftNode {
     /// Applies one command through the leader (batched with concurrent ones), within the
     /// write timeout.
     pub async fn write(&self, command: Command) -> Result<Outcome, WriteError> {
+        self.inner.cluster_format.admits(&command)?;
         let mut outcomes = self.inner.proposer.submit(vec![command]).await?;
         outcomes.pop().ok_or_else(|| WriteError::Unknown("no outcome for the command".into()))
     }

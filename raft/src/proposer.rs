@@ -118,7 +118,7 @@ fn check_depth(encoded: &[u8]) -> Result<(), WriteError> {
 /// and the log store hold it shallower) — measured once from a real encoding.
 fn commands_level() -> usize {
     static LEVEL: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
-        let batch = Batch { now_ms: 0, commands: std::sync::Arc::from(Vec::new()) };
+        let batch = Batch::new(0, std::sync::Arc::from(Vec::new()));
         let request = openraft::raft::AppendEntriesRequest::<TypeConfig> {
             vote: Vote::default(),
             prev_log_id: None,
@@ -210,7 +210,7 @@ async fn commit(ctx: &ProposerContext, units: &[Unit], deadline: Instant) -> Res
                 clock.stamp()
             };
             let commands = units.iter().flat_map(|u| u.commands.iter().cloned()).collect();
-            return propose(&ctx.raft, Batch { now_ms: stamp, commands }, deadline).await;
+            return propose(&ctx.raft, Batch::new(stamp, commands), deadline).await;
         }
         let encoded = join_encoded(units);
         match forward(&ctx.peers, &addr, encoded, deadline).await? {
@@ -397,7 +397,7 @@ mod tests {
         for levels in 60..140 {
             let commands = vec![deep_job(levels)];
             let encoded = serde_json::to_vec(&commands).expect("encode");
-            let batch = Batch { now_ms: 1, commands: commands.into() };
+            let batch = Batch::new(1, commands.into());
             let entry = Entry { log_id: LogId::default(), payload: openraft::EntryPayload::Normal(batch) };
             let request = openraft::raft::AppendEntriesRequest::<TypeConfig> {
                 vote: Vote::default(),

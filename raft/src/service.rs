@@ -156,9 +156,12 @@ impl RaftService for RaftGrpc {
                     serde_json::to_vec(&outcomes).map_err(|e| Status::internal(format!("encode outcomes: {e}")))?,
                 ),
                 Err(WriteError::ShuttingDown) => return Err(Status::unavailable("leader is shutting down")),
-                Err(e @ (WriteError::Unavailable(_) | WriteError::TooLarge { .. } | WriteError::Invalid(_))) => {
-                    ForwardResult::Unavailable(e.to_string())
-                }
+                Err(
+                    e @ (WriteError::Unavailable(_)
+                    | WriteError::TooLarge { .. }
+                    | WriteError::Invalid(_)
+                    | WriteError::FormatNotReached { .. }),
+                ) => ForwardResult::Unavailable(e.to_string()),
                 Err(e @ WriteError::Unknown(_)) => ForwardResult::Unknown(e.to_string()),
             }
         };
@@ -237,6 +240,7 @@ impl RaftService for RaftGrpc {
             voter_ids: metrics.membership_config.membership().voter_ids().collect(),
             last_log_index: metrics.last_log_index.unwrap_or(0),
             incarnation: self.node.incarnation().to_owned(),
+            format: self.node.reads_format(),
         }))
     }
 

@@ -13,13 +13,25 @@ use crate::ratelimit::{Algorithm, Decision, LimitState};
 use crate::records::{Grantee, IdempotencyResult, Role, SavedResponse};
 
 /// One log entry's worth of commands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     /// The leader's wall clock when it proposed this batch, Unix milliseconds.
     pub now_ms: u64,
     /// Shared, so a copy of the entry (openraft keeps several: the append, replication to
     /// each follower, apply) costs a reference count, not the commands. Encoded as a list.
     pub commands: std::sync::Arc<[Command]>,
+    /// The oldest data format that reads this entry: the highest [`Command::format`] of its
+    /// commands ([`crate::format`]). 1 in entries written before formats were recorded.
+    #[serde(default = "crate::format::unrecorded")]
+    pub format: u32,
+}
+
+impl Batch {
+    /// A batch of `commands` stamped `now_ms`, with the format they need.
+    pub fn new(now_ms: u64, commands: std::sync::Arc<[Command]>) -> Batch {
+        let format = commands.iter().map(Command::format).max().unwrap_or(crate::format::unrecorded());
+        Batch { now_ms, commands, format }
+    }
 }
 
 /// The deepest nesting of arrays and objects the JSON decoder of every node takes (serde_json's
@@ -269,10 +281,19 @@ pub enum Command {
         user_id: String,
         member: bool,
     },
-    /// Brings stored data up to `schema` (each node proposes it at start; once done it
-    /// changes nothing). Schema 2 rebuilds the per-namespace chunk references.
+    /// Brings stored data up to data format `schema` and makes it the cluster's format
+    /// ([`crate::format`]; the leader proposes it once every member reads that format; once
+    /// done it changes nothing). Format 2 rebuilds the per-namespace chunk references.
     Migrate {
         schema: u32,
+    },
+    /// Replaces the cluster's runtime limits (rate limits, job limits, quotas: the API's
+    /// `LimitsConfig`, checked whole before proposing) with `limits`. With `seed`, only if
+    /// none are set yet (the bootstrap node seeds them from its TOML). Format 3.
+    SetLimits {
+        limits: serde_json::Value,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        seed: bool,
     },
     /// `ClaimJobs` and `StartRun` in one command: claims due jobs and jobs whose lease expired
     /// for `worker` (fence incremented) and starts each one's attempt in the same apply — the
@@ -284,6 +305,50 @@ pub enum Command {
         run_ids: Vec<String>,
         run_ttl_ms: u64,
     },
+}
+
+impl Command {
+    /// The oldest data format that reads this command ([`crate::format`]). Every variant is
+    /// named, so a command added later must say here which format it needs: older nodes
+    /// cannot decode it, and it is proposed only once the cluster is at that format.
+    pub fn format(&self) -> u32 {
+        match self {
+            Command::Migrate { schema } => (*schema).max(crate::format::unrecorded()),
+            Command::SetLimits { .. } => 3,
+            Command::Idempotent { command, .. } | Command::Once { command, .. } => command.format(),
+            Command::CreateUser { .. }
+            | Command::CreateToken { .. }
+            | Command::RevokeToken { .. }
+            | Command::EnsureAdmin { .. }
+            | Command::IdempotencyBegin { .. }
+            | Command::IdempotencyComplete { .. }
+            | Command::IdempotencyRelease { .. }
+            | Command::RateCheck { .. }
+            | Command::RateSet { .. }
+            | Command::RegisterChunk { .. }
+            | Command::CommitFile(_)
+            | Command::MoveFile(_)
+            | Command::ExpireVersions { .. }
+            | Command::CollectOrphans { .. }
+            | Command::CreateJob(_)
+            | Command::CreateJobWithin { .. }
+            | Command::PatchJob { .. }
+            | Command::CancelJob { .. }
+            | Command::ClaimJobs { .. }
+            | Command::StartRun { .. }
+            | Command::RenewLease { .. }
+            | Command::FinishRun(_)
+            | Command::ExpireRuns { .. }
+            | Command::PurgeExpired { .. }
+            | Command::CreateSharedFolder { .. }
+            | Command::SetAccess { .. }
+            | Command::RespondInvitation { .. }
+            | Command::DeleteSharedFolder { .. }
+            | Command::CreateGroup { .. }
+            | Command::SetGroupMember { .. }
+            | Command::ClaimAndStartJobs { .. } => crate::format::unrecorded(),
+        }
+    }
 }
 
 /// What applied commands may have changed for the notification channels: which change
@@ -353,6 +418,7 @@ impl Touched {
             | Command::PurgeExpired { .. }
             | Command::CreateGroup { .. }
             | Command::Migrate { .. }
+            | Command::SetLimits { .. }
             | Command::ClaimAndStartJobs { .. } => {}
         }
     }

@@ -91,7 +91,31 @@ impl Db {
                 .ok_or_else(|| StorageError::Corrupt("unknown live state column family".into()))?,
         };
         db.live_state.store(live, Ordering::SeqCst);
+        db.check_format()?;
         Ok(db)
+    }
+
+    /// Refuses a data directory last opened by code of a newer format ([`crate::format`]);
+    /// records this code's format otherwise (synced, before anything else is written).
+    fn check_format(&self) -> Result<(), StorageError> {
+        let current = crate::format::FORMAT;
+        let stored = match self.meta_get(keys::meta::FORMAT)? {
+            None => None,
+            Some(raw) => Some(
+                std::str::from_utf8(&raw)
+                    .ok()
+                    .and_then(|text| text.parse::<u32>().ok())
+                    .ok_or_else(|| StorageError::Corrupt("the data directory's format record is unreadable".into()))?,
+            ),
+        };
+        match stored {
+            Some(format) if format > current => Err(StorageError::TooNew(crate::format::too_new(
+                &format!("the data directory {}", self.inner.path().display()),
+                format,
+            ))),
+            Some(format) if format == current => Ok(()),
+            _ => self.meta_put(keys::meta::FORMAT, current.to_string().as_bytes(), true),
+        }
     }
 
     pub(crate) fn rocks(&self) -> &DB {
@@ -290,5 +314,25 @@ mod tests {
         let db = Db::open(dir.path()).expect("reopen");
         assert_eq!(db.log_range(1, 2).expect("range"), vec![(1, b"a".to_vec())]);
         assert_eq!(db.meta_get(keys::meta::VOTE).expect("vote"), Some(b"v".to_vec()));
+    }
+
+    #[test]
+    fn a_data_directory_of_a_newer_format_is_refused_and_an_older_one_is_marked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = Db::open(dir.path()).expect("open");
+            assert_eq!(db.meta_get(keys::meta::FORMAT).expect("format"), Some(b"3".to_vec()));
+            db.meta_put(keys::meta::FORMAT, b"4", true).expect("put");
+        }
+        let error = Db::open(dir.path()).expect_err("a newer format is refused");
+        assert!(matches!(error, StorageError::TooNew(_)), "{error}");
+        assert!(error.to_string().contains("data format 4"), "{error}");
+        {
+            // Opened by a raftbox of format 2 (which records nothing and leaves it as it is).
+            let raw = rocksdb::DB::open_cf(&Options::default(), dir.path(), cf::ALL).expect("open as is");
+            raw.put_cf(raw.cf_handle(cf::RAFT_META).expect("meta"), keys::meta::FORMAT, b"2").expect("put");
+        }
+        let db = Db::open(dir.path()).expect("an older format opens");
+        assert_eq!(db.meta_get(keys::meta::FORMAT).expect("format"), Some(b"3".to_vec()));
     }
 }

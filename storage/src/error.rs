@@ -11,6 +11,10 @@ pub enum StorageError {
     Corrupt(String),
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// Data in a newer format than this code reads (see [`crate::format`]): the message
+    /// says which and what to do.
+    #[error("{0}")]
+    TooNew(String),
 }
 
 impl StorageError {

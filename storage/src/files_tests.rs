@@ -12,7 +12,7 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn apply(sm: &StateMachine, command: Command) -> Outcome {
-    let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command].into() })).expect("apply");
+    let mut out = sm.apply(b"m", Some(&Batch::new(1, vec![command].into()))).expect("apply");
     out.pop().expect("one outcome")
 }
 
@@ -294,8 +294,7 @@ fn retention_counts_from_when_a_version_was_superseded() {
     let (_dir, sm) = open();
     with_chunks(&sm, &["a", "b"]);
     apply(&sm, commit("/f", &["a"], 0, "d", "1"));
-    sm.apply(b"m", Some(&Batch { now_ms: 5_000, commands: vec![commit("/f", &["b"], 1, "d", "2")].into() }))
-        .expect("apply");
+    sm.apply(b"m", Some(&Batch::new(5_000, vec![commit("/f", &["b"], 1, "d", "2")].into()))).expect("apply");
     let expire = |before| Command::ExpireVersions { superseded_before_ms: before, max_versions: 10 };
     assert_eq!(apply(&sm, expire(4_999)), Outcome::Collected { removed: 0, more: false });
     assert_eq!(apply(&sm, expire(5_000)), Outcome::Collected { removed: 1, more: false });
@@ -349,7 +348,7 @@ fn a_commit_naming_a_hundred_thousand_missing_chunks_is_judged_in_linear_time() 
 
 fn apply_all(sm: &StateMachine, commands: Vec<Command>) {
     for batch in commands.chunks(500) {
-        sm.apply(b"m", Some(&Batch { now_ms: 1, commands: batch.to_vec().into() })).expect("apply");
+        sm.apply(b"m", Some(&Batch::new(1, batch.to_vec().into()))).expect("apply");
     }
 }
 

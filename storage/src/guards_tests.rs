@@ -12,7 +12,7 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn apply(sm: &StateMachine, now_ms: u64, command: Command) -> Outcome {
-    let mut outcomes = sm.apply(b"m", Some(&Batch { now_ms, commands: vec![command].into() })).expect("apply");
+    let mut outcomes = sm.apply(b"m", Some(&Batch::new(now_ms, vec![command].into()))).expect("apply");
     outcomes.pop().expect("one outcome")
 }
 

@@ -15,7 +15,7 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn at(sm: &StateMachine, now_ms: u64, command: Command) -> Outcome {
-    let mut out = sm.apply(b"m", Some(&Batch { now_ms, commands: vec![command].into() })).expect("apply");
+    let mut out = sm.apply(b"m", Some(&Batch::new(now_ms, vec![command].into()))).expect("apply");
     out.pop().expect("one outcome")
 }
 
@@ -356,7 +356,7 @@ fn claim_and_start_takes_at_most_one_job_per_run_id_in_due_order() {
         run_ttl_ms: RUN_TTL_MS,
     };
     let commands = vec![claim_one("w1"), claim_one("w2"), claim_one("w3"), claim_one("w4")];
-    let outcomes = sm.apply(b"m", Some(&Batch { now_ms: 100, commands: commands.into() })).expect("apply");
+    let outcomes = sm.apply(b"m", Some(&Batch::new(100, commands.into()))).expect("apply");
     let taken: Vec<Vec<String>> = outcomes
         .iter()
         .map(|o| match o {
@@ -424,14 +424,14 @@ fn claims_start_at_the_floor_and_no_due_job_is_ever_left_below_it() {
     let both = sm
         .apply(
             b"m",
-            Some(&Batch {
-                now_ms: 2_000,
-                commands: vec![
+            Some(&Batch::new(
+                2_000,
+                vec![
                     Command::CreateJob(Box::new(job("same", Schedule::Once { run_at_ms: 1_500 }, 0))),
                     Command::ClaimJobs { worker: "w".into(), lease_ms: 500, max_jobs: 10 },
                 ]
                 .into(),
-            }),
+            )),
         )
         .expect("apply");
     assert_eq!(both[1], Outcome::JobsClaimed { jobs: Vec::new() });
@@ -458,7 +458,7 @@ fn the_active_job_quota_is_checked_in_apply_and_follows_every_status() {
     let once = |id: &str| job(id, Schedule::Once { run_at_ms: 1_000 }, 0);
     let within = |j: Job| Command::CreateJobWithin { job: Box::new(j), active_jobs_max: 2 };
     // Three creations in one entry (as parallel requests batched together): two pass.
-    let batch = Batch { now_ms: 1, commands: vec![within(once("a")), within(once("b")), within(once("c"))].into() };
+    let batch = Batch::new(1, vec![within(once("a")), within(once("b")), within(once("c"))].into());
     let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
     assert_eq!(outcomes[..2], [Outcome::Done, Outcome::Done]);
     assert!(matches!(&outcomes[2], Outcome::Rejected(Rejection::LimitReached(_))), "{outcomes:?}");

@@ -26,6 +26,9 @@ pub mod meta {
     /// This data directory's incarnation: a random id written (durably) before the node
     /// first speaks to anyone; the membership records it (raft::membership).
     pub const INCARNATION: &[u8] = b"incarnation";
+    /// The data format of the code that last opened the data directory (a decimal number;
+    /// absent before format 3; see [`crate::format`]).
+    pub const FORMAT: &[u8] = b"format";
     /// Present when the incarnation was taken by a data directory that already held Raft
     /// state from a version without incarnations (its membership record names none).
     pub const INCARNATION_LEGACY: &[u8] = b"incarnation_legacy";
@@ -439,9 +442,14 @@ pub fn queue_floor(index_key: &[u8]) -> Vec<u8> {
     tagged(tag::SYSTEM, &rest)
 }
 
-/// The stored data-format version (see `sharing::migrate`).
+/// The cluster's data format (see [`crate::format`] and `sharing::migrate`).
 pub fn schema() -> Vec<u8> {
     tagged(tag::SYSTEM, b"schema")
+}
+
+/// The cluster's runtime limits ([`crate::limits`]).
+pub fn limits() -> Vec<u8> {
+    tagged(tag::SYSTEM, b"limits")
 }
 
 /// Chunk index entry of a block.

@@ -3,6 +3,8 @@
 //! - [`cf`]: column-family names (the storage layout, part 1).
 //! - [`keys`]: key encodings (the storage layout, part 2).
 //! - [`db`]: opening the database; raw Raft-log and Raft-metadata access.
+//! - [`format`]: the data formats (of the data directory, log entries, the state) and the
+//!   rules that keep an older node from being sent what it cannot read.
 //! - [`command`]: the replicated commands and their outcomes (what travels in the log).
 //! - [`records`]: the stored records of the state machine.
 //! - [`blocks`]: the on-disk, content-addressed block store.
@@ -12,7 +14,7 @@
 //! - [`accounts`], [`chunks`], [`files`], [`jobs`], [`sharing`], `guards`: the apply logic and
 //!   queries of users and tokens, the chunk index, files and versions, the scheduler, shared
 //!   folders, ACLs, groups and the permission rule, and the request guards (idempotency,
-//!   processed messages, rate limits).
+//!   processed messages, rate limits); [`limits`]: the replicated runtime limits.
 //! - [`paths`], [`schedule`], [`ratelimit`]: pure domain values and functions (paths and
 //!   conflicted-copy names, cron fires, rate-limit algorithms).
 //!
@@ -30,9 +32,11 @@ pub mod db;
 mod error;
 pub mod files;
 mod floor;
+pub mod format;
 mod guards;
 pub mod jobs;
 pub mod keys;
+pub mod limits;
 pub mod paths;
 pub mod ratelimit;
 pub mod records;

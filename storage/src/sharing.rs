@@ -16,8 +16,6 @@ use crate::records::{AclEntry, FileRecord, Grantee, Group, Namespace, NamespaceK
 use crate::state::{Reads, StateMachine, Txn};
 use crate::{keys, StorageError};
 
-/// The data format this code writes; `Migrate` brings older stored data up to it.
-pub const SCHEMA_CURRENT: u32 = 2;
 /// ACL entries of one shared folder, at most (a grant beyond is refused): the owner count
 /// a grant or revoke checks reads them all.
 pub const ACL_ENTRIES_MAX: usize = 1_000;
@@ -469,18 +467,27 @@ pub(crate) fn set_group_member(
     Ok(Outcome::Done)
 }
 
-/// Brings the stored data up to `schema`. Schema 2 (sharing) rebuilds the per-namespace
-/// chunk references from every stored version, so blocks committed before block scoping
-/// stay readable by the readers of their namespaces. Done once; later proposals change
-/// nothing.
+/// Brings the stored data up to format `schema` ([`crate::format`]) and records it as the
+/// cluster's format. Format 2 (sharing) rebuilds the per-namespace chunk references from
+/// every stored version, so blocks committed before block scoping stay readable by the
+/// readers of their namespaces; format 3 changes no stored data. Done once; later proposals
+/// change nothing.
 pub(crate) fn migrate(txn: &mut Txn<'_>, schema: u32) -> Result<Outcome, StorageError> {
     let stored = txn.get::<u32>("schema", &keys::schema())?.unwrap_or(1);
     if schema <= stored {
         return Ok(Outcome::Done);
     }
-    if schema > SCHEMA_CURRENT {
+    if schema > crate::format::FORMAT {
         return Ok(Outcome::Rejected(Rejection::Invalid(format!("schema {schema} is unknown to this node"))));
     }
+    if stored < 2 {
+        rebuild_chunk_references(txn)?;
+    }
+    txn.put(keys::schema(), &schema);
+    Ok(Outcome::Done)
+}
+
+fn rebuild_chunk_references(txn: &mut Txn<'_>) -> Result<(), StorageError> {
     // The one apply not bounded by a named limit: a one-time upgrade of data written before
     // sharing, proposed by the node itself at start, never by a request.
     let (start, end) = keys::chunk_namespace_all();
@@ -509,8 +516,7 @@ pub(crate) fn migrate(txn: &mut Txn<'_>, schema: u32) -> Result<Outcome, Storage
             }
         }
     }
-    txn.put(keys::schema(), &schema);
-    Ok(Outcome::Done)
+    Ok(())
 }
 
 /// A namespace the caller can access, with their role.
@@ -686,7 +692,8 @@ impl StateMachine {
         self.group_members_page(group_id, None, usize::MAX)
     }
 
-    /// The stored data format (1 before any migration).
+    /// The cluster's data format, as replicated (1 before any migration; see
+    /// [`crate::format`]).
     pub fn schema(&self) -> Result<u32, StorageError> {
         Ok(self.read::<u32>("schema", &keys::schema())?.unwrap_or(1))
     }

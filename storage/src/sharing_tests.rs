@@ -14,7 +14,7 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 }
 
 fn apply_raw(sm: &StateMachine, command: Command) -> Outcome {
-    let mut out = sm.apply(b"m", Some(&Batch { now_ms: 1, commands: vec![command].into() })).expect("apply");
+    let mut out = sm.apply(b"m", Some(&Batch::new(1, vec![command].into()))).expect("apply");
     out.pop().expect("one outcome")
 }
 
@@ -186,10 +186,10 @@ fn the_last_owner_stays() {
     ));
     apply(&sm, set("ann", user("bob"), Some(Role::Owner)));
     // Two owners demoting each other in one entry: the second finds the last owner.
-    let both = Batch {
-        now_ms: 2,
-        commands: vec![set("ann", user("bob"), Some(Role::Editor)), set("bob", user("ann"), Some(Role::Editor))].into(),
-    };
+    let both = Batch::new(
+        2,
+        vec![set("ann", user("bob"), Some(Role::Editor)), set("bob", user("ann"), Some(Role::Editor))].into(),
+    );
     let outcomes = sm.apply(b"m", Some(&both)).expect("apply");
     assert_eq!(outcomes[0], Outcome::Done);
     assert!(matches!(outcomes[1], Outcome::Rejected(Rejection::Forbidden(_))), "{outcomes:?}");
@@ -226,11 +226,10 @@ fn writes_are_judged_in_apply_with_their_actor() {
     }));
     assert!(matches!(apply(&sm, moved), Outcome::Rejected(Rejection::Forbidden(_))));
     // Promoted in the log before the commit: the commit is allowed.
-    let batch = Batch {
-        now_ms: 3,
-        commands: vec![set("ann", user("bob"), Some(Role::Editor)), commit("bob", "team", "/y", &["b"], 0, "phone")]
-            .into(),
-    };
+    let batch = Batch::new(
+        3,
+        vec![set("ann", user("bob"), Some(Role::Editor)), commit("bob", "team", "/y", &["b"], 0, "phone")].into(),
+    );
     let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
     assert!(matches!(outcomes[1], Outcome::FileCommitted { .. }), "{outcomes:?}");
     // A commit without an actor (an entry from before sharing) keeps its old meaning.
@@ -294,8 +293,7 @@ fn deleting_a_folder_hides_it_at_once_and_drops_everything_in_bounded_steps() {
     assert!(matches!(apply(&sm, delete("bob")), Outcome::Rejected(Rejection::Forbidden(_))));
     assert!(matches!(apply(&sm, delete("cat")), Outcome::Rejected(Rejection::NotFound(_))));
     // A commit and the deletion in one entry: the new file goes too.
-    let batch =
-        Batch { now_ms: 5, commands: vec![commit("bob", "team", "/late", &["a"], 0, "d"), delete("ann")].into() };
+    let batch = Batch::new(5, vec![commit("bob", "team", "/late", &["a"], 0, "d"), delete("ann")].into());
     let outcomes = sm.apply(b"m", Some(&batch)).expect("apply");
     assert_eq!(outcomes[1], Outcome::Done, "{outcomes:?}");
     // Gone for everyone at once: no role, no listing, no write, no second deletion.
@@ -330,7 +328,7 @@ fn a_folder_of_thousands_of_files_is_deleted_by_steps_of_bounded_work() {
     let files = 3_000;
     let commits: Vec<Command> = (0..files).map(|i| commit("ann", "team", &format!("/f{i}"), &["a"], 0, "d")).collect();
     for batch in commits.chunks(500) {
-        sm.apply(b"m", Some(&Batch { now_ms: 2, commands: batch.to_vec().into() })).expect("apply");
+        sm.apply(b"m", Some(&Batch::new(2, batch.to_vec().into()))).expect("apply");
     }
     apply(&sm, commit("ann", "team", "/f0", &["a", "a"], 1, "d"));
     let delete = Command::DeleteSharedFolder { actor_user_id: "ann".into(), namespace_id: "team".into() };

@@ -233,6 +233,11 @@ impl StateMachine {
         let mut txn = Txn { db: &self.db, overlay: BTreeMap::new(), index_inserts: HashMap::new(), now_ms };
         let mut outcomes = Vec::new();
         if let Some(batch) = batch {
+            // An entry this code cannot read stops the node before anything of it is applied:
+            // applying what it understands of it would make its state differ from the others'.
+            if batch.format > crate::format::FORMAT {
+                return Err(StorageError::TooNew(crate::format::too_new("a log entry", batch.format)));
+            }
             outcomes.reserve(batch.commands.len());
             for command in batch.commands.iter() {
                 outcomes.push(apply_command(&mut txn, command)?);
@@ -359,6 +364,7 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
             sharing::set_group_member(txn, group_id, user_id, *member)
         }
         Command::Migrate { schema } => sharing::migrate(txn, *schema),
+        Command::SetLimits { limits, seed } => crate::limits::set(txn, limits, *seed),
         Command::ClaimAndStartJobs { worker, lease_ms, run_ids, run_ttl_ms } => {
             let starts = jobs::RunStarts { run_ids, run_ttl_ms: *run_ttl_ms };
             jobs::claim(txn, worker, *lease_ms, run_ids.len(), Some(starts))

@@ -14,7 +14,7 @@ fn create_user(id: &str, name: &str) -> Command {
 }
 
 fn batch(now_ms: u64, commands: Vec<Command>) -> Batch {
-    Batch { now_ms, commands: commands.into() }
+    Batch::new(now_ms, commands.into())
 }
 
 #[test]

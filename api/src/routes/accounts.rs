@@ -145,7 +145,7 @@ pub struct MeView {
 /// stored bytes are this node's (one point read).
 pub async fn me(State(state): State<AppState>, principal: Principal) -> Result<Json<MeView>, ApiError> {
     let stored_bytes = state.node.state().stored_bytes(&principal.user.id)?;
-    let quota_bytes = (!principal.user.admin).then_some(state.config.quotas.stored_bytes_per_user);
+    let quota_bytes = (!principal.user.admin).then_some(state.limits.get().quotas.stored_bytes_per_user);
     let user = principal.user;
     Ok(Json(MeView { user_id: user.id, name: user.name, namespace_id: user.namespace_id, stored_bytes, quota_bytes }))
 }

@@ -84,7 +84,7 @@ pub async fn put(
     let uploader = caller.user.id.clone();
     // The quota is judged in apply; a block that plainly does not fit is refused before its
     // bytes are written anywhere.
-    let quota_bytes = (!caller.user.admin).then_some(state.config.quotas.stored_bytes_per_user);
+    let quota_bytes = (!caller.user.admin).then_some(state.limits.get().quotas.stored_bytes_per_user);
     let register = |uploader| Command::RegisterChunk { hash, size, uploader, quota_bytes };
     let registered = |outcome: Outcome| match outcome {
         Outcome::Rejected(rejection) => Err(ApiError::from(rejection)),

@@ -61,7 +61,8 @@ fn check_limits(state: &AppState, principal: &Principal, schedule: &Schedule, fi
     if principal.user.admin {
         return Ok(());
     }
-    let limits = &state.config.job_limits;
+    let in_force = state.limits.get();
+    let limits = &in_force.job_limits;
     if let Schedule::Cron(cron) = schedule {
         let min_ms = limits.min_cron_interval_s.saturating_mul(1_000);
         if shortest_interval_ms(cron, first).is_some_and(|gap| gap < min_ms) {
@@ -175,7 +176,8 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
     let command = if principal.user.admin {
         Command::CreateJob(Box::new(job))
     } else {
-        let active_jobs_max = u32::try_from(state.config.job_limits.active_jobs_per_owner_max).unwrap_or(u32::MAX);
+        let active_jobs_max =
+            u32::try_from(state.limits.get().job_limits.active_jobs_per_owner_max).unwrap_or(u32::MAX);
         Command::CreateJobWithin { job: Box::new(job), active_jobs_max }
     };
     keyed.write(&state, &principal, command, success).await

@@ -72,6 +72,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/cluster/members", get(cluster::list).post(cluster::add))
         .route("/v1/admin/cluster/members/{id}", axum::routing::delete(cluster::remove))
         .route("/v1/admin/backup", get(backup::backup))
+        .route("/v1/admin/limits", get(crate::runtime_limits::get).put(crate::runtime_limits::put))
         .route("/v1/admin/blocks/{hash}", get(backup::block))
         .route("/v1/admin/users", post(accounts::create_user))
         .route("/v1/admin/users/{user_id}", get(accounts::get_user))

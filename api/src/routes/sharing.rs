@@ -66,7 +66,7 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
     let name = json::name("name", &request.name)?;
     let namespace_id = new_id();
     let body = json!({ "namespaceId": namespace_id, "kind": "shared_folder", "name": name, "role": "owner" });
-    let folders_max = (!principal.user.admin).then_some(state.config.quotas.folders_per_user);
+    let folders_max = (!principal.user.admin).then_some(state.limits.get().quotas.folders_per_user);
     let command =
         Command::CreateSharedFolder { namespace_id, name, owner_user_id: principal.user.id.clone(), folders_max };
     keyed.write(&state, &principal, command, Success::created(body)).await

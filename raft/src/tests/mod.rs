@@ -1,6 +1,7 @@
 //! Tests of the raft crate against its internals: openraft's storage conformance suite against the
 //! real RocksDB-backed log store and state machine, and streamed snapshots.
 
+mod format_fixture;
 mod snapshot_stream;
 
 use std::sync::{Mutex, MutexGuard};

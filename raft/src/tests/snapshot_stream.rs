@@ -51,7 +51,7 @@ fn job(id: u64) -> Command {
 
 async fn fill(store: &mut StateMachineStore, jobs: u64) {
     for index in 1..=jobs {
-        let batch = Batch { now_ms: 1_000 + index, commands: vec![job(index)].into() };
+        let batch = Batch::new(1_000 + index, vec![job(index)].into());
         let entry = Entry { log_id: log_id(1, 1, index), payload: EntryPayload::Normal(batch) };
         store.apply([entry]).await.expect("apply");
     }
@@ -185,7 +185,7 @@ fn corrupt_snapshot_install_changes_nothing() {
         let (mut a, mut b) = (store(dir_a.path()), store(dir_b.path()));
         let entry = |index, id| Entry {
             log_id: log_id(1, 1, index),
-            payload: EntryPayload::Normal(Batch { now_ms: 1, commands: vec![job(id)].into() }),
+            payload: EntryPayload::Normal(Batch::new(1, vec![job(id)].into())),
         };
         a.apply([entry(1, 1), entry(2, 2)]).await.expect("apply");
         b.apply([entry(1, 7)]).await.expect("apply");

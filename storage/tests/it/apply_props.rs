@@ -311,7 +311,7 @@ fn command() -> impl Strategy<Value = Command> {
 fn batches() -> impl Strategy<Value = Vec<Batch>> {
     prop::collection::vec(
         (extreme(), prop::collection::vec(command(), 0..6))
-            .prop_map(|(now_ms, commands)| Batch { now_ms, commands: commands.into() }),
+            .prop_map(|(now_ms, commands)| Batch::new(now_ms, commands.into())),
         1..12,
     )
 }
