@@ -243,6 +243,8 @@ pub async fn put(
         Outcome::Done => {}
         other => return Err(ApiError::Internal(format!("unexpected outcome {other:?}"))),
     }
+    // The leader applied it; this node shows it once it has applied as far.
+    state.node.read_barrier().await?;
     Ok(Json(view(&state)?))
 }
 

@@ -75,7 +75,14 @@ pub struct ClusterOptions {
     pub webhook_allow: Vec<String>,
     /// TLS for the API and between the nodes (see [`Tls`]).
     pub tls: Tls,
+    /// Start every node as the previous release ([`PREVIOUS_BIN_ENV`] if set, else this build
+    /// telling its peers it reads data format 2 only, `RAFTBOX_REPORT_FORMAT=2`), until
+    /// [`Cluster::upgrade`] moves a node to this build.
+    pub previous_release: bool,
 }
+
+/// The raftbox binary of the previous release, for the rolling-upgrade test.
+pub const PREVIOUS_BIN_ENV: &str = "RAFTBOX_PREVIOUS_BIN";
 
 /// A cluster's TLS. With TLS, the certificates are made at launch by `raftbox certs` into
 /// `<dir>/certs` (a CA and one per node id up to [`TLS_NODE_CERTS`], naming every node's
@@ -115,6 +122,7 @@ impl Default for ClusterOptions {
             slow_disks: false,
             webhook_allow: ["127.0.0.0/8", "::1/128", "10.0.0.0/8"].map(String::from).to_vec(),
             tls: Tls::Off,
+            previous_release: false,
         }
     }
 }
@@ -141,6 +149,8 @@ struct Node {
     fsync_delay_path: Option<PathBuf>,
     /// The running process; `None` while stopped.
     child: Option<Child>,
+    /// Started as the previous release ([`ClusterOptions::previous_release`]).
+    previous: bool,
 }
 
 /// A cluster of `raftbox` processes in a temporary directory:
@@ -183,6 +193,16 @@ impl Cluster {
 
     /// Writes the cluster directory and spawns every node, without waiting.
     pub fn launch(options: ClusterOptions) -> Result<Cluster> {
+        let mut cluster = Cluster::launch_stopped(options)?;
+        for id in cluster.node_ids() {
+            cluster.start_node(id)?;
+        }
+        Ok(cluster)
+    }
+
+    /// Prepares every node (configs, directories) and starts none, so a test can put data
+    /// in place first ([`Cluster::start_node`] starts one).
+    pub fn launch_stopped(options: ClusterOptions) -> Result<Cluster> {
         ensure!(options.nodes >= 1, "a cluster needs at least one node");
         if options.fake_clocks {
             ensure!(
@@ -236,9 +256,6 @@ impl Cluster {
         }
         for member in &members {
             cluster.prepare_node(member, &members, member.id == 1)?;
-        }
-        for id in cluster.node_ids() {
-            cluster.start_node(id)?;
         }
         Ok(cluster)
     }
@@ -318,8 +335,16 @@ impl Cluster {
         };
         let fsync_delay_path = self.options.slow_disks.then(|| node_dir.join("fsync_delay_ms"));
         let log_path = node_dir.join("log");
-        let node =
-            Node { member: member.clone(), data_dir, config_path, log_path, clock_path, fsync_delay_path, child: None };
+        let node = Node {
+            member: member.clone(),
+            data_dir,
+            config_path,
+            log_path,
+            clock_path,
+            fsync_delay_path,
+            child: None,
+            previous: self.options.previous_release,
+        };
         self.nodes.insert(member.id, node);
         Ok(())
     }
@@ -455,7 +480,9 @@ impl Cluster {
 
     /// Starts node `id` with its config (the first start, or a restart after a stop).
     pub fn start_node(&mut self, id: u64) -> Result<()> {
-        let bin = self.bin.clone();
+        let previous = self.node(id).previous;
+        let previous_bin = std::env::var_os(PREVIOUS_BIN_ENV).map(PathBuf::from).filter(|_| previous);
+        let bin = previous_bin.clone().unwrap_or_else(|| self.bin.clone());
         let mut command = match &self.network {
             Some(network) => {
                 // `ip netns exec` execs in place: the child's pid is the node's.
@@ -482,6 +509,7 @@ impl Cluster {
             .arg("--config")
             .arg(&node.config_path)
             .env_remove("RAFTBOX_CONFIG")
+            .env_remove("RAFTBOX_REPORT_FORMAT")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
@@ -503,9 +531,17 @@ impl Cluster {
         if !preload.is_empty() {
             command.env("LD_PRELOAD", preload.join(":"));
         }
+        if previous && previous_bin.is_none() {
+            command.env("RAFTBOX_REPORT_FORMAT", "2");
+        }
         let child = command.spawn().with_context(|| format!("spawn node {id} ({})", bin.display()))?;
         node.child = Some(child);
         Ok(())
+    }
+
+    /// Node `id` starts as this build from now on (stop it first; the next start upgrades it).
+    pub fn upgrade(&mut self, id: u64) {
+        self.node_mut(id).previous = false;
     }
 
     /// SIGKILL node `id` through its process handle and reap it.

@@ -267,3 +267,16 @@ mod tests {
         }
     }
 }
+
+/// Runs the `raftbox` CLI with `args` (no token from the environment) and returns what it
+/// did: a test judges the exit status and the output itself.
+pub async fn run_cli(args: &[&str]) -> Result<std::process::Output> {
+    tokio::process::Command::new(raftbox_bin()?)
+        .args(args)
+        .env_remove("RAFTBOX_TOKEN")
+        .env_remove("RAFTBOX_TOKEN_FILE")
+        .env_remove("RAFTBOX_URL")
+        .output()
+        .await
+        .context("run raftbox")
+}

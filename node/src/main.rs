@@ -25,6 +25,7 @@ mod config;
 mod executor;
 mod files_client;
 mod jobs_client;
+mod limits_client;
 mod maintenance;
 mod serve;
 mod share_client;
@@ -77,6 +78,9 @@ enum Commands {
     Jobs(jobs_client::JobsArgs),
     /// Show and change the cluster's members (members, add, remove; admin token).
     Cluster(cluster_client::ClusterArgs),
+    /// The cluster's rate limits, job limits and quotas (admin token): show them as TOML, or
+    /// set them from a TOML file; every node enforces a change within a second, no restart.
+    Limits(limits_client::LimitsArgs),
     /// A cluster summary: members, roles, leader, term, applied index and lag of each node
     /// (no token needed).
     Status(admin_client::StatusArgs),
@@ -133,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Commands::Restore(args) => backup_client::run_restore(args),
         Commands::Recover(args) => backup_client::run_recover(args),
         Commands::Cluster(args) => runtime.block_on(cluster_client::run(args)),
+        Commands::Limits(args) => runtime.block_on(limits_client::run(args)),
         Commands::Status(args) => runtime.block_on(admin_client::run_status(args)),
         Commands::Users(args) => runtime.block_on(admin_client::run_users(args)),
         Commands::Tokens(args) => runtime.block_on(admin_client::run_tokens(args)),
