@@ -92,7 +92,10 @@ impl AppState {
             quotas: config.quotas.clone(),
         };
         let limits = Arc::new(runtime_limits::Live::new(own, in_force));
-        tokio::spawn(runtime_limits::reload(node.clone(), limits.clone()));
+        // Subscribed before the first load, so a change applied meanwhile is heard.
+        let applied = node.applied_events();
+        limits.refresh(&node);
+        tokio::spawn(runtime_limits::reload(node.clone(), limits.clone(), applied));
         AppState(Arc::new(Shared { node, config: Arc::new(config), channels, hub, http_metrics, in_flight, limits }))
     }
 }
@@ -130,7 +133,7 @@ impl ApiConfig {
 
 /// Per-user quotas of non-admins (node TOML `[quotas]`), enforced in apply (the limit travels
 /// in the command, so every node judges it alike).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Quotas {
     /// Bytes of blocks a user stores, each block counted once per user who uploaded it
@@ -161,7 +164,7 @@ impl Default for NotifyLimits {
 }
 
 /// Limits on non-admins' jobs (node TOML `[job_limits]`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct JobLimits {
     /// The shortest interval between two fires of a recurring job, in seconds.

@@ -426,6 +426,7 @@ pub struct GroupDetail {
         ops::console_index, ops::console_asset,
         ops::healthz, ops::readyz, ops::metrics, ops::cluster, ops::openapi,
         ops::members, ops::add_member_node, ops::remove_member_node, ops::backup, ops::backup_block,
+        ops::get_limits, ops::put_limits,
         ops::create_user, ops::get_user, ops::create_token, ops::list_tokens, ops::revoke_token,
         ops::me, ops::my_tokens, ops::revoke_my_token,
         ops::blocks_status, ops::get_block, ops::put_block,
@@ -573,6 +574,20 @@ mod ops {
         (status = 409, description = "The change conflicts with the membership.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn remove_member_node() {}
+
+    #[utoipa::path(get, path = "/v1/admin/limits", tag = "admin", responses(
+        (status = 200, description = "The rate limits, job limits and quotas in force: the cluster's (`source` `cluster`, with `revision` and `setAtMs`), or the answering node's TOML before any were set (`nodeConfig`); and the cluster's data format.", body = crate::runtime_limits::LimitsView),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_limits() {}
+
+    #[utoipa::path(put, path = "/v1/admin/limits", tag = "admin", request_body = crate::runtime_limits::LimitsConfig, responses(
+        (status = 200, description = "The new limits, in force on every node as it applies the change (on this one already).", body = crate::runtime_limits::LimitsView),
+        (status = 400, description = "A limit is invalid: the whole change is refused and nothing changed.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A node still runs a release that cannot read runtime limits (the cluster's data format is below 3).", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn put_limits() {}
 
     #[utoipa::path(get, path = "/v1/admin/backup", tag = "admin", responses(
         (status = 200, description = "A consistent image of the replicated state (a snapshot image ending in its blake3 checksum), reflecting every write acknowledged before the request. Headers: `X-Raftbox-Backup-Index` and `X-Raftbox-Backup-Term` (the last log entry it reflects).", body = Vec<u8>, content_type = "application/octet-stream"),

@@ -24,7 +24,7 @@ use crate::runtime_limits::Limits;
 use crate::{ApiError, AppState};
 
 /// What a limit counts requests by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Scope {
     /// The authenticated user (all of their tokens together).
@@ -42,7 +42,7 @@ pub enum Scope {
 }
 
 /// What to do when no decision can be had in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Failure {
     /// Admit the request (usage quotas).
@@ -85,13 +85,21 @@ impl Default for RateLimitingConfig {
 pub const LIMIT_MAX: u64 = 1_000_000_000;
 pub const RATE_PER_S_MAX: u64 = 1_000_000;
 pub const WINDOW_MS_MAX: u64 = 30 * 24 * 3600 * 1000;
+/// A limit's name is part of every key it keeps (and of the `RateLimit-Policy` header).
+pub const NAME_BYTES_MAX: usize = 64;
+/// Route and exclude patterns of one limit: each request matches its path against them.
+pub const PATTERNS_MAX: usize = 32;
+pub const PATTERN_BYTES_MAX: usize = 256;
+/// Where limits are changed is never rate-limited, so no limit can lock the admin out of
+/// changing it.
+pub const UNLIMITED_PATHS: [&str; 1] = ["/v1/admin/limits"];
 /// A sliding log keeps one timestamp per admitted request in the window.
 pub const SLIDING_LOG_LIMIT_MAX: u64 = 10_000;
 /// A leaky bucket's queue makes a request wait at most this long.
 pub const LEAKY_QUEUE_WAIT_MS_MAX: u64 = 60_000;
 
 /// The names of the algorithms, for the config.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AlgorithmName {
     #[default]
@@ -105,7 +113,7 @@ pub enum AlgorithmName {
 /// A limit as written in the TOML: `algorithm` defaults to `token_bucket`; the parameters
 /// are those of the algorithm (`capacity` + `refill_per_s`, `limit` + `window_ms`, or
 /// `capacity` + `drain_per_s`).
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimitConfig {
     pub name: String,
@@ -130,11 +138,22 @@ impl RateLimitConfig {
     pub fn validate(self) -> Result<RateLimit, String> {
         let name = self.name.clone();
         let fail = |what: String| format!("rate limit {name:?}: {what}");
-        if self.name.is_empty() || self.name.contains(['"', '|']) {
-            return Err(fail("the name must be non-empty, without '\"' or '|'".into()));
+        if self.name.is_empty()
+            || self.name.len() > NAME_BYTES_MAX
+            || !self.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c))
+        {
+            return Err(fail(format!("the name must be 1 to {NAME_BYTES_MAX} letters, digits, '-', '_', '.' or ':'")));
         }
         if self.routes.is_empty() {
             return Err(fail("routes must not be empty".into()));
+        }
+        if self.routes.len() + self.exclude.len() > PATTERNS_MAX {
+            return Err(fail(format!("at most {PATTERNS_MAX} route and exclude patterns together")));
+        }
+        if let Some(bad) =
+            self.routes.iter().chain(&self.exclude).find(|p| !p.starts_with('/') || p.len() > PATTERN_BYTES_MAX)
+        {
+            return Err(fail(format!("pattern {bad:?} must start with '/' and be at most {PATTERN_BYTES_MAX} bytes")));
         }
         let need = |value: Option<u64>, field: &str, min: u64, max: u64| -> Result<u64, String> {
             let value = value.ok_or_else(|| fail(format!("{:?} needs {field}", self.algorithm)))?;
@@ -377,6 +396,9 @@ async fn undecided(
 /// skipped for requests without a known token (those get their 401 from the route).
 fn applicable<'a>(in_force: &'a Limits, request: &Request, caller: Option<&Principal>) -> Vec<Applied<'a>> {
     let path = request.uri().path();
+    if UNLIMITED_PATHS.contains(&path) {
+        return Vec::new();
+    }
     let limits: Vec<&RateLimit> = in_force.rate_limits.iter().filter(|l| l.matches(path)).collect();
     if limits.is_empty() {
         return Vec::new();

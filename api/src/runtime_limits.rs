@@ -8,17 +8,18 @@
 //!   format allows (`seed`), so a new cluster has one set from the start.
 //! - A change is checked whole before it is proposed ([`LimitsConfig::validate`], the same
 //!   checks as the TOML at start): one bad limit refuses all of it, and nothing changes.
-//! - Each node reloads them as it applies a change ([`reload`], on the applied-entry
-//!   events): they act on a node as soon as it has applied the entry.
+//! - Each node loads them at start and reloads them as it applies a change ([`reload`], on
+//!   the applied-entry events): they act on a node as soon as it has applied the entry.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
-use raftbox_raft::RaftNode;
+use raftbox_raft::{Applied, RaftNode};
 use raftbox_storage::{Command, Outcome};
 use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
 
 use crate::auth::Principal;
 use crate::ratelimit::{RateLimit, RateLimitConfig};
@@ -31,7 +32,7 @@ const SEED_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 pub const RATE_LIMITS_MAX: usize = 256;
 
 /// The limits as an operator writes them: the node TOML's sections, or the same in JSON.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
     #[serde(default)]
@@ -82,7 +83,7 @@ pub fn in_range(name: &str, value: u64, min: u64, max: u64) -> Result<(), String
 }
 
 /// Where the limits in force came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum Source {
     /// This node's TOML: the cluster has none set (yet).
@@ -98,11 +99,13 @@ pub struct Live {
     revision: std::sync::atomic::AtomicU64,
     /// The node's TOML limits, as written: the seed, and what `GET` shows before any is set.
     own: LimitsConfig,
+    /// A revision found unreadable here (not tried again); 0 for none.
+    refused: std::sync::Mutex<u64>,
 }
 
 impl Live {
     pub fn new(own: LimitsConfig, limits: Limits) -> Live {
-        Live { current: RwLock::new(Arc::new(limits)), revision: Default::default(), own }
+        Live { current: RwLock::new(Arc::new(limits)), revision: Default::default(), own, refused: Default::default() }
     }
 
     /// The limits in force.
@@ -118,47 +121,55 @@ impl Live {
     fn revision(&self) -> u64 {
         self.revision.load(std::sync::atomic::Ordering::SeqCst)
     }
+
+    /// Swaps in the cluster's limits as `node` has applied them, if they differ from those in
+    /// force. A record that does not check out (only a newer release's could) is refused
+    /// once, loudly, and the limits in force stay.
+    pub fn refresh(&self, node: &RaftNode) {
+        let record = match node.state().limits() {
+            Ok(Some(record)) => record,
+            Ok(None) => return,
+            Err(e) => return tracing::warn!(error = %e, "could not read the cluster's limits"),
+        };
+        let mut refused = self.refused.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if record.revision == self.revision() || record.revision == *refused {
+            return;
+        }
+        match serde_json::from_value::<LimitsConfig>(record.limits)
+            .map_err(|e| e.to_string())
+            .and_then(|c| c.validate())
+        {
+            Ok(limits) => {
+                tracing::info!(revision = record.revision, "runtime limits in force");
+                self.set(limits, record.revision);
+            }
+            Err(why) => {
+                tracing::error!(revision = record.revision, %why, "the cluster's limits are unreadable here");
+                *refused = record.revision;
+            }
+        }
+    }
 }
 
-/// Keeps `live` in step with the cluster's limits as this node applies them: loads them
-/// now, then again whenever an applied entry sets them or a snapshot replaces the state.
-/// Ends when the node's state machine goes away.
-pub async fn reload(node: RaftNode, live: Arc<Live>) {
-    use raftbox_raft::Applied;
-    use tokio::sync::broadcast::error::RecvError;
-    // Subscribed before the first load, so a change applied meanwhile is heard.
-    let mut applied = node.applied_events();
-    let mut refused_revision = 0;
+/// Keeps `live` in step with the cluster's limits as this node applies them: again whenever
+/// an applied entry sets them or a snapshot replaces the state. Ends when the node's state
+/// machine goes away. ([`AppState::new`](crate::AppState::new) loaded them first.)
+pub async fn reload(node: RaftNode, live: Arc<Live>, mut applied: tokio::sync::broadcast::Receiver<Applied>) {
     loop {
-        match node.state().limits() {
-            Ok(Some(record)) if record.revision != live.revision() && record.revision != refused_revision => {
-                let parsed = serde_json::from_value::<LimitsConfig>(record.limits)
-                    .map_err(|e| e.to_string())
-                    .and_then(|config| config.validate());
-                match parsed {
-                    Ok(limits) => {
-                        tracing::info!(revision = record.revision, "runtime limits changed");
-                        live.set(limits, record.revision);
-                    }
-                    Err(why) => {
-                        // Checked before it was proposed; only a newer release's record could
-                        // fail here. The node keeps what it enforces and says so once.
-                        tracing::error!(revision = record.revision, %why, "the cluster's limits are unreadable here");
-                        refused_revision = record.revision;
-                    }
-                }
-            }
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "could not read the cluster's limits"),
+        match applied.recv().await {
+            Ok(Applied::Commands(commands)) if !commands.iter().any(sets_limits) => continue,
+            Ok(_) | Err(RecvError::Lagged(_)) => live.refresh(&node),
+            Err(RecvError::Closed) => return,
         }
-        loop {
-            match applied.recv().await {
-                Ok(Applied::Commands(commands)) if !commands.iter().any(|c| matches!(c, Command::SetLimits { .. })) => {
-                }
-                Ok(_) | Err(RecvError::Lagged(_)) => break,
-                Err(RecvError::Closed) => return,
-            }
-        }
+    }
+}
+
+/// Whether `command` (or the command it wraps) sets the limits.
+fn sets_limits(command: &Command) -> bool {
+    match command {
+        Command::SetLimits { .. } => true,
+        Command::Idempotent { command, .. } | Command::Once { command, .. } => sets_limits(command),
+        _ => false,
     }
 }
 
@@ -183,7 +194,7 @@ pub async fn seed(node: RaftNode, own: LimitsConfig) {
 }
 
 /// `GET /v1/admin/limits` and the answer of a change.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LimitsView {
     pub source: Source,
@@ -243,8 +254,9 @@ pub async fn put(
         Outcome::Done => {}
         other => return Err(ApiError::Internal(format!("unexpected outcome {other:?}"))),
     }
-    // The leader applied it; this node shows it once it has applied as far.
+    // The leader applied it; this node shows it, and enforces it, once it has applied as far.
     state.node.read_barrier().await?;
+    state.limits.refresh(&state.node);
     Ok(Json(view(&state)?))
 }
 

@@ -544,6 +544,12 @@ impl Cluster {
         self.node_mut(id).previous = false;
     }
 
+    /// Node `id` starts as the previous release from now on
+    /// ([`ClusterOptions::previous_release`]).
+    pub fn as_previous_release(&mut self, id: u64) {
+        self.node_mut(id).previous = true;
+    }
+
     /// SIGKILL node `id` through its process handle and reap it.
     pub fn kill9(&mut self, id: u64) -> Result<()> {
         // Peers of a stopped node report it unreachable; openraft logs that at ERROR.

@@ -71,6 +71,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let webhooks = config.api.webhooks.clone();
     tokio::spawn(executor::run(node.clone(), config.jobs.clone(), config.files.clone(), webhooks, stopped()));
     tokio::spawn(ensure_system_jobs(node.clone(), config.files.maintenance_interval_s));
+    tokio::spawn(migrate_to_baseline(node.clone()));
     if config.bootstrap {
         tokio::spawn(raftbox_api::runtime_limits::seed(node.clone(), config.api.limits_config()));
         // In the background: it waits for every member to answer (raftbox_raft::membership).
@@ -104,6 +105,23 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         result = tokio::signal::ctrl_c() => result.context("wait for Ctrl-C")?,
     }
     Ok(())
+}
+
+/// Brings the replicated data up to the format every supported release reads
+/// (`storage::format::BASELINE`; once done it changes nothing, so every node proposes it at
+/// start); retries until the cluster has a quorum. The leader raises it further once every
+/// member reads the newer format (`raft::format`).
+async fn migrate_to_baseline(node: RaftNode) {
+    let schema = raftbox_storage::format::BASELINE;
+    loop {
+        match node.write(Command::Migrate { schema }).await {
+            Ok(Outcome::Done) => return tracing::info!(schema, "stored data is at the baseline format"),
+            Ok(other) => return tracing::error!(outcome = ?other, "stored data could not be migrated"),
+            Err(WriteError::ShuttingDown) => return,
+            Err(e) => tracing::debug!(error = %e, "migration not proposed yet; retrying"),
+        }
+        tokio::time::sleep(ADMIN_RETRY_DELAY).await;
+    }
 }
 
 /// Makes sure an admin user holding `token` exists; retries until the cluster has a quorum.

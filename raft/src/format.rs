@@ -9,10 +9,12 @@
 //!   sees format F applied knows a quorum committed it; [`ClusterFormat::admits`] may judge
 //!   by the local state, stale or not: staleness only refuses.
 //! - The leader raises it only after every member of the current configuration answered
-//!   with a format at least as new, holding the gate that every addition holds, and an
-//!   addition refuses a node whose format is older than the cluster's
-//!   (`membership::add`). A leader change between the check and the commit is the one gap:
-//!   a node added by the new leader meanwhile is checked again before it is promoted.
+//!   with a format at least as new, holding the gate that every addition holds, and
+//!   proposes it on itself only (`Forward` refuses it: [`forwardable`]). An addition
+//!   (`membership::change_on_leader`) first applies everything in the leader's log (a raise
+//!   whose write timed out included), then refuses a node older than the cluster, and checks
+//!   again before promoting the learner (for a raise by a leader before this one), removing
+//!   it if that fails.
 //! - A node never starts on state of a newer format than it reads (`RaftNode::start`), and
 //!   never applies an entry that says it is newer (`StateMachine::apply`).
 
@@ -53,11 +55,11 @@ impl ClusterFormat {
         self.state.schema().unwrap_or(raftbox_storage::format::unrecorded())
     }
 
-    /// `Ok` if the cluster reads `command`; the refusal otherwise. `Migrate` is proposed
-    /// only by [`raise`], after its own check.
+    /// `Ok` if the cluster reads `command`; the refusal otherwise. A `Migrate` beyond the
+    /// baseline is proposed only by [`raise`], after its own check, on the leader itself.
     pub fn admits(&self, command: &Command) -> Result<(), WriteError> {
         let needs = command.format();
-        if matches!(command, Command::Migrate { .. }) || needs <= raftbox_storage::format::unrecorded() {
+        if needs <= raftbox_storage::format::BASELINE {
             return Ok(());
         }
         let current = self.current();
@@ -66,6 +68,12 @@ impl ClusterFormat {
         }
         Err(WriteError::FormatNotReached { needs, current })
     }
+}
+
+/// Whether a command may arrive at the leader through `Forward`: not a `Migrate` beyond the
+/// baseline, which only the leader's own [`raise`] proposes.
+pub(crate) fn forwardable(command: &Command) -> bool {
+    !matches!(command, Command::Migrate { schema } if *schema > raftbox_storage::format::BASELINE)
 }
 
 /// Until the cluster is at this node's format: while this node leads, asks every member
@@ -110,6 +118,9 @@ pub(crate) async fn raise(id: NodeId, raft: Raft, peers: Peers, proposer: Propos
             }
             continue;
         }
+        // Proposed here only: a follower's `Forward` refuses it (`forwardable`), so a raise
+        // decided by a leader that lost its place never reaches another leader's log past
+        // that leader's gate.
         match proposer.submit(vec![Command::Migrate { schema: format.reads }]).await {
             Ok(_) => tracing::info!(from = current, to = format.reads, "raised the cluster's data format"),
             Err(e) => tracing::debug!(error = %e, "raising the cluster's data format failed; trying again"),

@@ -122,6 +122,13 @@ pub(crate) async fn change_on_leader(
             let _gate = tokio::time::timeout_at(deadline, cluster_format.gate.lock())
                 .await
                 .map_err(|_| MembershipError::Unavailable("the cluster's format is being raised; try again".into()))?;
+            // A raise proposed here and not yet answered (its write timed out) is in this
+            // leader's log: applied first, so the format read below includes it.
+            if !applied_own_log(raft, deadline).await {
+                return Err(MembershipError::Unavailable(
+                    "the leader has entries it has not applied yet; try again".into(),
+                ));
+            }
             add(raft, peers, cluster_format, *id, info, deadline).await
         }
         MembershipChange::Remove { id } => remove(raft, *id, deadline).await,
@@ -210,10 +217,20 @@ async fn add(
     match peer_status(peers, &info.grpc_addr, IDENTITY_PROBE_TIMEOUT).await {
         Some(status) if status.format >= format => {}
         _ => {
+            // Not left in the configuration, where it would be sent entries it cannot read.
+            let removed = tokio::time::timeout_at(
+                deadline,
+                raft.change_membership(ChangeMembers::RemoveNodes([id].into()), false),
+            )
+            .await;
+            let outcome = match finished(removed, "removing the learner") {
+                Ok(()) => "it was removed again".to_owned(),
+                Err(e) => format!("removing it again failed ({e}): remove it with `raftbox cluster remove {id}`"),
+            };
             return Err(MembershipError::Invalid(format!(
-                "node {id} did not confirm that it reads the cluster's data format {format}; it stays a learner \
-                 (remove it, or upgrade it and add it again)"
-            )))
+                "node {id} did not confirm that it reads the cluster's data format {format}; {outcome}; upgrade it \
+                 and add it again"
+            )));
         }
     }
     let promoted =
@@ -262,6 +279,21 @@ fn finished<T>(
             ChangeMembershipError::LearnerNotFound(e) => Err(MembershipError::Invalid(format!("{step}: {e}"))),
         },
         Ok(Err(RaftError::Fatal(e))) => Err(MembershipError::Unknown(format!("{step}: {e}"))),
+    }
+}
+
+/// Waits until this node has applied every entry its log held when the wait began; `false`
+/// at the deadline.
+async fn applied_own_log(raft: &Raft, deadline: Instant) -> bool {
+    let mut metrics = raft.metrics();
+    let target = metrics.borrow().last_log_index.unwrap_or(0);
+    loop {
+        if metrics.borrow().last_applied.map_or(0, |id| id.index) >= target {
+            return true;
+        }
+        if !matches!(tokio::time::timeout_at(deadline, metrics.changed()).await, Ok(Ok(()))) {
+            return false;
+        }
     }
 }
 

@@ -252,7 +252,7 @@ impl RaftNode {
         .map_err(StartError::raft)?;
         let identity = membership::load_identity(&db)?;
         let vote_right = watch::Sender::new(VoteRight::NotVoter);
-        let state = StateMachine::new(db.clone());
+        let state = StateMachine::new(db.clone()).reading_up_to(settings.reads_format);
         let stored_format = state.schema()?;
         if stored_format > raftbox_storage::format::FORMAT {
             return Err(StartError::Storage(raftbox_storage::StorageError::TooNew(raftbox_storage::format::too_new(

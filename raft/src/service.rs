@@ -150,6 +150,8 @@ impl RaftService for RaftGrpc {
         let leader = self.node.metrics().current_leader;
         let result = if leader != Some(self.node.id()) || !self.node.clock().may_lead() {
             ForwardResult::NotLeader(leader.unwrap_or(0))
+        } else if !commands.iter().all(crate::format::forwardable) {
+            ForwardResult::Unavailable("only the leader itself raises the cluster's data format".into())
         } else {
             match self.node.proposer().submit(commands).await {
                 Ok(outcomes) => ForwardResult::Outcomes(

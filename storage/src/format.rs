@@ -18,6 +18,11 @@
 /// The format this code reads and writes.
 pub const FORMAT: u32 = 3;
 
+/// The format every release that may share a cluster with this one reads: each node brings
+/// the stored data up to it at start (`Migrate`, as the previous release did), so only the
+/// move beyond it waits for every member ([`FORMAT`] is raised by the leader).
+pub const BASELINE: u32 = 2;
+
 /// The format of entries and records written before formats were recorded.
 pub const fn unrecorded() -> u32 {
     1

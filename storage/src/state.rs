@@ -20,6 +20,9 @@ use crate::{accounts, chunks, files, guards, jobs, keys, sharing, Db, StorageErr
 #[derive(Debug, Clone)]
 pub struct StateMachine {
     db: Db,
+    /// The newest data format this node applies ([`crate::format::FORMAT`], lower only where
+    /// a test stands in for an older release: [`StateMachine::reading_up_to`]).
+    reads: u32,
 }
 
 fn encode<T: Serialize>(value: &T) -> Vec<u8> {
@@ -205,7 +208,14 @@ fn range_dir<T>(
 
 impl StateMachine {
     pub fn new(db: Db) -> StateMachine {
-        StateMachine { db }
+        StateMachine { db, reads: crate::format::FORMAT }
+    }
+
+    /// This state machine, applying entries of formats up to `format` only (at most this
+    /// code's): a node standing in for an older release stops on a newer entry as that
+    /// release would.
+    pub fn reading_up_to(self, format: u32) -> StateMachine {
+        StateMachine { reads: format.min(crate::format::FORMAT), ..self }
     }
 
     pub fn db(&self) -> &Db {
@@ -235,7 +245,7 @@ impl StateMachine {
         if let Some(batch) = batch {
             // An entry this code cannot read stops the node before anything of it is applied:
             // applying what it understands of it would make its state differ from the others'.
-            if batch.format > crate::format::FORMAT {
+            if batch.format > self.reads {
                 return Err(StorageError::TooNew(crate::format::too_new("a log entry", batch.format)));
             }
             outcomes.reserve(batch.commands.len());

@@ -4,7 +4,8 @@
 //! create users through every node. Nothing acknowledged is lost; while any node is of the
 //! previous release, a runtime-limits change (a format-3 command) is refused with 409 and the
 //! cluster stays at format 2; once all are upgraded the leader raises it to 3 and the change
-//! works. And a data directory written by the previous release (the committed fixture) is
+//! works. A node of the previous release is refused at `cluster add` once the cluster is at
+//! format 3. And a data directory written by the previous release (the committed fixture) is
 //! served by this build: its files byte for byte, its users, folder and job.
 
 use std::path::Path;
@@ -12,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    acknowledged_users, ensure_distinct_ids, ensure_none_rejected, within, Cluster, ClusterOptions, Deadline, Seed,
-    Workload, WorkloadSpec, WriteSummary, STARTUP_DEADLINE_MS,
+    acknowledged_users, add_member, cluster_members, ensure_distinct_ids, ensure_none_rejected, within, Cluster,
+    ClusterOptions, Deadline, Outcome, Seed, Workload, WorkloadSpec, WriteSummary, STARTUP_DEADLINE_MS,
 };
 use serde_json::{json, Value};
 
@@ -158,6 +159,52 @@ async fn rolling(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         step_ms,
         raised_after.as_millis()
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_older_than_the_cluster_is_refused_at_cluster_add() {
+    let mut cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, older_node(&mut cluster)).await;
+    cluster.conclude(result);
+}
+
+async fn older_node(cluster: &mut Cluster) -> Result<()> {
+    cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
+    let wait = Deadline::after(RAISE_DEADLINE, "the cluster at format 3");
+    loop {
+        let (status, view) = limits(cluster, 1, None).await?;
+        if status == 200 && view["clusterFormat"] == 3 {
+            break;
+        }
+        wait.tick(&format!("{status} {view}")).await?;
+    }
+    cluster.add_node(4)?;
+    cluster.as_previous_release(4);
+    cluster.start_node(4)?;
+    let (http_addr, grpc_addr) = cluster.addresses(4);
+    let http = cluster.client();
+    let wait = Deadline::after(STEP_DEADLINE, "cluster add of the older node answered");
+    let refusal = loop {
+        match add_member(&http, &cluster.http_url(2), cluster.admin_token(), 4, &http_addr, &grpc_addr).await? {
+            Outcome::Rejected(409, body) => break body,
+            // Node 4 not listening yet.
+            Outcome::Rejected(503, why) | Outcome::Unknown(why) => wait.tick(&why).await?,
+            other => bail!("cluster add of a node of format 2 into a cluster at format 3: {other:?}"),
+        }
+    };
+    ensure!(
+        refusal.contains("reads data formats up to 2") && refusal.contains("format 3"),
+        "the refusal names both: {refusal}"
+    );
+    match cluster_members(&http, &cluster.http_url(1), cluster.admin_token()).await? {
+        Outcome::Ok(body) => {
+            let ids: Vec<u64> =
+                body["members"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_u64()).collect();
+            ensure!(ids == [1, 2, 3], "nothing changed in the membership: {body}");
+        }
+        other => bail!("members: {other:?}"),
+    }
     Ok(())
 }
 

@@ -40,6 +40,11 @@ fn a_data_directory_of_the_previous_format_reads_entry_by_entry() {
     assert!(entries.len() >= 20, "the fixture's log holds its writes ({} entries)", entries.len());
     let mut kinds = std::collections::BTreeSet::new();
     for (index, bytes) in &entries {
+        let raw: serde_json::Value = serde_json::from_slice(bytes).expect("an entry is JSON");
+        assert!(
+            raw["payload"]["Normal"].get("format").is_none(),
+            "entry {index}: the previous release wrote no format"
+        );
         let entry = decode_entry(bytes).unwrap_or_else(|e| panic!("entry {index} does not decode: {e}"));
         assert_eq!(entry.log_id.index, *index);
         if let EntryPayload::Normal(batch) = entry.payload {
