@@ -14,10 +14,10 @@ use crate::{keys, Outcome, StorageError};
 pub struct LimitsRecord {
     /// The API's `LimitsConfig`, as JSON.
     pub limits: serde_json::Value,
-    /// The state machine's clock when they were set (Unix ms): a node's API reloads its
-    /// limits when this (or the limits) differ from what it holds.
+    /// The state machine's clock when they were set (Unix ms).
     pub set_at_ms: u64,
-    /// How many times they were set (1 for the first): what `GET /v1/admin/limits` shows.
+    /// How many times they were set (1 for the first): a node's API swaps in the limits
+    /// when this differs from the revision it enforces.
     pub revision: u64,
 }
 
