@@ -3,6 +3,7 @@
 //!
 //! Blocks travel outside the Raft log; only their chunk-index entry is a Raft command.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,8 +25,44 @@ pub enum BlockError {
     Store(#[from] raftbox_storage::StorageError),
     #[error("only {stored} of the {needed} copies a majority needs could be stored")]
     NoMajority { stored: usize, needed: usize },
+    /// This node does not know the cluster's configuration yet (just started): it cannot
+    /// tell where a majority is, so it stores nothing it would have to call durable.
+    #[error("this node does not know the cluster's members yet; try again")]
+    MembershipUnknown,
     #[error("block store task failed: {0}")]
     Task(String),
+}
+
+/// Where a new block must be durable: the voter sets of the configuration (two while a
+/// change is joint), and every other member to send it to.
+#[derive(Debug, Clone)]
+struct Placement {
+    configs: Vec<BTreeSet<NodeId>>,
+    peers: Vec<(NodeId, String)>,
+}
+
+impl Placement {
+    fn of(metrics: &crate::types::RaftMetrics, this: NodeId) -> Result<Placement, BlockError> {
+        let membership = metrics.membership_config.membership();
+        let configs: Vec<BTreeSet<NodeId>> = membership.get_joint_config().to_vec();
+        // Before openraft publishes the stored configuration, the metrics hold an empty one.
+        if metrics.membership_config.log_id().is_none() || configs.iter().all(BTreeSet::is_empty) {
+            return Err(BlockError::MembershipUnknown);
+        }
+        let peers =
+            membership.nodes().filter(|(id, _)| **id != this).map(|(id, info)| (*id, info.grpc_addr.clone())).collect();
+        Ok(Placement { configs, peers })
+    }
+
+    /// Whether `holders` hold a majority of every voter set.
+    fn durable(&self, holders: &BTreeSet<NodeId>) -> bool {
+        self.configs.iter().all(|voters| voters.intersection(holders).count() > voters.len() / 2)
+    }
+
+    /// Copies a majority of the largest voter set needs (for the error message).
+    fn needed(&self) -> usize {
+        self.configs.iter().map(|voters| voters.len() / 2 + 1).max().unwrap_or(1)
+    }
 }
 
 /// What filling in lacking blocks did.
@@ -92,40 +129,44 @@ impl Blocks {
         Ok(())
     }
 
-    /// Makes a block durable on a majority of the members and returns then; the others keep
-    /// receiving it in the background. This node's write and fsync run at the same time as
-    /// the transfers to the peers, and each copy counts when it is durable, wherever it is.
+    /// Makes a block durable on a majority of the voters (of each configuration, while a
+    /// change is joint) and returns then; learners and the rest keep receiving it in the
+    /// background. This node's write and fsync run at the same time as the transfers to the
+    /// peers, and each voter's copy counts when it is durable, wherever it is. A node that
+    /// does not know the configuration yet (openraft publishes it a moment after start)
+    /// refuses: with no members in view, its own copy would have passed for a majority.
     pub async fn put_replicated(&self, block: VerifiedBlock) -> Result<(), BlockError> {
         let hash = block.hash();
-        let peers = self.peer_addrs();
-        let needed = (peers.len() + 1) / 2 + 1;
-        let (tx, mut rx) = mpsc::channel(peers.len() + 1);
-        for (peer, addr) in peers {
+        let placement = Placement::of(&self.raft.metrics().borrow(), self.node_id)?;
+        let (tx, mut rx) = mpsc::channel(placement.peers.len() + 1);
+        for (peer, addr) in placement.peers.clone() {
             let (tx, this, data) = (tx.clone(), self.clone(), block.data().clone());
             tokio::spawn(async move {
                 let result = this.send(&addr, hash, data).await;
                 if let Err(e) = &result {
                     tracing::debug!(peer, %hash, error = %e, "block not sent; the peer fetches it when needed");
                 }
-                let _ = tx.send(result.is_ok()).await;
+                let _ = tx.send((peer, result.is_ok())).await;
             });
         }
-        let this = self.clone();
+        let (this, own) = (self.clone(), self.node_id);
         tokio::spawn(async move {
             let result = this.put_local(block).await;
             if let Err(e) = &result {
                 tracing::warn!(%hash, error = %e, "block not stored on this node");
             }
-            let _ = tx.send(result.is_ok()).await;
+            let _ = tx.send((own, result.is_ok())).await;
         });
-        let mut stored = 0;
-        while let Some(ok) = rx.recv().await {
-            stored += usize::from(ok);
-            if stored >= needed {
+        let mut holders = BTreeSet::new();
+        while let Some((node, ok)) = rx.recv().await {
+            if ok {
+                holders.insert(node);
+            }
+            if placement.durable(&holders) {
                 return Ok(());
             }
         }
-        Err(BlockError::NoMajority { stored, needed })
+        Err(BlockError::NoMajority { stored: holders.len(), needed: placement.needed() })
     }
 
     async fn send(&self, addr: &str, hash: BlockHash, data: Bytes) -> Result<(), tonic::Status> {
@@ -199,8 +240,11 @@ impl Blocks {
 
     /// Asks every peer in turn for the block, keeping the first verified copy.
     async fn from_peers(&self, hash: BlockHash) -> Result<Fetched, BlockError> {
-        let mut failed = false;
-        for (peer, addr) in self.peer_addrs() {
+        // With no peer in view (the configuration not known yet), nobody was asked: worth
+        // another try, never "no member holds it".
+        let peers = self.peer_addrs();
+        let mut failed = peers.is_empty();
+        for (peer, addr) in peers {
             match self.fetch(&addr, hash).await {
                 Ok(Some(block)) => {
                     let data = block.data().clone();
@@ -234,5 +278,40 @@ impl Blocks {
             Err(status) if status.code() == tonic::Code::NotFound => Ok(None),
             Err(status) => Err(status),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placement(configs: &[&[NodeId]]) -> Placement {
+        Placement { configs: configs.iter().map(|c| c.iter().copied().collect()).collect(), peers: Vec::new() }
+    }
+
+    fn held(nodes: &[NodeId]) -> BTreeSet<NodeId> {
+        nodes.iter().copied().collect()
+    }
+
+    #[test]
+    fn a_block_is_durable_on_a_majority_of_each_voter_set_only() {
+        let three = placement(&[&[1, 2, 3]]);
+        assert!(!three.durable(&held(&[1])));
+        assert!(three.durable(&held(&[1, 3])));
+        // A learner's copy (node 4) does not count.
+        assert!(!three.durable(&held(&[1, 4])));
+        // Joint {1,2,3,4,5} -> {1,2,3}: three copies on 1, 4 and 5 are a majority of the
+        // old set only.
+        let joint = placement(&[&[1, 2, 3, 4, 5], &[1, 2, 3]]);
+        assert!(!joint.durable(&held(&[1, 4, 5])));
+        assert!(joint.durable(&held(&[1, 2, 4])));
+        assert_eq!(joint.needed(), 3);
+    }
+
+    #[test]
+    fn a_node_that_does_not_know_the_configuration_yet_stores_nothing_as_durable() {
+        // What openraft's metrics hold before the core publishes the stored configuration.
+        let initial = crate::types::RaftMetrics::new_initial(1);
+        assert!(matches!(Placement::of(&initial, 1), Err(BlockError::MembershipUnknown)));
     }
 }
