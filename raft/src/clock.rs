@@ -12,7 +12,9 @@
 //! voters;
 //! otherwise it is *off*: it does not stand for election, stops the leader heartbeats (so a
 //! healthy majority elects another leader) and proposes nothing; `/readyz` reports it not
-//! ready. Until its first check a node does not stand for election.
+//! ready. Until its first check a node does not stand for election, and a node that knows no
+//! configuration yet (restarted before openraft publishes it, wiped, never initialized) gets
+//! no verdict: it is never judged a cluster of one.
 //!
 //! Stamps are anchored on the cluster's time, not this node's: each check that finds the
 //! clock fine records the median of the agreeing members' clocks (this node's included)
@@ -195,6 +197,28 @@ fn verdict(
     (ok, offsets_ms, agreed_at)
 }
 
+/// The members whose clocks this node is judged against (itself left out): the voters of the
+/// configuration it holds (a learner — one being added, or abandoned half-way — has no
+/// say), or, before it holds one, the initial configuration it was handed. `None` when it
+/// knows neither: a restarted node before openraft publishes the configuration it loaded
+/// sees an empty one, and judging it a cluster of one would let it lead on its own clock.
+fn judged_members(
+    id: NodeId,
+    held: &openraft::Membership<NodeId, crate::types::NodeInfo>,
+    initial: &[(NodeId, String)],
+) -> Option<Vec<(NodeId, String)>> {
+    if held.nodes().next().is_some() {
+        let voters = held
+            .voter_ids()
+            .filter(|m| *m != id)
+            .filter_map(|m| held.get_node(&m).map(|info| (m, info.grpc_addr.clone())))
+            .collect();
+        return Some(voters);
+    }
+    let named: Vec<(NodeId, String)> = initial.iter().filter(|(m, _)| *m != id).cloned().collect();
+    (!initial.is_empty()).then_some(named)
+}
+
 /// Measures the members' clocks forever, publishing the verdict and switching heartbeats
 /// with it (elections follow it too: `RaftNode`'s election switch reads the verdict).
 pub(crate) async fn watch_clock(
@@ -211,20 +235,11 @@ pub(crate) async fn watch_clock(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let members: Vec<(NodeId, String)> = {
-            let metrics = raft.metrics().borrow().clone();
-            let membership = metrics.membership_config.membership().clone();
-            // The voters only: a learner (one being added, or abandoned half-way) has no say.
-            let held: Vec<(NodeId, String)> = membership
-                .voter_ids()
-                .filter(|m| *m != id)
-                .filter_map(|m| membership.get_node(&m).map(|info| (m, info.grpc_addr.clone())))
-                .collect();
-            if membership.nodes().next().is_none() {
-                initial.borrow().iter().filter(|(m, _)| *m != id).cloned().collect()
-            } else {
-                held
-            }
+        let held = raft.metrics().borrow().membership_config.membership().clone();
+        let Some(members) = judged_members(id, &held, &initial.borrow()) else {
+            // Nothing to judge against yet (a restarted node before openraft publishes the
+            // configuration it holds, or a node never initialized): no verdict, so no leading.
+            continue;
         };
         let measured = futures::future::join_all(members.iter().map(|(_, addr)| sample(&peers, addr))).await;
         last.retain(|member, _| members.iter().any(|(m, _)| m == member));
@@ -301,6 +316,33 @@ mod tests {
         assert!(!judge(&[s(0)], 5, 500));
         // Alone, a node agrees with itself.
         assert!(judge(&[], 1, 500));
+    }
+
+    #[test]
+    fn a_node_that_knows_no_configuration_is_not_judged_a_cluster_of_one() {
+        use std::collections::{BTreeMap as Map, BTreeSet};
+        let info = |n: u64| crate::types::NodeInfo {
+            http_addr: format!("h{n}"),
+            grpc_addr: format!("g{n}"),
+            incarnation: None,
+        };
+        let empty = openraft::Membership::<NodeId, crate::types::NodeInfo>::default();
+        // Restarted, before openraft publishes the configuration it loaded: the chaos
+        // campaign saw such a node judge itself alone ("may lead", no peers measured).
+        assert_eq!(judged_members(1, &empty, &[]), None);
+        // Handed an initial configuration: judged against it.
+        let initial = [(1, "g1".to_string()), (2, "g2".to_string()), (3, "g3".to_string())];
+        assert_eq!(judged_members(1, &empty, &initial), Some(initial[1..].to_vec()));
+        // A cluster of one, bootstrapped: alone, and that is right.
+        assert_eq!(judged_members(1, &empty, &initial[..1]), Some(vec![]));
+        // Holding a configuration: its voters only, a learner left out.
+        let held = openraft::Membership::new(
+            vec![BTreeSet::from([1, 2, 3])],
+            Map::from([(1, info(1)), (2, info(2)), (3, info(3)), (4, info(4))]),
+        );
+        assert_eq!(judged_members(1, &held, &[]), Some(initial[1..].to_vec()));
+        let single = openraft::Membership::new(vec![BTreeSet::from([1])], Map::from([(1, info(1))]));
+        assert_eq!(judged_members(1, &single, &initial), Some(vec![]));
     }
 
     #[test]

@@ -23,11 +23,15 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
         return Err(ApiError::Unavailable(disk.refusal()));
     }
     let clock = state.node.clock();
-    if clock.ok == Some(false) {
-        return Err(ApiError::Unavailable(format!(
-            "this node's clock is off from the cluster (offsets to peers in ms: {:?})",
-            clock.offsets_ms
-        )));
+    match clock.ok {
+        Some(true) => {}
+        Some(false) => {
+            return Err(ApiError::Unavailable(format!(
+                "this node's clock is off from the cluster (offsets to peers in ms: {:?})",
+                clock.offsets_ms
+            )))
+        }
+        None => return Err(ApiError::Unavailable("this node's clock is not confirmed by the cluster yet".into())),
     }
     match status.leader_id {
         Some(leader) if status.member => Ok(Json(json!({ "ready": true, "leaderId": leader }))),

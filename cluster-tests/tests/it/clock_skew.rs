@@ -128,3 +128,69 @@ async fn skew_and_partition(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     eprintln!("healed: node {new_leader} leads, writes through every node, node {skewed} never led");
     Ok(())
 }
+
+/// A node whose clock is far off, started with no peer running (issue 23): restarted in
+/// place, and then with its data directory wiped. Before openraft publishes a configuration
+/// (or, wiped, before it ever holds one) the clock check saw an empty one, judged the node a
+/// cluster of one and logged "may lead" with no peer measured (every fresh node of the
+/// combined campaign did). Now a node that knows no configuration gets no verdict, and one
+/// that knows it measures its peers: the node never finds its clock fine and never leads.
+/// With its peers back, the cluster takes writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_alone_is_never_judged_a_cluster_of_one() {
+    let seed = Seed::new("clock_skew::a_node_started_alone_is_never_judged_a_cluster_of_one");
+    let options = ClusterOptions { fake_clocks: true, ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, start_alone(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+/// Starts node `id` alone and checks over a few clock checks that it never finds its clock
+/// fine, never reports ready and acknowledges nothing. (Restarted, a former leader is leader
+/// again at once — openraft restores a leader from its own committed vote — but with its
+/// clock unconfirmed it sends no heartbeats and proposes nothing.)
+async fn never_fine_alone(cluster: &mut Cluster, id: u64, how: &str) -> Result<()> {
+    let mark = usize::try_from(std::fs::metadata(cluster.log_path(id))?.len())?;
+    cluster.start_node(id)?;
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    while tokio::time::Instant::now() < until {
+        if let Ok(outcome) = readyz(cluster, id).await {
+            ensure!(!outcome.is_ok(), "node {id}, {how} and alone with its clock {FAR_SKEW}, reports ready");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let name = format!("alone-{how}-{id}");
+    let refused =
+        raftbox_cluster_tests::create_user(&cluster.client(), &cluster.http_url(id), cluster.admin_token(), &name)
+            .await?;
+    ensure!(!refused.is_ok(), "node {id}, {how} and alone, acknowledged a write: {refused:?}");
+    let log = std::fs::read(cluster.log_path(id))?;
+    let since_start = String::from_utf8_lossy(&log[mark..]);
+    let fine: Vec<&str> = since_start.lines().filter(|l| l.contains("this node may lead")).collect();
+    ensure!(fine.is_empty(), "node {id}, {how}, {FAR_SKEW} and alone, found its clock fine: {fine:?}");
+    Ok(())
+}
+
+async fn start_alone(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    let leader = cluster.wait_for_leader(None, SETTLE).await?;
+    let alone = 1 + seed.value() % 3;
+    eprintln!("node {alone} starts alone, {FAR_SKEW} (node {leader} led)");
+    for id in cluster.node_ids() {
+        cluster.kill9(id)?;
+    }
+    cluster.set_clock_offset(alone, FAR_SKEW)?;
+    never_fine_alone(cluster, alone, "restarted").await?;
+    cluster.kill9(alone)?;
+    cluster.wipe(alone)?;
+    never_fine_alone(cluster, alone, "wiped").await?;
+    // The others come back (the wiped node votes again only once removed and added).
+    let others: Vec<u64> = cluster.node_ids().into_iter().filter(|id| *id != alone).collect();
+    for id in &others {
+        cluster.start_node(*id)?;
+    }
+    cluster.wait_ready_nodes(&others, SETTLE).await?;
+    for (i, id) in others.iter().enumerate() {
+        write_through(cluster, *id, &format!("alone-{}-{i}", seed.value())).await?;
+    }
+    Ok(())
+}
