@@ -744,14 +744,22 @@ impl Cluster {
     /// Polls nodes `ids` until all are ready (see [`Cluster::wait_ready`]).
     pub async fn wait_ready_nodes(&mut self, ids: &[u64], deadline: Duration) -> Result<()> {
         let wait = Deadline::after(deadline, format!("nodes {ids:?} ready"));
+        // A node found ready is not probed again: each probe spends a request of the admin's
+        // (a test may rate-limit `/v1/me`), and nodes turn ready a clock check apart.
+        let mut ready = std::collections::BTreeSet::new();
         loop {
             if let Err(err) = self.reap_exited() {
                 bail!("{err:#}\n{}", self.log_tails(LOG_TAIL_LINES));
             }
             let mut waiting = Vec::new();
-            for id in ids.iter().copied().filter(|id| self.is_running(*id)) {
-                if let Err(err) = self.probe_ready(id).await {
-                    waiting.push(format!("node {id}: {err:#}"));
+            let unready: Vec<u64> =
+                ids.iter().copied().filter(|id| self.is_running(*id) && !ready.contains(id)).collect();
+            for id in unready {
+                match self.probe_ready(id).await {
+                    Ok(()) => {
+                        ready.insert(id);
+                    }
+                    Err(err) => waiting.push(format!("node {id}: {err:#}")),
                 }
             }
             if waiting.is_empty() {
