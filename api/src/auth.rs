@@ -57,25 +57,71 @@ impl Principal {
     }
 }
 
-/// The hash of the request's bearer token, if it carries a well-formed one.
+/// What a request's `Authorization` header carries: `Bearer <token>`, or `Basic` with a
+/// user's name and a token of theirs as the password (WebDAV clients and curl send that;
+/// Nextcloud's app passwords work the same way).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Credentials {
+    Bearer(String),
+    Basic { name: String, secret: String },
+}
+
+/// The request's credentials: `None` without an `Authorization` header, an error for one
+/// that is malformed.
+pub fn credentials(headers: &axum::http::HeaderMap) -> Result<Option<Credentials>, ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let malformed = |why: &str| ApiError::Unauthenticated(format!("malformed Authorization header: {why}"));
+    let value = value.to_str().map_err(|_| malformed("not ASCII"))?;
+    if let Some(token) = value.strip_prefix("Bearer ").map(str::trim).filter(|t| !t.is_empty()) {
+        return Ok(Some(Credentials::Bearer(token.to_string())));
+    }
+    if let Some(encoded) = value.strip_prefix("Basic ").map(str::trim) {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .map_err(|_| malformed("Basic credentials are not base64"))?;
+        let text = String::from_utf8(decoded).map_err(|_| malformed("Basic credentials are not UTF-8"))?;
+        let (name, secret) = text.split_once(':').ok_or_else(|| malformed("Basic credentials need name:password"))?;
+        return Ok(Some(Credentials::Basic { name: name.to_string(), secret: secret.to_string() }));
+    }
+    Err(ApiError::Unauthenticated("Authorization must be Bearer <token>, or Basic with your name and a token".into()))
+}
+
+impl Credentials {
+    /// The token these credentials present, if any.
+    pub fn token(&self) -> &str {
+        match self {
+            Credentials::Bearer(token) => token,
+            Credentials::Basic { secret, .. } => secret,
+        }
+    }
+
+    /// Whether `principal`, found by [`Credentials::token`], is who these credentials name.
+    fn names(&self, principal: &Principal) -> bool {
+        match self {
+            Credentials::Bearer(_) => true,
+            Credentials::Basic { name, .. } => *name == principal.user.name,
+        }
+    }
+}
+
+/// The hash of the request's token (bearer or Basic), if it carries a well-formed one.
 pub fn bearer_hash(headers: &axum::http::HeaderMap) -> Option<[u8; 32]> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let token = value.strip_prefix("Bearer ")?.trim();
+    let credentials = credentials(headers).ok()??;
+    let token = credentials.token();
     (!token.is_empty()).then(|| hash_token(token))
 }
 
-fn bearer(parts: &Parts) -> Result<&str, ApiError> {
-    let value = parts
-        .headers
-        .get(header::AUTHORIZATION)
-        .ok_or_else(|| ApiError::Unauthenticated("missing Authorization: Bearer <token>".into()))?;
-    let value = value.to_str().map_err(|_| ApiError::Unauthenticated("malformed Authorization header".into()))?;
-    let token = value
-        .strip_prefix("Bearer ")
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| ApiError::Unauthenticated("Authorization must be Bearer <token>".into()))?;
-    Ok(token)
+/// The caller named by these headers (any route outside axum's extractors: WebDAV).
+pub async fn from_headers(state: &AppState, headers: &axum::http::HeaderMap) -> Result<Principal, ApiError> {
+    let credentials = credentials(headers)?
+        .ok_or_else(|| ApiError::Unauthenticated("missing Authorization: Bearer <token>, or Basic".into()))?;
+    let principal = lookup(state, &hash_token(credentials.token()))
+        .await?
+        .filter(|principal| credentials.names(principal))
+        .ok_or_else(|| ApiError::Unauthenticated("unknown token, or a token of another user".into()))?;
+    Ok(principal)
 }
 
 impl FromRequestParts<AppState> for Principal {
@@ -84,13 +130,16 @@ impl FromRequestParts<AppState> for Principal {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Principal, ApiError> {
         // The rate limiter may have resolved the caller already, or found the token unknown.
         if let Some(principal) = parts.extensions.get::<Principal>() {
-            return Ok(principal.clone());
+            // Found by its token: Basic credentials must also name its user.
+            if credentials(&parts.headers)?.is_some_and(|c| c.names(principal)) {
+                return Ok(principal.clone());
+            }
+            return Err(ApiError::Unauthenticated("unknown token, or a token of another user".into()));
         }
         if let Some(LookedUp(None)) = parts.extensions.get::<LookedUp>() {
             return Err(ApiError::Unauthenticated("unknown token".into()));
         }
-        let hash = hash_token(bearer(parts)?);
-        lookup(state, &hash).await?.ok_or_else(|| ApiError::Unauthenticated("unknown token".into()))
+        from_headers(state, &parts.headers).await
     }
 }
 
@@ -144,7 +193,30 @@ pub fn now_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use axum::http::{HeaderMap, HeaderValue};
+
     use super::*;
+
+    fn with(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::AUTHORIZATION, HeaderValue::from_str(value).expect("a header value"));
+        headers
+    }
+
+    #[test]
+    fn bearer_and_basic_credentials_are_read_and_bad_ones_refused() {
+        assert_eq!(credentials(&HeaderMap::new()).expect("none"), None);
+        assert_eq!(credentials(&with("Bearer rbx_x")).expect("bearer"), Some(Credentials::Bearer("rbx_x".into())));
+        // alice:rbx_se:cret — the password may hold a colon; the name may not.
+        let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("alice:rbx_se:cret"));
+        let found = credentials(&with(&basic)).expect("basic").expect("some");
+        assert_eq!(found, Credentials::Basic { name: "alice".into(), secret: "rbx_se:cret".into() });
+        assert_eq!(found.token(), "rbx_se:cret");
+        assert_eq!(bearer_hash(&with(&basic)), Some(hash_token("rbx_se:cret")));
+        for bad in ["Basic !!!", "Basic bm9jb2xvbg==", "Digest x", "Bearer "] {
+            assert!(credentials(&with(bad)).is_err(), "{bad} accepted");
+        }
+    }
 
     #[test]
     fn tokens_are_random_prefixed_and_hash_stably() {

@@ -20,6 +20,7 @@
 pub mod access;
 pub mod auth;
 pub mod console;
+pub mod dav;
 pub mod error;
 pub mod idempotency;
 pub mod json;
@@ -68,6 +69,8 @@ pub struct Shared {
     /// The rate limits, job limits and quotas in force (the cluster's, once set; this
     /// node's TOML before).
     pub limits: Arc<runtime_limits::Live>,
+    /// The WebDAV locks this node granted.
+    pub dav_locks: dav::Locks,
 }
 
 impl std::ops::Deref for AppState {
@@ -96,7 +99,17 @@ impl AppState {
         let applied = node.applied_events();
         limits.refresh(&node);
         tokio::spawn(runtime_limits::reload(node.clone(), limits.clone(), applied));
-        AppState(Arc::new(Shared { node, config: Arc::new(config), channels, hub, http_metrics, in_flight, limits }))
+        let dav_locks = dav::Locks::default();
+        AppState(Arc::new(Shared {
+            node,
+            config: Arc::new(config),
+            channels,
+            hub,
+            http_metrics,
+            in_flight,
+            limits,
+            dav_locks,
+        }))
     }
 }
 
@@ -212,8 +225,11 @@ pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
     let timeout = axum::middleware::from_fn_with_state(state.clone(), request_timeout);
     let admit = axum::middleware::from_fn_with_state(state.clone(), admit);
     let probes = routes::probe_router().layer(timeout.clone());
-    let bounded = routes::router().merge(extra).layer(timeout).layer(admit).merge(probes);
+    let bounded = routes::router().merge(extra).layer(timeout).layer(admit.clone()).merge(probes);
+    // WebDAV carries whole files in one request: its own, longer deadline.
+    let dav_timeout = axum::middleware::from_fn(dav::deadline);
     bounded
+        .merge(dav::router().layer(dav_timeout).layer(admit))
         .merge(routes::notify_router())
         .route_layer(limiter)
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))

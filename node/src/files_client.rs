@@ -20,10 +20,7 @@ use serde_json::json;
 
 use crate::client::{problem, Api, Connection};
 
-/// FastCDC chunk sizes: small enough to dedupe edits, far below the 8 MiB block limit.
-const CHUNK_MIN_BYTES: usize = 256 * 1024;
-const CHUNK_AVG_BYTES: usize = 1024 * 1024;
-const CHUNK_MAX_BYTES: usize = 4 * 1024 * 1024;
+use raftbox_storage::blocks::{CHUNK_AVG_BYTES, CHUNK_MAX_BYTES, CHUNK_MIN_BYTES};
 /// Chunks uploaded or downloaded at once.
 const TRANSFERS_IN_FLIGHT: usize = 8;
 /// Chunks read ahead of the uploads, at most.

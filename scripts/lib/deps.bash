@@ -40,6 +40,10 @@ deps_missing() {
         # The web console's browser test drives headless Chromium through chromedriver.
         command -v chromium >/dev/null || missing+=(chromium)
         command -v chromedriver >/dev/null || missing+=(chromium-driver)
+        # WebDAV is judged by outside clients: litmus, rclone, and davfs2 where FUSE is.
+        command -v litmus >/dev/null || missing+=(litmus)
+        command -v rclone >/dev/null || missing+=(rclone)
+        command -v mount.davfs >/dev/null || missing+=(davfs2)
     fi
     if ((${#missing[@]} > 0)); then
         printf '%s\n' "${missing[@]}"

@@ -20,6 +20,13 @@ use crate::StorageError;
 
 /// Largest block accepted, in bytes (8 MiB).
 pub const BLOCK_BYTES_MAX: usize = 8 << 20;
+
+/// Content-defined (FastCDC) chunk sizes every raftbox writer cuts files with — the CLI, the
+/// sync client, WebDAV and the whole-file upload — so the same content makes the same blocks
+/// whoever wrote it: small enough to dedupe edits, far below [`BLOCK_BYTES_MAX`].
+pub const CHUNK_MIN_BYTES: usize = 256 * 1024;
+pub const CHUNK_AVG_BYTES: usize = 1024 * 1024;
+pub const CHUNK_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// Shard directories of the store (`00` to `ff`: the hash's first byte).
 const SHARDS: usize = 256;
 

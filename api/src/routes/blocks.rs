@@ -15,7 +15,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
-use raftbox_storage::blocks::{BlockHash, BlockReceiver, BLOCK_BYTES_MAX};
+use raftbox_storage::blocks::{BlockHash, BlockReceiver, VerifiedBlock, BLOCK_BYTES_MAX};
 use raftbox_storage::{Command, Outcome, Rejection};
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +79,16 @@ pub async fn put(
         .await?
         .finish(hash)
         .map_err(|e| ApiError::HashMismatch(format!("the body hashes to {}, not {}", e.actual, e.expected)))?;
+    store(&state, &caller, block).await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// Stores a verified block for `caller`: durable on a majority, then indexed with the caller
+/// as an uploader (a repeat is a no-op); refused when it cannot fit the caller's quota or
+/// this node's disk is full. The block PUT, WebDAV and the whole-file upload all store
+/// through here.
+pub(crate) async fn store(state: &AppState, caller: &Principal, block: VerifiedBlock) -> Result<(), ApiError> {
+    let hash = block.hash();
     let blocks = state.node.blocks();
     let size = block.len() as u64;
     let uploader = caller.user.id.clone();
@@ -88,11 +98,16 @@ pub async fn put(
     let register = |uploader| Command::RegisterChunk { hash, size, uploader, quota_bytes };
     let registered = |outcome: Outcome| match outcome {
         Outcome::Rejected(rejection) => Err(ApiError::from(rejection)),
-        _ => Ok(StatusCode::CREATED),
+        _ => Ok(()),
     };
     if state.node.state().chunk(&hash)?.is_some() && blocks.store().has(&hash) {
+        // Known here, but this node may lag behind a collection of the chunk: judged on the
+        // state as of now before the copy here is trusted as the majority's.
+        state.node.read_barrier().await?;
+    }
+    if state.node.state().chunk(&hash)?.is_some() && blocks.store().has(&hash) {
         if state.node.state().uploaded_by(&uploader, &hash)? {
-            return Ok(StatusCode::CREATED);
+            return Ok(());
         }
         return registered(state.node.write(register(uploader)).await?);
     }

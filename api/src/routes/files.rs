@@ -76,7 +76,7 @@ fn parse_mtime(value: &serde_json::Value) -> Result<u64, ApiError> {
 
 /// A commit of no content at `path` on `base_version`, with fresh ids; callers fill in the
 /// rest with struct update syntax.
-fn empty_commit(
+pub(crate) fn empty_commit(
     principal: &Principal,
     namespace_id: String,
     path: FilePath,

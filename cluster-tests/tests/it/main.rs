@@ -106,4 +106,5 @@ mod system_jobs;
 mod tls;
 mod token_revocation;
 mod upgrade;
+mod webdav;
 mod webhook_egress;
