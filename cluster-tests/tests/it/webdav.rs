@@ -11,6 +11,9 @@
 //!   written through the mount reads back through the API, a file rclone wrote reads back
 //!   through the mount.
 //! - Basic authentication names the token's own user: another name is 401 with a challenge.
+//! - A shared folder is `/Shared/<name>/` with the caller's role: its owner writes, a viewer
+//!   lists and reads and is refused a PUT (403); a MOVE out of it into the personal
+//!   namespace copies, then deletes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,6 +51,7 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     litmus(cluster, &token, &work).await?;
     rclone_round_trip(cluster, &token, &work, seed).await?;
     davfs2(cluster, &token, &work).await?;
+    shared_folders(cluster, &token).await?;
     Ok(())
 }
 
@@ -300,5 +304,71 @@ async fn through_mount(cluster: &Cluster, token: &str, mount: &Path) -> Result<(
         bail!("the file written through davfs2 reads back {} bytes, not the {} written", back.len(), written.len());
     }
     eprintln!("davfs2: mounted; listed, read 2,000,001 bytes, wrote 123,457 bytes read back through node 3");
+    Ok(())
+}
+
+async fn dav(
+    cluster: &Cluster,
+    node: u64,
+    (name, token): (&str, &str),
+    method: &str,
+    path: &str,
+) -> Result<reqwest::RequestBuilder> {
+    let url = format!("{}/dav{path}", cluster.http_url(node));
+    Ok(cluster.client().request(reqwest::Method::from_bytes(method.as_bytes())?, url).basic_auth(name, Some(token)))
+}
+
+async fn shared_folders(cluster: &Cluster, alice: &str) -> Result<()> {
+    let (http, url) = (cluster.client(), cluster.http_url(1));
+    let created: serde_json::Value = http
+        .post(format!("{url}/v1/namespaces"))
+        .bearer_auth(alice)
+        .json(&serde_json::json!({ "name": "Team" }))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let team = created["namespaceId"].as_str().context("a namespace id")?.to_owned();
+    let (_, bob) = new_user(cluster, 2, "dav-bob", "webdav").await?;
+    let granted = http
+        .put(format!("{url}/v1/namespaces/{team}/acl"))
+        .bearer_auth(alice)
+        .json(&serde_json::json!({ "userName": "dav-bob", "role": "viewer" }))
+        .send()
+        .await?;
+    ensure!(granted.status().is_success(), "grant bob viewer: {}", granted.status());
+    let accepted = http.post(format!("{url}/v1/namespaces/{team}/accept")).bearer_auth(&bob).send().await?;
+    ensure!(accepted.status().is_success(), "bob accepts: {}", accepted.status());
+    // The owner writes through WebDAV; the API sees it in the shared folder.
+    let put = dav(cluster, 2, (USER, alice), "PUT", "/Shared/Team/plan.txt").await?.body("the plan").send().await?;
+    ensure!(put.status() == 201, "alice PUT into Team: {}", put.status());
+    let file = http
+        .get(format!("{url}/v1/files"))
+        .query(&[("path", "/plan.txt"), ("namespaceId", team.as_str())])
+        .bearer_auth(alice)
+        .send()
+        .await?;
+    ensure!(file.status() == 200, "the API does not see /plan.txt in Team: {}", file.status());
+    // The viewer lists and reads, and may not write.
+    let listing = dav(cluster, 3, ("dav-bob", &bob), "PROPFIND", "/Shared/").await?.header("Depth", "1").send().await?;
+    let listing = listing.text().await?;
+    ensure!(listing.contains("/dav/Shared/Team/"), "bob's /Shared/ does not list Team: {listing}");
+    let read = dav(cluster, 3, ("dav-bob", &bob), "GET", "/Shared/Team/plan.txt").await?.send().await?;
+    ensure!(read.status() == 200 && read.text().await? == "the plan", "bob cannot read the plan");
+    let refused = dav(cluster, 3, ("dav-bob", &bob), "PUT", "/Shared/Team/mine.txt").await?.body("x").send().await?;
+    ensure!(refused.status() == 403, "a viewer's PUT: {}", refused.status());
+    // Out of the shared folder into alice's own: a copy, then a delete.
+    let destination = format!("{}/dav/from-team.txt", cluster.http_url(1));
+    let moved = dav(cluster, 1, (USER, alice), "MOVE", "/Shared/Team/plan.txt")
+        .await?
+        .header("Destination", destination)
+        .send()
+        .await?;
+    ensure!(moved.status().is_success(), "MOVE out of Team: {}", moved.status());
+    let here = dav(cluster, 1, (USER, alice), "GET", "/from-team.txt").await?.send().await?;
+    ensure!(here.status() == 200 && here.text().await? == "the plan", "the moved file is not in alice's root");
+    let gone = dav(cluster, 1, (USER, alice), "GET", "/Shared/Team/plan.txt").await?.send().await?;
+    ensure!(gone.status() == 404, "the moved file is still in Team: {}", gone.status());
+    eprintln!("shared folder: owner writes, viewer lists and reads (PUT 403), a MOVE out copies then deletes");
     Ok(())
 }

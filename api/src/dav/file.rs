@@ -1,0 +1,253 @@
+//! The files WebDAV opens: a [`Reader`] streams a version's blocks, fetched one at a time
+//! from this node or a peer; a [`Writer`] spools a PUT's body to a temporary file and, at the
+//! flush, cuts it into blocks, stores each on a majority and commits the new version.
+
+use std::io::SeekFrom;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use dav_server::fs::{DavFile, DavMetaData, FsError, FsFuture, FsResult};
+use futures_util::FutureExt as _;
+use raftbox_storage::blocks::{BlockHash, VerifiedBlock, CHUNK_AVG_BYTES, CHUNK_MAX_BYTES, CHUNK_MIN_BYTES};
+use raftbox_storage::command::FileCommit;
+use raftbox_storage::paths::FilePath;
+use raftbox_storage::Command;
+use tokio::io::{AsyncSeekExt as _, AsyncWriteExt as _};
+
+use super::{fs_error, Meta, RaftFs, PUT_BYTES_MAX};
+use crate::auth::Principal;
+use crate::AppState;
+
+/// A file being read: its chunks with their sizes, and the block last fetched.
+pub(super) struct Reader {
+    pub(super) state: AppState,
+    pub(super) meta: Meta,
+    pub(super) chunks: Vec<(BlockHash, u64)>,
+    pub(super) position: u64,
+    /// The block holding `position` when last read: (its offset in the file, its bytes).
+    pub(super) block: Option<(u64, Bytes)>,
+}
+
+impl std::fmt::Debug for Reader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reader").field("meta", &self.meta).field("position", &self.position).finish()
+    }
+}
+
+impl Reader {
+    /// The block holding `position` and its offset in the file, fetched from this node or a
+    /// peer; `None` at the end.
+    async fn block_at(&mut self) -> FsResult<Option<(u64, Bytes)>> {
+        if let Some((start, data)) = &self.block {
+            if self.position >= *start && self.position < start + data.len() as u64 {
+                return Ok(Some((*start, data.clone())));
+            }
+        }
+        let mut start = 0u64;
+        for (hash, size) in &self.chunks {
+            if self.position < start + size {
+                let data = self
+                    .state
+                    .node
+                    .blocks()
+                    .get(*hash)
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!(error = %e, %hash, "webdav: a block could not be read");
+                        FsError::GeneralFailure
+                    })?
+                    .ok_or(FsError::GeneralFailure)?;
+                self.block = Some((start, data.clone()));
+                return Ok(Some((start, data)));
+            }
+            start += size;
+        }
+        Ok(None)
+    }
+}
+
+impl DavFile for Reader {
+    fn metadata(&mut self) -> FsFuture<'_, Box<dyn DavMetaData>> {
+        let meta: Box<dyn DavMetaData> = Box::new(self.meta.clone());
+        async move { Ok(meta) }.boxed()
+    }
+
+    fn write_buf(&mut self, _buf: Box<dyn bytes::Buf + Send>) -> FsFuture<'_, ()> {
+        async { Err(FsError::Forbidden) }.boxed()
+    }
+
+    fn write_bytes(&mut self, _buf: Bytes) -> FsFuture<'_, ()> {
+        async { Err(FsError::Forbidden) }.boxed()
+    }
+
+    fn read_bytes(&mut self, count: usize) -> FsFuture<'_, Bytes> {
+        async move {
+            let Some((start, data)) = self.block_at().await? else {
+                return Ok(Bytes::new());
+            };
+            let from = (self.position - start) as usize;
+            let to = data.len().min(from + count);
+            self.position += (to - from) as u64;
+            Ok(data.slice(from..to))
+        }
+        .boxed()
+    }
+
+    fn seek(&mut self, pos: SeekFrom) -> FsFuture<'_, u64> {
+        async move {
+            let target = match pos {
+                SeekFrom::Start(n) => Some(n),
+                SeekFrom::End(n) => self.meta.len.checked_add_signed(n),
+                SeekFrom::Current(n) => self.position.checked_add_signed(n),
+            };
+            self.position = target.ok_or(FsError::GeneralFailure)?;
+            Ok(self.position)
+        }
+        .boxed()
+    }
+
+    fn flush(&mut self) -> FsFuture<'_, ()> {
+        async { Ok(()) }.boxed()
+    }
+}
+
+/// A file being written: the body spooled to a temporary file, cut into blocks, stored and
+/// committed at the first flush.
+pub(super) struct Writer {
+    pub(super) fs: RaftFs,
+    pub(super) principal: Principal,
+    pub(super) namespace_id: String,
+    pub(super) path: FilePath,
+    pub(super) base_version: u64,
+    pub(super) spool: Option<tokio::fs::File>,
+    pub(super) written: u64,
+    /// The version the flush committed: (file id, version, size, mtime).
+    pub(super) committed: Option<(String, u64, u64, u64)>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer").field("path", &self.path.as_str()).field("written", &self.written).finish()
+    }
+}
+
+impl Writer {
+    async fn append(&mut self, bytes: &[u8]) -> FsResult<()> {
+        let spool = self.spool.as_mut().ok_or(FsError::GeneralFailure)?;
+        self.written += bytes.len() as u64;
+        if self.written > PUT_BYTES_MAX {
+            return Err(FsError::TooLarge);
+        }
+        spool.write_all(bytes).await.map_err(|e| {
+            tracing::warn!(error = %e, "webdav: spooling a PUT failed");
+            FsError::InsufficientStorage
+        })
+    }
+
+    /// Cuts the spooled body into blocks (off the async workers), stores each on a majority as
+    /// it is cut (two in flight at most), and returns the chunk list.
+    async fn store_blocks(&mut self) -> FsResult<Vec<BlockHash>> {
+        let mut spool = self.spool.take().ok_or(FsError::GeneralFailure)?;
+        spool.flush().await.map_err(|_| FsError::GeneralFailure)?;
+        spool.seek(SeekFrom::Start(0)).await.map_err(|_| FsError::GeneralFailure)?;
+        let spool = spool.into_std().await;
+        let (sender, mut receiver) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
+        let cutter = tokio::task::spawn_blocking(move || {
+            let cdc = fastcdc::v2020::StreamCDC::new(spool, CHUNK_MIN_BYTES, CHUNK_AVG_BYTES, CHUNK_MAX_BYTES);
+            for found in cdc {
+                let piece = found.map(|c| Bytes::from(c.data)).map_err(std::io::Error::other);
+                if sender.blocking_send(piece).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut chunks = Vec::new();
+        while let Some(piece) = receiver.recv().await {
+            let data = piece.map_err(|e| {
+                tracing::warn!(error = %e, "webdav: reading a spooled PUT failed");
+                FsError::GeneralFailure
+            })?;
+            if chunks.len() == crate::routes::files::FILE_CHUNKS_MAX {
+                return Err(FsError::TooLarge);
+            }
+            let hash = BlockHash::of(&data);
+            let block = VerifiedBlock::verify(hash, data).map_err(|_| FsError::GeneralFailure)?;
+            crate::routes::blocks::store(&self.fs.state, &self.principal, block).await.map_err(fs_error)?;
+            chunks.push(hash);
+        }
+        cutter.await.map_err(|_| FsError::GeneralFailure)?;
+        Ok(chunks)
+    }
+}
+
+impl DavFile for Writer {
+    fn metadata(&mut self) -> FsFuture<'_, Box<dyn DavMetaData>> {
+        async move {
+            let meta = match &self.committed {
+                Some((file_id, version, size, mtime_ms)) => Meta {
+                    len: *size,
+                    modified_ms: *mtime_ms,
+                    dir: false,
+                    etag: Some(format!("{file_id}-{version}")),
+                    executable: false,
+                },
+                None => Meta { len: self.written, modified_ms: 0, dir: false, etag: None, executable: false },
+            };
+            Ok(Box::new(meta) as Box<dyn DavMetaData>)
+        }
+        .boxed()
+    }
+
+    fn write_buf(&mut self, mut buf: Box<dyn bytes::Buf + Send>) -> FsFuture<'_, ()> {
+        async move {
+            while buf.has_remaining() {
+                let piece = buf.chunk().to_vec();
+                buf.advance(piece.len());
+                self.append(&piece).await?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn write_bytes(&mut self, buf: Bytes) -> FsFuture<'_, ()> {
+        async move { self.append(&buf).await }.boxed()
+    }
+
+    fn read_bytes(&mut self, _count: usize) -> FsFuture<'_, Bytes> {
+        async { Err(FsError::Forbidden) }.boxed()
+    }
+
+    fn seek(&mut self, pos: SeekFrom) -> FsFuture<'_, u64> {
+        // Only the position already reached: a PUT writes its body in order.
+        async move {
+            match pos {
+                SeekFrom::Current(0) => Ok(self.written),
+                SeekFrom::Start(n) if n == self.written => Ok(n),
+                _ => Err(FsError::NotImplemented),
+            }
+        }
+        .boxed()
+    }
+
+    fn flush(&mut self) -> FsFuture<'_, ()> {
+        async move {
+            if self.committed.is_some() {
+                return Ok(());
+            }
+            let chunks = self.store_blocks().await?;
+            let mtime_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let size = self.written;
+            let commit = FileCommit {
+                chunks,
+                size,
+                mtime_ms,
+                ..RaftFs::empty_commit(&self.principal, &self.namespace_id, self.path.clone(), self.base_version)
+            };
+            let (file_id, version) = self.fs.commit(Command::CommitFile(Box::new(commit))).await?;
+            self.committed = Some((file_id, version, size, mtime_ms));
+            Ok(())
+        }
+        .boxed()
+    }
+}

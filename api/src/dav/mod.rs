@@ -1,0 +1,508 @@
+//! WebDAV at `/dav/` (RFC 4918 class 1 and 2), through the `dav-server` crate: it speaks the
+//! protocol (PROPFIND, GET with ranges, PUT, DELETE, MKCOL, COPY, MOVE, LOCK/UNLOCK,
+//! conditional headers, multi-status answers); [`RaftFs`] maps it onto the caller's
+//! namespaces with the API's own rules, so WebDAV is one more client of the same commands:
+//!
+//! - **Where:** the personal namespace is the root; each shared folder the caller can read is
+//!   `/Shared/<its name>/` (`name (end of its id)` where that name is taken), with the
+//!   caller's role (a viewer reads; a change is 403). `/Shared` itself lists them, with any
+//!   personal files under `/Shared`. A MOVE between namespaces copies, then deletes.
+//! - **A PUT is a new version**, committed on the version the file had when the PUT began: a
+//!   commit that raced another writer keeps both (the state machine's conflicted copy) and
+//!   answers 409. The body is spooled to a temporary file (bounded memory, whatever its size),
+//!   cut with the same FastCDC sizes as every raftbox writer, each block stored durably on a
+//!   majority, then committed. Quota and a full disk answer 507.
+//! - **Folders** are implicit, as in the API (a folder exists while a file is under it); MKCOL
+//!   makes one explicit with an empty marker file, [`FOLDER_MARKER`], which WebDAV does not
+//!   list. The API and the sync client see the marker as an ordinary empty file, so an empty
+//!   folder made here also appears on every synced device (git's `.gitkeep`, made for you).
+//! - **DELETE** of a file is a tombstone version (history keeps every version); of a folder, a
+//!   tombstone for every file under it. **MOVE** of a file is the API's move; of a folder, a
+//!   move per file. **COPY** commits the same blocks at the destination (no bytes copied).
+//!   A folder operation touching more than [`TREE_FILES_MAX`] files is refused (507): it
+//!   would be unbounded work for one request (the sync client or the CLI move such trees).
+//! - **Locks** are kept in memory by the node that granted them (`dav-server`'s `MemLs`): a
+//!   client keeps talking to one node, and a restart forgets them (they are advisory).
+//! - **Authentication:** Basic, with the user's name and a token of theirs as the password (as
+//!   Nextcloud's app passwords), or a bearer token. Without credentials the answer is 401 with
+//!   a Basic challenge, which davfs2 and Windows wait for.
+//! - **Dead properties** (PROPPATCH of properties WebDAV does not define) are not stored: the
+//!   PROPPATCH answers 501.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use dav_server::davpath::DavPath;
+use dav_server::fs::{DavDirEntry, DavMetaData, FsError, FsFuture, FsResult};
+use dav_server::memls::MemLs;
+use dav_server::DavHandler;
+use futures_util::FutureExt as _;
+use raftbox_storage::command::{FileCommit, FileMove};
+use raftbox_storage::files::FolderEntry;
+use raftbox_storage::paths::FilePath;
+use raftbox_storage::{Command, Outcome, Rejection};
+
+mod file;
+mod fs;
+
+use crate::auth::Principal;
+use crate::routes::{new_id, LISTING_WORK_MAX};
+use crate::{ApiError, AppState};
+
+/// The folder under the root that holds the caller's shared folders.
+pub const SHARED_FOLDER: &str = "Shared";
+/// The empty file that makes a folder made with MKCOL explicit.
+pub const FOLDER_MARKER: &str = ".raftbox-folder";
+/// Entries one folder listing (PROPFIND depth 1) returns, at most; a larger folder answers
+/// 507 rather than a listing that silently leaves files out.
+pub const LISTING_ENTRIES_MAX: usize = 10_000;
+/// Files one folder DELETE, MOVE or COPY may touch, at most (each is one command).
+pub const TREE_FILES_MAX: usize = 1_000;
+/// Bytes one PUT may write, at most (a file also has at most `FILE_CHUNKS_MAX` chunks).
+pub const PUT_BYTES_MAX: u64 = 64 << 30;
+/// The device named in conflicted copies made by WebDAV writes.
+const DEVICE: &str = "webdav";
+
+/// How long one WebDAV request may take, whole body included (a PUT of a large file over a
+/// slow link); every wait inside is bounded on its own as well.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30 * 60);
+
+/// Answers 503 when a WebDAV request has not finished within [`REQUEST_DEADLINE`].
+pub async fn deadline(request: Request, next: axum::middleware::Next) -> Response {
+    match tokio::time::timeout(REQUEST_DEADLINE, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Unavailable(format!(
+            "no answer within the WebDAV deadline ({} s); a write in flight may or may not happen",
+            REQUEST_DEADLINE.as_secs()
+        ))
+        .into_response(),
+    }
+}
+
+/// The routes: `/dav` and everything under it, every method.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/dav", any(handle)).route("/dav/", any(handle)).route("/dav/{*path}", any(handle))
+}
+
+/// The locks every WebDAV request on this node shares.
+#[derive(Clone)]
+pub struct Locks(Box<MemLs>);
+
+impl Default for Locks {
+    fn default() -> Locks {
+        Locks(MemLs::new())
+    }
+}
+
+impl std::fmt::Debug for Locks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Locks")
+    }
+}
+
+async fn handle(State(state): State<AppState>, request: Request) -> Response {
+    let principal = match crate::auth::from_headers(&state, request.headers()).await {
+        Ok(principal) => principal,
+        Err(error) => {
+            let mut response = error.into_response();
+            if response.status() == StatusCode::UNAUTHORIZED {
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"raftbox\", charset=\"UTF-8\""),
+                );
+            }
+            return response;
+        }
+    };
+    let handler = DavHandler::builder()
+        .filesystem(Box::new(RaftFs { state: state.clone() }))
+        .locksystem(state.dav_locks.0.clone())
+        .strip_prefix("/dav")
+        .build_handler();
+    let name = principal.user.name.clone();
+    handler.handle_guarded(request, name, principal).await.map(Body::new)
+}
+
+/// The caller's files as a `dav-server` file system.
+#[derive(Clone)]
+pub struct RaftFs {
+    state: AppState,
+}
+
+/// What a failed call answers, logged when it is the server's fault.
+fn fs_error(error: ApiError) -> FsError {
+    match error {
+        ApiError::NotFound(_) => FsError::NotFound,
+        ApiError::Forbidden(_) => FsError::Forbidden,
+        ApiError::QuotaExceeded(_) => FsError::InsufficientStorage,
+        ApiError::PayloadTooLarge(_) => FsError::TooLarge,
+        ApiError::BadRequest(_) => FsError::Forbidden,
+        ApiError::Conflict(_) | ApiError::CommitConflict { .. } => FsError::Exists,
+        other => {
+            tracing::warn!(error = %other, "webdav: a call failed");
+            FsError::GeneralFailure
+        }
+    }
+}
+
+/// The path a WebDAV path names in the namespace, without a trailing `/` (`"/"` for the
+/// root). A path the namespace cannot hold (not UTF-8, a component too long) is not found.
+fn path_of(path: &DavPath) -> FsResult<String> {
+    let text = std::str::from_utf8(path.as_bytes()).map_err(|_| FsError::NotFound)?;
+    let trimmed = text.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok("/".to_string());
+    }
+    let parsed = FilePath::parse(trimmed).map_err(|_| FsError::NotFound)?;
+    Ok(parsed.as_str().to_string())
+}
+
+fn file_path(text: &str) -> FsResult<FilePath> {
+    FilePath::parse(text).map_err(|_| FsError::Forbidden)
+}
+
+/// The folder form of a path: `/` or `/a/b/`.
+fn folder_of(path: &str) -> String {
+    if path == "/" {
+        "/".to_string()
+    } else {
+        format!("{path}/")
+    }
+}
+
+fn is_marker(path: &str) -> bool {
+    path.rsplit('/').next() == Some(FOLDER_MARKER)
+}
+
+#[derive(Debug, Clone)]
+struct Meta {
+    len: u64,
+    modified_ms: u64,
+    dir: bool,
+    /// `fileId-version` of a file: it changes with every version.
+    etag: Option<String>,
+    executable: bool,
+}
+
+impl Meta {
+    fn folder() -> Meta {
+        // Folders keep no times: "now" is what clients show for one.
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        Meta { len: 0, modified_ms: now_ms, dir: true, etag: None, executable: false }
+    }
+
+    fn file(file: &raftbox_storage::records::FileRecord, version: &raftbox_storage::records::VersionRecord) -> Meta {
+        Meta {
+            len: version.size,
+            modified_ms: version.mtime_ms,
+            dir: false,
+            etag: Some(format!("{}-{}", file.id, version.version)),
+            executable: version.executable,
+        }
+    }
+}
+
+impl DavMetaData for Meta {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn modified(&self) -> FsResult<SystemTime> {
+        Ok(UNIX_EPOCH + Duration::from_millis(self.modified_ms))
+    }
+
+    fn is_dir(&self) -> bool {
+        self.dir
+    }
+
+    fn etag(&self) -> Option<String> {
+        self.etag.clone()
+    }
+
+    fn executable(&self) -> FsResult<bool> {
+        Ok(self.executable)
+    }
+}
+
+struct Entry {
+    name: String,
+    meta: Meta,
+}
+
+impl DavDirEntry for Entry {
+    fn name(&self) -> Vec<u8> {
+        self.name.as_bytes().to_vec()
+    }
+
+    fn metadata(&self) -> FsFuture<'_, Box<dyn DavMetaData>> {
+        let meta: Box<dyn DavMetaData> = Box::new(self.meta.clone());
+        async move { Ok(meta) }.boxed()
+    }
+}
+
+/// What a WebDAV path names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Place {
+    /// A path in a namespace (the caller's personal one, or a shared folder's), and whether
+    /// the caller may change files there.
+    Files { namespace_id: String, path: String, writable: bool },
+    /// `/Shared`: the folder that lists the caller's shared folders.
+    Shares,
+}
+
+/// A shared folder as WebDAV shows it under `/Shared/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Share {
+    name: String,
+    namespace_id: String,
+    writable: bool,
+}
+
+/// A shared folder's name as a path component: its name with `/` and control characters
+/// made `_`; its id when that leaves nothing usable.
+fn share_name(namespace: &raftbox_storage::records::Namespace) -> String {
+    let cleaned: String = namespace.name.chars().map(|c| if c == '/' || c.is_control() { '_' } else { c }).collect();
+    let cleaned = cleaned.trim();
+    if cleaned.is_empty() || cleaned == "." || cleaned == ".." || cleaned.len() > 200 {
+        namespace.id.clone()
+    } else {
+        cleaned.to_string()
+    }
+}
+
+/// The shared folders as WebDAV names them, in namespace id order: each by its name, unless
+/// an earlier one or the personal namespace's own `/Shared/<name>` has it, then with the
+/// end of its id after it (`Team (9f3c2a1b)`): no folder hides another.
+fn name_shares(accesses: Vec<raftbox_storage::sharing::Access>, personal: &str, taken: &[String]) -> Vec<Share> {
+    let mut taken: std::collections::HashSet<String> = taken.iter().cloned().collect();
+    let mut out = Vec::new();
+    for access in accesses.into_iter().filter(|a| a.namespace.id != personal) {
+        let base = share_name(&access.namespace);
+        let name = if taken.contains(&base) {
+            let id = &access.namespace.id;
+            format!("{base} ({})", &id[id.len().saturating_sub(8)..])
+        } else {
+            base
+        };
+        taken.insert(name.clone());
+        out.push(Share { name, namespace_id: access.namespace.id, writable: access.role.can_write() });
+    }
+    out
+}
+
+impl RaftFs {
+    /// What `path` names for the caller, after a read barrier (so what follows reads the
+    /// state as of now): `/Shared/<name>/…` a shared folder's files, `/Shared` the list of
+    /// them, anything else the personal namespace (its own `/Shared/<other>` included).
+    async fn locate(&self, principal: &Principal, path: &DavPath) -> FsResult<Place> {
+        let path = path_of(path)?;
+        self.state.node.read_barrier().await.map_err(|e| fs_error(e.into()))?;
+        let shared_root = format!("/{SHARED_FOLDER}");
+        if path == shared_root {
+            return Ok(Place::Shares);
+        }
+        let personal =
+            Place::Files { namespace_id: principal.user.namespace_id.clone(), path: path.clone(), writable: true };
+        let Some(rest) = path.strip_prefix(&format!("{shared_root}/")) else {
+            return Ok(personal);
+        };
+        let (name, inner) = rest.split_once('/').unwrap_or((rest, ""));
+        match self.shares(principal)?.into_iter().find(|share| share.name == name) {
+            Some(share) => Ok(Place::Files {
+                namespace_id: share.namespace_id,
+                path: format!("/{inner}"),
+                writable: share.writable,
+            }),
+            None => Ok(personal),
+        }
+    }
+
+    /// Like [`RaftFs::locate`], for a change: the namespace and path, or 403 where the caller
+    /// may not change files (a viewer, the `/Shared` list).
+    async fn locate_writable(&self, principal: &Principal, path: &DavPath) -> FsResult<(String, String)> {
+        match self.locate(principal, path).await? {
+            Place::Files { namespace_id, path, writable: true } => Ok((namespace_id, path)),
+            _ => Err(FsError::Forbidden),
+        }
+    }
+
+    /// The caller's shared folders, named (see [`name_shares`]).
+    fn shares(&self, principal: &Principal) -> FsResult<Vec<Share>> {
+        let sm = self.state.node.state();
+        let personal = &principal.user.namespace_id;
+        let own = sm
+            .list_folder(personal, &format!("/{SHARED_FOLDER}/"), None, LISTING_ENTRIES_MAX, LISTING_WORK_MAX)
+            .map_err(|e| fs_error(e.into()))?;
+        let taken: Vec<String> = own
+            .entries
+            .into_iter()
+            .map(|entry| match entry {
+                FolderEntry::Folder { name } | FolderEntry::File { name, .. } => name,
+            })
+            .collect();
+        let accesses = sm.namespaces_of(&principal.user.id).map_err(|e| fs_error(e.into()))?;
+        Ok(name_shares(accesses, personal, &taken))
+    }
+
+    /// What is at `path`: a live file, a folder (the root, or a path with a live file under
+    /// it), or nothing.
+    fn lookup(&self, namespace_id: &str, path: &str) -> FsResult<Option<Meta>> {
+        if path == "/" {
+            return Ok(Some(Meta::folder()));
+        }
+        let sm = self.state.node.state();
+        if let Some((file, version)) = sm.file_at(namespace_id, path).map_err(|e| fs_error(e.into()))? {
+            if !file.deleted {
+                return Ok(Some(Meta::file(&file, &version)));
+            }
+        }
+        let mut budget = LISTING_WORK_MAX;
+        match self.live_under(namespace_id, path, &mut budget) {
+            Ok(live) => Ok(live.then(Meta::folder)),
+            // Only tombstones within the work bound: counted as a folder (a live file may
+            // follow), never as nothing.
+            Err(FsError::InsufficientStorage) => Ok(Some(Meta::folder())),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Whether a live file is under `folder` (`/a/b`), looking at `budget` records at most
+    /// (spent from it; 507 when it runs out first). The API's listing names a folder while any
+    /// record is under it, a deleted file's included; a WebDAV folder exists while a live
+    /// file is.
+    fn live_under(&self, namespace_id: &str, folder: &str, budget: &mut usize) -> FsResult<bool> {
+        let prefix = folder_of(folder);
+        let sm = self.state.node.state();
+        let mut after: Option<String> = None;
+        loop {
+            if *budget == 0 {
+                return Err(FsError::InsufficientStorage);
+            }
+            let want = (*budget).min(256);
+            let page = sm.files_under(namespace_id, &prefix, after.as_deref(), want).map_err(|e| fs_error(e.into()))?;
+            *budget -= page.len().min(*budget);
+            if page.iter().any(|(file, _)| !file.deleted) {
+                return Ok(true);
+            }
+            if page.len() < want {
+                return Ok(false);
+            }
+            after = page.last().map(|(file, _)| file.path.as_str().to_string());
+        }
+    }
+
+    /// The live files under `folder` (`/a/b`), at most [`TREE_FILES_MAX`] (else 507).
+    fn files_under(&self, namespace_id: &str, folder: &str) -> FsResult<Vec<(String, u64)>> {
+        let prefix = folder_of(folder);
+        let sm = self.state.node.state();
+        let (mut out, mut after, mut scanned) = (Vec::new(), None::<String>, 0usize);
+        loop {
+            let page = sm
+                .files_under(namespace_id, &prefix, after.as_deref(), TREE_FILES_MAX)
+                .map_err(|e| fs_error(e.into()))?;
+            let done = page.len() < TREE_FILES_MAX;
+            for (file, _) in &page {
+                after = Some(file.path.as_str().to_string());
+                if !file.deleted {
+                    out.push((file.path.as_str().to_string(), file.current_version));
+                }
+            }
+            scanned += page.len();
+            if out.len() > TREE_FILES_MAX || scanned > LISTING_WORK_MAX {
+                return Err(FsError::InsufficientStorage);
+            }
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Proposes `command` and reads its outcome as a file system result.
+    async fn commit(&self, command: Command) -> FsResult<(String, u64)> {
+        let outcome = self.state.node.write(command).await.map_err(|e| fs_error(e.into()))?;
+        match outcome {
+            Outcome::FileCommitted { file_id, version, .. } => Ok((file_id, version)),
+            Outcome::FileConflict { .. } => Err(FsError::Exists),
+            Outcome::Rejected(Rejection::QuotaExceeded { .. }) => Err(FsError::InsufficientStorage),
+            Outcome::Rejected(rejection) => Err(fs_error(rejection.into())),
+            other => {
+                tracing::warn!(?other, "webdav: unexpected outcome");
+                Err(FsError::GeneralFailure)
+            }
+        }
+    }
+
+    fn empty_commit(principal: &Principal, namespace_id: &str, path: FilePath, base_version: u64) -> FileCommit {
+        crate::routes::files::empty_commit(principal, namespace_id.to_string(), path, base_version, DEVICE.to_string())
+    }
+
+    /// The current version of the live file at `path`, or 0.
+    fn current_version(&self, namespace_id: &str, path: &str) -> FsResult<u64> {
+        let found = self.state.node.state().file_at(namespace_id, path).map_err(|e| fs_error(e.into()))?;
+        Ok(found.filter(|(f, _)| !f.deleted).map_or(0, |(f, _)| f.current_version))
+    }
+
+    /// Refuses a write whose parent folder does not exist (409 to the client).
+    fn parent_exists(&self, namespace_id: &str, path: &str) -> FsResult<()> {
+        let parent = path.rsplit_once('/').map_or("/", |(p, _)| if p.is_empty() { "/" } else { p });
+        match self.lookup(namespace_id, parent)? {
+            Some(meta) if meta.dir => Ok(()),
+            _ => Err(FsError::NotFound),
+        }
+    }
+
+    async fn delete_file(&self, principal: &Principal, namespace_id: &str, path: &str, base: u64) -> FsResult<()> {
+        let commit =
+            FileCommit { deleted: true, ..Self::empty_commit(principal, namespace_id, file_path(path)?, base) };
+        self.commit(Command::CommitFile(Box::new(commit))).await.map(|_| ())
+    }
+
+    async fn move_file(
+        &self,
+        principal: &Principal,
+        namespace_id: &str,
+        from: &str,
+        to: &str,
+        base: u64,
+    ) -> FsResult<()> {
+        let request = FileMove {
+            namespace_id: namespace_id.to_string(),
+            from: file_path(from)?,
+            to: file_path(to)?,
+            base_version: base,
+            device: DEVICE.to_string(),
+            new_file_id: new_id(),
+            actor_user_id: principal.user.id.clone(),
+        };
+        self.commit(Command::MoveFile(Box::new(request))).await.map(|_| ())
+    }
+
+    /// Commits the live file at `from` (in `from_namespace`) at `to` (in `to_namespace`), on
+    /// whatever is there: the same blocks, no bytes copied.
+    async fn copy_file(
+        &self,
+        principal: &Principal,
+        (from_namespace, from): (&str, &str),
+        (to_namespace, to): (&str, &str),
+    ) -> FsResult<()> {
+        let sm = self.state.node.state();
+        let version = match sm.file_at(from_namespace, from).map_err(|e| fs_error(e.into()))? {
+            Some((file, version)) if !file.deleted => version,
+            _ => return Err(FsError::NotFound),
+        };
+        let base = self.current_version(to_namespace, to)?;
+        let commit = FileCommit {
+            chunks: version.chunks,
+            size: version.size,
+            mtime_ms: version.mtime_ms,
+            executable: version.executable,
+            ..Self::empty_commit(principal, to_namespace, file_path(to)?, base)
+        };
+        self.commit(Command::CommitFile(Box::new(commit))).await.map(|_| ())
+    }
+}
