@@ -71,6 +71,8 @@ pub struct Shared {
     pub limits: Arc<runtime_limits::Live>,
     /// The WebDAV locks this node granted.
     pub dav_locks: dav::Locks,
+    /// Password hashing places and login attempt limits.
+    pub passwords: routes::login::Passwords,
 }
 
 impl std::ops::Deref for AppState {
@@ -109,6 +111,7 @@ impl AppState {
             in_flight,
             limits,
             dav_locks,
+            passwords: routes::login::Passwords::default(),
         }))
     }
 }

@@ -429,6 +429,7 @@ pub struct GroupDetail {
         ops::get_limits, ops::put_limits,
         ops::create_user, ops::get_user, ops::create_token, ops::list_tokens, ops::revoke_token,
         ops::me, ops::my_tokens, ops::revoke_my_token,
+        ops::login, ops::set_my_password, ops::set_password, ops::remove_password,
         ops::blocks_status, ops::get_block, ops::put_block,
         ops::get_file, ops::commit_file, ops::file_history, ops::restore_file, ops::delete_file, ops::move_file,
         ops::list_folder,
@@ -459,8 +460,8 @@ pub struct ApiDoc;
 struct Common;
 
 /// Routes that need no token.
-const OPEN_PATHS: [&str; 7] =
-    ["/", "/console/{file}", "/healthz", "/readyz", "/metrics", "/v1/cluster", "/v1/openapi.json"];
+const OPEN_PATHS: [&str; 8] =
+    ["/", "/console/{file}", "/healthz", "/readyz", "/metrics", "/v1/cluster", "/v1/openapi.json", "/v1/login"];
 
 fn problem(description: &str) -> RefOr<utoipa::openapi::Response> {
     let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build();
@@ -574,6 +575,34 @@ mod ops {
         (status = 409, description = "The change conflicts with the membership.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn remove_member_node() {}
+
+    #[utoipa::path(post, path = "/v1/login", tag = "me", request_body = crate::routes::login::LoginRequest, responses(
+        (status = 201, description = "A session token (a bearer token named `login`, expiring after 30 days), shown once.", body = crate::routes::login::LoginResponse),
+        (status = 401, description = "Wrong name or password (the same answer for both, and for a user without a password).", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn login() {}
+
+    #[utoipa::path(put, path = "/v1/me/password", tag = "me", request_body = crate::routes::login::PasswordRequest, responses(
+        (status = 204, description = "The caller's password is set; it logs in with `POST /v1/login`."),
+        (status = 403, description = "A password is set, and `currentPassword` is missing or wrong.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A node still runs a release that cannot store passwords (the cluster's data format is below 4).", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn set_my_password() {}
+
+    #[utoipa::path(put, path = "/v1/admin/users/{user_id}/password", tag = "admin", params(("user_id" = String, Path, description = "User id")), request_body = crate::routes::login::PasswordRequest, responses(
+        (status = 204, description = "The user's password is set."),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A node still runs a release that cannot store passwords (the cluster's data format is below 4).", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn set_password() {}
+
+    #[utoipa::path(delete, path = "/v1/admin/users/{user_id}/password", tag = "admin", params(("user_id" = String, Path, description = "User id")), responses(
+        (status = 204, description = "The user can no longer log in with a password (their tokens still work)."),
+        (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn remove_password() {}
 
     #[utoipa::path(get, path = "/v1/admin/limits", tag = "admin", responses(
         (status = 200, description = "The rate limits, job limits and quotas in force: the cluster's (`source` `cluster`, with `revision` and `setAtMs`), or the answering node's TOML before any were set (`nodeConfig`); and the cluster's data format.", body = crate::runtime_limits::LimitsView),

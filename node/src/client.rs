@@ -65,6 +65,15 @@ fn token_source(
     }
 }
 
+/// Where `raftbox login` keeps the session token, and where every command looks for one last:
+/// `$XDG_CONFIG_HOME/raftbox/token`, else `~/.config/raftbox/token`.
+pub fn saved_token_path() -> Option<PathBuf> {
+    let config = std::env::var_os("XDG_CONFIG_HOME").filter(|d| !d.is_empty()).map(PathBuf::from).or_else(|| {
+        std::env::var_os("HOME").filter(|d| !d.is_empty()).map(|home| PathBuf::from(home).join(".config"))
+    })?;
+    Some(config.join("raftbox").join("token"))
+}
+
 /// An id on the command line (a user's, a folder's, a job's…): refused here when empty or
 /// when it could not be one path segment, so `raftbox share members ""` says so instead of
 /// calling `/v1/namespaces//acl`.
@@ -117,7 +126,15 @@ impl Api {
             Some(TokenSource::File(path)) => {
                 std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?.trim().to_string()
             }
-            None => bail!("a token is needed: --token, --token-file, RAFTBOX_TOKEN or RAFTBOX_TOKEN_FILE"),
+            None => match saved_token_path().filter(|path| path.exists()) {
+                Some(path) => std::fs::read_to_string(&path)
+                    .with_context(|| format!("read {}", path.display()))?
+                    .trim()
+                    .to_string(),
+                None => bail!(
+                    "a token is needed: --token, --token-file, RAFTBOX_TOKEN, RAFTBOX_TOKEN_FILE, or `raftbox login`"
+                ),
+            },
         };
         let http = http_client(builder, connection.ca_file.as_deref())?;
         Ok(Api { http, url: url.to_string(), token, device, namespace: None })

@@ -26,6 +26,7 @@ mod executor;
 mod files_client;
 mod jobs_client;
 mod limits_client;
+mod login_client;
 mod maintenance;
 mod serve;
 mod share_client;
@@ -86,6 +87,12 @@ enum Commands {
     Status(admin_client::StatusArgs),
     /// Users (admin token): create, show.
     Users(admin_client::UsersArgs),
+    /// Log in with your name and password: a session token (30 days), kept in
+    /// ~/.config/raftbox/token, which every command then uses when given no other token.
+    Login(login_client::LoginArgs),
+    /// Set your password (asks for the current one once one is set), or a user's with
+    /// --user ID (admin token; --remove takes it away).
+    Passwd(login_client::PasswdArgs),
     /// Bearer tokens: create (admin), ls, revoke (a user's with the admin token, or your own).
     Tokens(admin_client::TokensArgs),
     /// Measure write throughput and latency of a running cluster with N concurrent writers.
@@ -140,6 +147,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Commands::Limits(args) => runtime.block_on(limits_client::run(args)),
         Commands::Status(args) => runtime.block_on(admin_client::run_status(args)),
         Commands::Users(args) => runtime.block_on(admin_client::run_users(args)),
+        Commands::Login(args) => runtime.block_on(login_client::run_login(args)),
+        Commands::Passwd(args) => runtime.block_on(login_client::run_passwd(args)),
         Commands::Tokens(args) => runtime.block_on(admin_client::run_tokens(args)),
         Commands::Files(args) => runtime.block_on(files_client::run(args)),
         Commands::Jobs(args) => runtime.block_on(jobs_client::run(args)),

@@ -83,6 +83,18 @@ fn put_token(
 }
 
 /// Removes a user's token (its record and its index entry).
+/// Sets or removes a user's password hash; an unknown user is a rejection, never an error.
+pub(crate) fn set_password(txn: &mut Txn<'_>, user_id: &str, hash: Option<&str>) -> Result<Outcome, StorageError> {
+    if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
+    }
+    match hash {
+        Some(hash) => txn.put(keys::password(user_id), &hash.to_string()),
+        None => txn.delete(keys::password(user_id)),
+    }
+    Ok(Outcome::Done)
+}
+
 pub(crate) fn revoke_token(txn: &mut Txn<'_>, user_id: &str, token_id: &str) -> Result<Outcome, StorageError> {
     let index = keys::user_token(user_id, token_id);
     let Some(raw) = txn.get_raw(&index)? else {
@@ -130,6 +142,11 @@ pub(crate) fn ensure_admin(
 impl StateMachine {
     pub fn user(&self, user_id: &str) -> Result<Option<User>, StorageError> {
         self.read("user", &keys::user(user_id))
+    }
+
+    /// A user's password hash (a PHC string), if they have a password.
+    pub fn password_hash(&self, user_id: &str) -> Result<Option<String>, StorageError> {
+        self.read("password", &keys::password(user_id))
     }
 
     /// The token with this secret hash and the user it belongs to.

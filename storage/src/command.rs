@@ -94,6 +94,12 @@ pub enum Command {
         #[serde(default)]
         expires_ms: Option<u64>,
     },
+    /// Sets (or, with `None`, removes) a user's password: its argon2id hash as a PHC string,
+    /// computed before proposing (apply never hashes). Format 4.
+    SetPassword {
+        user_id: String,
+        password_hash: Option<String>,
+    },
     /// Revokes a user's token: it stops working on every node as each applies this.
     RevokeToken {
         user_id: String,
@@ -315,6 +321,7 @@ impl Command {
         match self {
             Command::Migrate { schema } => (*schema).max(crate::format::unrecorded()),
             Command::SetLimits { .. } => 3,
+            Command::SetPassword { .. } => 4,
             Command::Idempotent { command, .. } | Command::Once { command, .. } => command.format(),
             Command::CreateUser { .. }
             | Command::CreateToken { .. }
@@ -397,6 +404,7 @@ impl Touched {
             Command::Idempotent { command, .. } | Command::Once { command, .. } => self.add(command),
             Command::CreateUser { .. }
             | Command::CreateToken { .. }
+            | Command::SetPassword { .. }
             | Command::EnsureAdmin { .. }
             | Command::IdempotencyBegin { .. }
             | Command::IdempotencyComplete { .. }

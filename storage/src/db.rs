@@ -321,18 +321,23 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let db = Db::open(dir.path()).expect("open");
-            assert_eq!(db.meta_get(keys::meta::FORMAT).expect("format"), Some(b"3".to_vec()));
-            db.meta_put(keys::meta::FORMAT, b"4", true).expect("put");
+            let current = crate::format::FORMAT.to_string().into_bytes();
+            assert_eq!(db.meta_get(keys::meta::FORMAT).expect("format"), Some(current));
+            let newer = (crate::format::FORMAT + 1).to_string();
+            db.meta_put(keys::meta::FORMAT, newer.as_bytes(), true).expect("put");
         }
         let error = Db::open(dir.path()).expect_err("a newer format is refused");
         assert!(matches!(error, StorageError::TooNew(_)), "{error}");
-        assert!(error.to_string().contains("data format 4"), "{error}");
+        assert!(error.to_string().contains(&format!("data format {}", crate::format::FORMAT + 1)), "{error}");
         {
             // Opened by a raftbox of format 2 (which records nothing and leaves it as it is).
             let raw = rocksdb::DB::open_cf(&Options::default(), dir.path(), cf::ALL).expect("open as is");
             raw.put_cf(raw.cf_handle(cf::RAFT_META).expect("meta"), keys::meta::FORMAT, b"2").expect("put");
         }
         let db = Db::open(dir.path()).expect("an older format opens");
-        assert_eq!(db.meta_get(keys::meta::FORMAT).expect("format"), Some(b"3".to_vec()));
+        assert_eq!(
+            db.meta_get(keys::meta::FORMAT).expect("format"),
+            Some(crate::format::FORMAT.to_string().into_bytes())
+        );
     }
 }

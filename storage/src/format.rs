@@ -3,6 +3,7 @@
 //!
 //! - **Formats.** 1: before sharing. 2: shared folders (chunk references per namespace).
 //!   3: format versions themselves and runtime limits ([`crate::Command::SetLimits`]).
+//!   4: passwords ([`crate::Command::SetPassword`]).
 //! - **The data directory** records the format of the code that last opened it
 //!   ([`crate::keys::meta::FORMAT`], absent before format 3); [`crate::Db::open`] refuses a
 //!   newer one.
@@ -16,7 +17,7 @@
 //!   refused at `cluster add` and at start.
 
 /// The format this code reads and writes.
-pub const FORMAT: u32 = 3;
+pub const FORMAT: u32 = 4;
 
 /// The format every release that may share a cluster with this one reads: each node brings
 /// the stored data up to it at start (`Migrate`, as the previous release did), so only the
@@ -70,10 +71,10 @@ mod tests {
     #[test]
     fn a_newer_entry_declares_its_format() {
         let entry = br#"{"log_id":{"leader_id":{"term":1,"node_id":1},"index":7},
-            "payload":{"Normal":{"now_ms":1,"commands":[{"type":"from_the_future"}],"format":4}}}"#;
-        assert_eq!(declared_entry_format(entry), Some(4));
+            "payload":{"Normal":{"now_ms":1,"commands":[{"type":"from_the_future"}],"format":9}}}"#;
+        assert_eq!(declared_entry_format(entry), Some(9));
         assert_eq!(declared_entry_format(b"{\"payload\":\"Blank\"}"), None);
         assert_eq!(declared_entry_format(b"not json"), None);
-        assert!(too_new("log entry 7", 4).contains("formats up to 3"));
+        assert!(too_new("log entry 7", 9).contains(&format!("formats up to {FORMAT}")));
     }
 }

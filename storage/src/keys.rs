@@ -76,6 +76,7 @@ mod tag {
     pub const JOBS_ACTIVE: u8 = 0x25;
     pub const STORED_BYTES: u8 = 0x26;
     pub const FOLDERS_CREATED: u8 = 0x27;
+    pub const PASSWORD: u8 = 0x28;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -298,6 +299,11 @@ pub fn clock() -> Vec<u8> {
 
 pub fn user(user_id: &str) -> Vec<u8> {
     tagged(tag::USER, user_id.as_bytes())
+}
+
+/// A user's password hash (a PHC string; absent: no password).
+pub fn password(user_id: &str) -> Vec<u8> {
+    tagged(tag::PASSWORD, user_id.as_bytes())
 }
 
 /// Unique index: user name → user id.

@@ -316,6 +316,9 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
             accounts::create_token(txn, token_id, user_id, name, token_hash, *expires_ms)
         }
         Command::RevokeToken { user_id, token_id } => accounts::revoke_token(txn, user_id, token_id),
+        Command::SetPassword { user_id, password_hash } => {
+            accounts::set_password(txn, user_id, password_hash.as_deref())
+        }
         Command::EnsureAdmin { user_id, namespace_id, token_id, token_hash } => {
             accounts::ensure_admin(txn, user_id, namespace_id, token_id, token_hash)
         }

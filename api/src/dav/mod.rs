@@ -23,8 +23,8 @@
 //!   would be unbounded work for one request (the sync client or the CLI move such trees).
 //! - **Locks** are kept in memory by the node that granted them (`dav-server`'s `MemLs`): a
 //!   client keeps talking to one node, and a restart forgets them (they are advisory).
-//! - **Authentication:** Basic, with the user's name and a token of theirs as the password (as
-//!   Nextcloud's app passwords), or a bearer token. Without credentials the answer is 401 with
+//! - **Authentication:** Basic, with the user's name and their password or a token of theirs
+//!   as the password (as Nextcloud's app passwords), or a bearer token. Without credentials the answer is 401 with
 //!   a Basic challenge, which davfs2 and Windows wait for.
 //! - **Dead properties** (PROPPATCH of properties WebDAV does not define) are not stored: the
 //!   PROPPATCH answers 501.
@@ -106,7 +106,7 @@ impl std::fmt::Debug for Locks {
 }
 
 async fn handle(State(state): State<AppState>, request: Request) -> Response {
-    let principal = match crate::auth::from_headers(&state, request.headers()).await {
+    let principal = match crate::routes::login::from_headers_or_password(&state, request.headers()).await {
         Ok(principal) => principal,
         Err(error) => {
             let mut response = error.into_response();

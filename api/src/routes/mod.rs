@@ -6,6 +6,7 @@ pub(crate) mod blocks;
 pub(crate) mod cluster;
 pub(crate) mod files;
 pub(crate) mod jobs;
+pub mod login;
 pub(crate) mod probes;
 pub(crate) mod sharing;
 pub mod sync;
@@ -78,6 +79,9 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/users/{user_id}", get(accounts::get_user))
         .route("/v1/admin/users/{user_id}/tokens", post(accounts::create_token).get(accounts::list_tokens))
         .route("/v1/admin/users/{user_id}/tokens/{token_id}", axum::routing::delete(accounts::revoke_token))
+        .route("/v1/login", post(login::login))
+        .route("/v1/me/password", axum::routing::put(login::set_mine))
+        .route("/v1/admin/users/{user_id}/password", axum::routing::put(login::set_for).delete(login::remove_for))
         .route("/v1/me", get(accounts::me))
         .route("/v1/me/tokens", get(accounts::my_tokens))
         .route("/v1/me/tokens/{token_id}", axum::routing::delete(accounts::revoke_my_token))

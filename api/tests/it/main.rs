@@ -8,6 +8,7 @@ mod files;
 mod fuzz;
 mod guards;
 mod jobs;
+mod login;
 mod openapi;
 mod regressions;
 mod sharing;
@@ -86,6 +87,15 @@ impl TestNode {
                 token_hash: hash_token(ADMIN_TOKEN),
             };
             assert!(matches!(node.write(admin).await.expect("ensure admin"), Outcome::AdminReady { .. }));
+            // As a node does at start: the baseline format, then the leader raises it to the
+            // current one (the node reads it, and is the only member).
+            let baseline = Command::Migrate { schema: raftbox_storage::format::BASELINE };
+            assert!(matches!(node.write(baseline).await.expect("migrate"), Outcome::Done));
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while node.cluster_format() < raftbox_storage::format::FORMAT {
+                assert!(std::time::Instant::now() < until, "the format was not raised within 10 s");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
         }
         node
     }

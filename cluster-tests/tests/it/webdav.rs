@@ -10,7 +10,8 @@
 //! - **davfs2** mounts the tree where the machine allows FUSE (root, `/dev/fuse`): a file
 //!   written through the mount reads back through the API, a file rclone wrote reads back
 //!   through the mount.
-//! - Basic authentication names the token's own user: another name is 401 with a challenge.
+//! - Basic authentication names the token's own user: another name is 401 with a challenge;
+//!   the user's password works as well as a token, a wrong one is 401.
 //! - A shared folder is `/Shared/<name>/` with the caller's role: its owner writes, a viewer
 //!   lists and reads and is refused a PUT (403); a MOVE out of it into the personal
 //!   namespace copies, then deletes.
@@ -44,8 +45,9 @@ async fn outside_webdav_clients_agree() {
 
 async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     cluster.wait_for_leader(None, Duration::from_secs(20)).await?;
-    let (_, token) = new_user(cluster, 1, USER, "webdav").await?;
+    let (user_id, token) = new_user(cluster, 1, USER, "webdav").await?;
     refuses_other_names(cluster, &token).await?;
+    password_works(cluster, &user_id).await?;
     let work = cluster.root().join("webdav");
     std::fs::create_dir_all(&work)?;
     litmus(cluster, &token, &work).await?;
@@ -76,6 +78,30 @@ async fn refuses_other_names(cluster: &Cluster, token: &str) -> Result<()> {
     let own =
         http.request(propfind, dav_url(cluster, 1)).basic_auth(USER, Some(token)).header("Depth", "0").send().await?;
     ensure!(own.status() == 207, "PROPFIND as {USER}: {}", own.status());
+    Ok(())
+}
+
+/// Basic authentication with the user's password (set by the admin) works; a wrong one is 401.
+async fn password_works(cluster: &Cluster, user_id: &str) -> Result<()> {
+    let set = cluster
+        .client()
+        .put(format!("{}/v1/admin/users/{user_id}/password", cluster.http_url(1)))
+        .bearer_auth(cluster.admin_token())
+        .json(&serde_json::json!({ "password": "a webdav password" }))
+        .send()
+        .await?;
+    ensure!(set.status() == 204, "set the password: {}", set.status());
+    let propfind = reqwest::Method::from_bytes(b"PROPFIND")?;
+    for (password, expected) in [("a webdav password", 207), ("not the password", 401), ("a webdav password", 207)] {
+        let answer = cluster
+            .client()
+            .request(propfind.clone(), dav_url(cluster, 2))
+            .basic_auth(USER, Some(password))
+            .header("Depth", "0")
+            .send()
+            .await?;
+        ensure!(answer.status() == expected, "PROPFIND with password {password:?}: {}", answer.status());
+    }
     Ok(())
 }
 

@@ -33,7 +33,10 @@ fn a_data_directory_of_the_previous_format_reads_entry_by_entry() {
         assert_eq!(raw.get_cf(meta, keys::meta::FORMAT).expect("read"), None, "format 2 recorded no format");
     }
     let db = Db::open(&db_path).expect("the current code opens a format-2 data directory");
-    assert_eq!(db.meta_get(keys::meta::FORMAT).expect("format"), Some(b"3".to_vec()));
+    assert_eq!(
+        db.meta_get(keys::meta::FORMAT).expect("format"),
+        Some(raftbox_storage::format::FORMAT.to_string().into_bytes())
+    );
 
     // Every entry of the log decodes, each batch of format 1 (nothing newer existed).
     let entries = db.log_range(0, u64::MAX).expect("log");

@@ -1,0 +1,327 @@
+//! Passwords and login (issue 25, item 2).
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/login {name, password}` | 201 `{token, tokenId, userId, expiresAt}`: a session token (a bearer token like any other, named `login`, expiring after [`SESSION_TTL`]); 401 for a wrong name or password, alike |
+//! | `PUT /v1/me/password {password, currentPassword?}` | 204: sets the caller's password (`currentPassword` needed once one is set) |
+//! | `PUT /v1/admin/users/{userId}/password {password}` | 204: the admin sets a user's password |
+//! | `DELETE /v1/admin/users/{userId}/password` | 204: the user can no longer log in with a password |
+//!
+//! - **Stored** as an argon2id hash (the `argon2` crate's defaults, RFC 9106's second
+//!   recommended setting: 19 MiB, 2 passes) in a PHC string, hashed by the node that takes
+//!   the request before proposing: apply never hashes. Format 4 (`Command::SetPassword`).
+//! - **Bounded:** at most [`HASHES_IN_FLIGHT`] hashes at once per node (a login flood costs
+//!   this node two cores' worth at most, and waits at most [`HASH_WAIT`] for a place, then
+//!   503); logins are limited per name ([`LOGINS_PER_NAME`]) and per client IP
+//!   ([`LOGINS_PER_IP`]) per minute on each node, before any hashing.
+//! - **No oracle:** an unknown name, a user without a password and a wrong password answer the
+//!   same 401 after the same work (a dummy hash is checked when there is nothing to check).
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use raftbox_storage::schedule::format_utc;
+use raftbox_storage::{Command, Outcome};
+use serde::{Deserialize, Serialize};
+
+use super::new_id;
+use crate::auth::{generate_token, hash_token, now_ms, Principal};
+use crate::{json, ApiError, AppState};
+
+/// Bytes of a password, at least and at most.
+pub const PASSWORD_BYTES_MIN: usize = 8;
+pub const PASSWORD_BYTES_MAX: usize = 1024;
+/// How long a session token from `POST /v1/login` works.
+pub const SESSION_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Password hashes computed at once on one node.
+pub const HASHES_IN_FLIGHT: usize = 2;
+/// How long a request waits for a place to hash before 503.
+pub const HASH_WAIT: Duration = Duration::from_secs(5);
+/// Bytes of a login body, at most.
+const LOGIN_BODY_BYTES_MAX: usize = 8 * 1024;
+/// Login attempts per user name, per minute, on one node.
+pub const LOGINS_PER_NAME: u32 = 10;
+/// Login attempts per client IP, per minute, on one node.
+pub const LOGINS_PER_IP: u32 = 30;
+
+/// What every login on this node shares: the places to hash and the attempt limits.
+pub struct Passwords {
+    hashing: Arc<tokio::sync::Semaphore>,
+    /// Passwords checked lately for WebDAV (see [`CHECKED_FOR`]), by a hash of name, password
+    /// and stored hash.
+    checked: std::sync::Mutex<std::collections::HashMap<[u8; 32], std::time::Instant>>,
+    per_name: DefaultKeyedRateLimiter<String>,
+    per_ip: DefaultKeyedRateLimiter<String>,
+}
+
+impl Default for Passwords {
+    fn default() -> Passwords {
+        let per_minute = |n: u32| Quota::per_minute(NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN));
+        Passwords {
+            hashing: Arc::new(tokio::sync::Semaphore::new(HASHES_IN_FLIGHT)),
+            checked: std::sync::Mutex::new(std::collections::HashMap::new()),
+            per_name: RateLimiter::keyed(per_minute(LOGINS_PER_NAME)),
+            per_ip: RateLimiter::keyed(per_minute(LOGINS_PER_IP)),
+        }
+    }
+}
+
+/// A hash of nothing anyone knows, checked when there is no real one (the same work either way).
+static DUMMY_HASH: LazyLock<String> = LazyLock::new(|| {
+    let salt =
+        SaltString::encode_b64(b"raftbox-no-user!").unwrap_or_else(|_| SaltString::generate(&mut rand::rngs::OsRng));
+    Argon2::default().hash_password(b"no password matches this", &salt).map(|h| h.to_string()).unwrap_or_default()
+});
+
+impl Passwords {
+    /// Runs `work` (argon2) off the async workers, holding one of the node's places to hash.
+    async fn hash_work<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+        let place = tokio::time::timeout(HASH_WAIT, self.hashing.clone().acquire_owned())
+            .await
+            .map_err(|_| ApiError::Unavailable("this node is busy checking passwords; try again shortly".into()))?
+            .map_err(|_| ApiError::Internal("the password places are closed".into()))?;
+        let result = tokio::task::spawn_blocking(move || {
+            let _place = place;
+            work()
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("hashing failed: {e}")))?;
+        Ok(result)
+    }
+
+    /// Forgets idle attempt counts (called now and then, so the tables stay small).
+    fn tidy(&self) {
+        self.per_name.retain_recent();
+        self.per_ip.retain_recent();
+    }
+}
+
+/// How long a password checked for WebDAV's Basic authentication is taken as checked on
+/// this node (the hash is part of what is remembered, so a changed password is checked
+/// again at once): a client sends it with every request, and argon2 is made to be slow.
+const CHECKED_FOR: Duration = Duration::from_secs(300);
+/// Checked passwords remembered at once, at most (forgotten all together beyond).
+const CHECKED_MAX: usize = 10_000;
+
+/// The caller for WebDAV: credentials as for the API (a bearer token, or Basic with a token),
+/// or Basic with the user's name and password.
+pub async fn from_headers_or_password(
+    state: &AppState,
+    headers: &axum::http::HeaderMap,
+) -> Result<Principal, ApiError> {
+    let credentials = crate::auth::credentials(headers)?;
+    let Some(crate::auth::Credentials::Basic { name, secret }) = credentials else {
+        return crate::auth::from_headers(state, headers).await;
+    };
+    if secret.starts_with(crate::auth::TOKEN_PREFIX) {
+        return crate::auth::from_headers(state, headers).await;
+    }
+    let sm = state.node.state();
+    let user = sm.user_by_name(&name)?;
+    let stored = match &user {
+        Some(user) => sm.password_hash(&user.id)?,
+        None => None,
+    };
+    let key = *blake3::hash(format!("{name}\0{secret}\0{}", stored.as_deref().unwrap_or("")).as_bytes()).as_bytes();
+    let fresh = |at: &std::time::Instant| at.elapsed() < CHECKED_FOR;
+    let known = stored.is_some()
+        && state.passwords.checked.lock().map(|checked| checked.get(&key).is_some_and(fresh)).unwrap_or(false);
+    if !known {
+        // Each check is an attempt, limited per name as logins are; a remembered one is not.
+        state.passwords.per_name.check_key(&name).map_err(|_| ApiError::RateLimited { retry_after_s: 6 })?;
+        if !verify(state, stored, secret).await? {
+            return Err(wrong());
+        }
+        if let Ok(mut checked) = state.passwords.checked.lock() {
+            if checked.len() >= CHECKED_MAX {
+                checked.clear();
+            }
+            checked.insert(key, std::time::Instant::now());
+        }
+    }
+    let user = user.ok_or_else(wrong)?;
+    Ok(Principal {
+        token_id: String::new(),
+        token_name: "password".into(),
+        token_expires_ms: None,
+        token_hash: [0; 32],
+        user,
+    })
+}
+
+fn check_password_shape(password: &str) -> Result<(), ApiError> {
+    if password.len() < PASSWORD_BYTES_MIN || password.len() > PASSWORD_BYTES_MAX {
+        return Err(ApiError::BadRequest(format!("a password is {PASSWORD_BYTES_MIN} to {PASSWORD_BYTES_MAX} bytes")));
+    }
+    Ok(())
+}
+
+/// The argon2id hash of `password`, as a PHC string.
+async fn hash(state: &AppState, password: String) -> Result<String, ApiError> {
+    check_password_shape(&password)?;
+    state
+        .passwords
+        .hash_work(move || {
+            let salt = SaltString::generate(&mut rand::rngs::OsRng);
+            Argon2::default().hash_password(password.as_bytes(), &salt).map(|h| h.to_string())
+        })
+        .await?
+        .map_err(|e| ApiError::Internal(format!("hashing a password failed: {e}")))
+}
+
+/// Whether `password` matches `stored` (a dummy hash when there is none: same work).
+async fn verify(state: &AppState, stored: Option<String>, password: String) -> Result<bool, ApiError> {
+    let real = stored.is_some();
+    let stored = stored.unwrap_or_else(|| DUMMY_HASH.clone());
+    let matched = state
+        .passwords
+        .hash_work(move || {
+            PasswordHash::new(&stored).is_ok_and(|h| Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
+        })
+        .await?;
+    Ok(real && matched)
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LoginRequest {
+    /// The user's name.
+    #[schema(min_length = 1, max_length = 64)]
+    name: String,
+    #[schema(min_length = 8, max_length = 1024)]
+    password: String,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LoginResponse {
+    /// A bearer token, shown once.
+    token: String,
+    token_id: String,
+    user_id: String,
+    /// When the token stops working (RFC 3339).
+    expires_at: String,
+}
+
+fn wrong() -> ApiError {
+    ApiError::Unauthenticated("wrong name or password".into())
+}
+
+/// `POST /v1/login`: a session token for a name and password.
+pub async fn login(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
+    let body = axum::body::to_bytes(request.into_body(), LOGIN_BODY_BYTES_MAX)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(format!("a login is at most {LOGIN_BODY_BYTES_MAX} bytes")))?;
+    let request: LoginRequest = json::parse(&body)?;
+    let limited = || ApiError::RateLimited { retry_after_s: 60 / u64::from(LOGINS_PER_NAME.min(LOGINS_PER_IP)).max(1) };
+    if let Some(peer) = peer {
+        state.passwords.per_ip.check_key(&peer).map_err(|_| limited())?;
+    }
+    state.passwords.per_name.check_key(&request.name).map_err(|_| limited())?;
+    state.passwords.tidy();
+    if request.password.len() > PASSWORD_BYTES_MAX {
+        return Err(wrong());
+    }
+    let sm = state.node.state();
+    let mut user = sm.user_by_name(&request.name)?;
+    if user.is_none() {
+        // Created an instant ago through another node?
+        state.node.read_barrier().await?;
+        user = sm.user_by_name(&request.name)?;
+    }
+    let stored = match &user {
+        Some(user) => sm.password_hash(&user.id)?,
+        None => None,
+    };
+    let user = match (verify(&state, stored, request.password).await?, user) {
+        (true, Some(user)) => user,
+        _ => return Err(wrong()),
+    };
+    let token = generate_token();
+    let token_id = new_id();
+    let expires_ms = now_ms().saturating_add(SESSION_TTL.as_millis() as u64);
+    let command = Command::CreateToken {
+        token_id: token_id.clone(),
+        user_id: user.id.clone(),
+        name: "login".into(),
+        token_hash: hash_token(&token),
+        expires_ms: Some(expires_ms),
+    };
+    match state.node.write(command).await? {
+        Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => {
+            let body = LoginResponse { token, token_id, user_id: user.id, expires_at: format_utc(expires_ms) };
+            Ok((StatusCode::CREATED, Json(body)).into_response())
+        }
+    }
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PasswordRequest {
+    #[schema(min_length = 8, max_length = 1024)]
+    password: String,
+    /// The password now: needed once one is set (`PUT /v1/me/password` only).
+    current_password: Option<String>,
+}
+
+async fn set(state: &AppState, user_id: &str, hash: Option<String>) -> Result<Response, ApiError> {
+    match state.node.write(Command::SetPassword { user_id: user_id.to_string(), password_hash: hash }).await? {
+        Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok(StatusCode::NO_CONTENT.into_response()),
+    }
+}
+
+/// `PUT /v1/me/password`: the caller sets their own password.
+pub async fn set_mine(State(state): State<AppState>, principal: Principal, body: Bytes) -> Result<Response, ApiError> {
+    let request: PasswordRequest = json::parse(&body)?;
+    check_password_shape(&request.password)?;
+    state.node.read_barrier().await?;
+    if let Some(stored) = state.node.state().password_hash(&principal.user.id)? {
+        let current = request
+            .current_password
+            .ok_or_else(|| ApiError::Forbidden("currentPassword is needed to change a password".into()))?;
+        if !verify(&state, Some(stored), current).await? {
+            return Err(ApiError::Forbidden("currentPassword is not the password".into()));
+        }
+    }
+    let hashed = hash(&state, request.password).await?;
+    set(&state, &principal.user.id, Some(hashed)).await
+}
+
+/// `PUT /v1/admin/users/{userId}/password`: the admin sets a user's password.
+pub async fn set_for(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(user_id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    principal.require_admin()?;
+    let request: PasswordRequest = json::parse(&body)?;
+    if request.current_password.is_some() {
+        return Err(ApiError::BadRequest("currentPassword is for PUT /v1/me/password".into()));
+    }
+    let hashed = hash(&state, request.password).await?;
+    set(&state, &user_id, Some(hashed)).await
+}
+
+/// `DELETE /v1/admin/users/{userId}/password`: no password login for the user any more.
+pub async fn remove_for(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(user_id): Path<String>,
+) -> Result<Response, ApiError> {
+    principal.require_admin()?;
+    set(&state, &user_id, None).await
+}
