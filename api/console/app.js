@@ -631,6 +631,32 @@ async function logIn(event) {
   render();
 }
 
+// Name and password: POST /v1/login hands back a session token, kept as a pasted one is.
+async function logInWithPassword(event) {
+  event.preventDefault();
+  const name = byId("login-name").value.trim();
+  const password = byId("login-password");
+  if (!name || !password.value) return;
+  let session;
+  try {
+    session = await api("/v1/login", { method: "POST", body: { name, password: password.value }, auth: false });
+  } catch (e) {
+    showError(e.message);
+    return;
+  }
+  password.value = "";
+  sessionStorage.setItem(TOKEN_KEY, session.token);
+  try {
+    await whoAmI();
+  } catch (e) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    showError(e.message);
+    return;
+  }
+  namespacesCache = null;
+  render();
+}
+
 function logOut() {
   sessionStorage.removeItem(TOKEN_KEY);
   namespacesCache = null;
@@ -641,6 +667,7 @@ function logOut() {
 
 document.addEventListener("DOMContentLoaded", () => {
   byId("login-form").addEventListener("submit", logIn);
+  byId("password-form").addEventListener("submit", logInWithPassword);
   byId("logout").addEventListener("click", logOut);
   window.addEventListener("hashchange", () => {
     showNotice("");

@@ -474,3 +474,24 @@ pub async fn commit_in(
 pub async fn sync_page(http: &reqwest::Client, url: &str, token: &str, device: &str, cursor: &str) -> Result<Outcome> {
     send(http.get(format!("{url}/v1/sync?cursor={cursor}")).bearer_auth(token).header("x-device-id", device)).await
 }
+
+/// Sets user `user_id`'s password with the admin token through node 1, waiting (up to 20 s)
+/// while the cluster is not yet at the data format that stores passwords (409: a fresh
+/// cluster raises its format a clock check or two after it forms).
+pub async fn set_password(cluster: &Cluster, user_id: &str, password: &str) -> Result<()> {
+    let wait = crate::Deadline::after(Duration::from_secs(20), "a password set (the cluster at data format 4)");
+    loop {
+        let answer = cluster
+            .client()
+            .put(format!("{}/v1/admin/users/{user_id}/password", cluster.http_url(1)))
+            .bearer_auth(cluster.admin_token())
+            .json(&json!({ "password": password }))
+            .send()
+            .await?;
+        match answer.status().as_u16() {
+            204 => return Ok(()),
+            409 => wait.tick(&answer.text().await.unwrap_or_default()).await?,
+            other => bail!("set the password of {user_id}: {other} {}", answer.text().await.unwrap_or_default()),
+        }
+    }
+}

@@ -110,7 +110,8 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
     let n1 = cluster.http_url(1);
     let name = format!("console-{}", seed.value());
     let team = format!("team-{}", seed.value());
-    let (_user_id, token) = new_user(cluster, 1, &name, "browser").await?;
+    let (user_id, token) = new_user(cluster, 1, &name, "browser").await?;
+    raftbox_cluster_tests::set_password(cluster, &user_id, CONSOLE_PASSWORD).await?;
     check_static_files(&http, &cluster.http_url(2)).await?;
 
     // A file with two versions, a file named like markup, and a job that has run.
@@ -179,6 +180,9 @@ async fn scenario(cluster: &Cluster, seed: &Seed) -> Result<()> {
     Ok(())
 }
 
+/// The browser user's password (set by the admin before the browser starts).
+const CONSOLE_PASSWORD: &str = "a console password";
+
 async fn browse(
     browser: &Browser,
     url: &str,
@@ -195,14 +199,27 @@ async fn browse(
         .script("return ['nav', 'who'].filter(id => getComputedStyle(document.getElementById(id)).display !== 'none');")
         .await?;
     ensure!(shown == serde_json::json!([]), "shown while logged out: {shown}");
+    // Name and password: a wrong password is refused with a visible error; the right one
+    // logs in (a session token from POST /v1/login); then log out.
+    browser.type_into(&browser.wait_for("#login-name", "", PAGE_WAIT).await?, name).await?;
+    browser.type_into(&browser.wait_for("#login-password", "", PAGE_WAIT).await?, "not the password").await?;
+    browser.click(&browser.wait_for("#password-submit", "Log in", PAGE_WAIT).await?).await?;
+    browser.wait_for("#error", "401", PAGE_WAIT).await?;
+    browser.script("document.getElementById('login-password').value = ''; return null;").await?;
+    browser.type_into(&browser.wait_for("#login-password", "", PAGE_WAIT).await?, CONSOLE_PASSWORD).await?;
+    browser.click(&browser.wait_for("#password-submit", "Log in", PAGE_WAIT).await?).await?;
+    browser.wait_for("#who-name", name, PAGE_WAIT).await?;
+    browser.screenshot(&shots.join("0b-logged-in-with-password.png")).await?;
+    browser.click(&browser.wait_for("#logout", "", PAGE_WAIT).await?).await?;
+    let input = browser.wait_for("#token", "", PAGE_WAIT).await?;
     // A wrong token is refused with a visible error, and the page stays on the login form.
     browser.type_into(&input, "rbx_not-a-token").await?;
-    browser.click(&browser.wait_for("#login-submit", "Log in", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("#login-submit", "Use token", PAGE_WAIT).await?).await?;
     browser.wait_for("#error", "401", PAGE_WAIT).await?;
     let input = browser.wait_for("#token", "", PAGE_WAIT).await?;
     browser.script("document.getElementById('token').value = ''; return null;").await?;
     browser.type_into(&input, token).await?;
-    browser.click(&browser.wait_for("#login-submit", "Log in", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("#login-submit", "Use token", PAGE_WAIT).await?).await?;
     browser.wait_for("#who-name", name, PAGE_WAIT).await?;
 
     // Cluster status: three members, one leader, a term and an applied index.
@@ -287,7 +304,7 @@ async fn leader_view(browser: &Browser, url: &str, token: &str, shots: &std::pat
     browser.goto(&format!("{url}/#/cluster")).await?;
     let input = browser.wait_for("#token", "", PAGE_WAIT).await?;
     browser.type_into(&input, token).await?;
-    browser.click(&browser.wait_for("#login-submit", "Log in", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("#login-submit", "Use token", PAGE_WAIT).await?).await?;
     browser.wait_for("#cluster-role", "Leader", PAGE_WAIT).await?;
     let deadline = Deadline::after(PAGE_WAIT, "a matched index and a lag for every member");
     loop {

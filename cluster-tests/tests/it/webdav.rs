@@ -83,14 +83,7 @@ async fn refuses_other_names(cluster: &Cluster, token: &str) -> Result<()> {
 
 /// Basic authentication with the user's password (set by the admin) works; a wrong one is 401.
 async fn password_works(cluster: &Cluster, user_id: &str) -> Result<()> {
-    let set = cluster
-        .client()
-        .put(format!("{}/v1/admin/users/{user_id}/password", cluster.http_url(1)))
-        .bearer_auth(cluster.admin_token())
-        .json(&serde_json::json!({ "password": "a webdav password" }))
-        .send()
-        .await?;
-    ensure!(set.status() == 204, "set the password: {}", set.status());
+    raftbox_cluster_tests::set_password(cluster, user_id, "a webdav password").await?;
     let propfind = reqwest::Method::from_bytes(b"PROPFIND")?;
     for (password, expected) in [("a webdav password", 207), ("not the password", 401), ("a webdav password", 207)] {
         let answer = cluster
