@@ -121,6 +121,12 @@ pub(super) struct Writer {
     pub(super) base_version: u64,
     pub(super) spool: Option<tokio::fs::File>,
     pub(super) written: u64,
+    /// What this PUT may write: the caller's quota (507 beyond), or [`PUT_BYTES_MAX`].
+    pub(super) bytes_max: u64,
+    /// The body's declared length: a flush after any other amount commits nothing.
+    pub(super) expected: Option<u64>,
+    /// The execute bit of the version this one replaces, kept.
+    pub(super) executable: bool,
     /// The version the flush committed: (file id, version, size, mtime).
     pub(super) committed: Option<(String, u64, u64, u64)>,
 }
@@ -137,6 +143,9 @@ impl Writer {
         self.written += bytes.len() as u64;
         if self.written > PUT_BYTES_MAX {
             return Err(FsError::TooLarge);
+        }
+        if self.written > self.bytes_max {
+            return Err(FsError::InsufficientStorage);
         }
         spool.write_all(bytes).await.map_err(|e| {
             tracing::warn!(error = %e, "webdav: spooling a PUT failed");
@@ -235,6 +244,11 @@ impl DavFile for Writer {
             if self.committed.is_some() {
                 return Ok(());
             }
+            // A body cut short, or longer than declared (dav-server flushes before it answers
+            // 400): nothing is committed.
+            if self.expected.is_some_and(|expected| expected != self.written) {
+                return Err(FsError::Forbidden);
+            }
             let chunks = self.store_blocks().await?;
             let mtime_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             let size = self.written;
@@ -242,6 +256,7 @@ impl DavFile for Writer {
                 chunks,
                 size,
                 mtime_ms,
+                executable: self.executable,
                 ..RaftFs::empty_commit(&self.principal, &self.namespace_id, self.path.clone(), self.base_version)
             };
             let (file_id, version) = self.fs.commit(Command::CommitFile(Box::new(commit))).await?;

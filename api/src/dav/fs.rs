@@ -17,6 +17,10 @@ use super::{
 use crate::auth::Principal;
 use crate::routes::LISTING_WORK_MAX;
 
+/// Pages of one folder listing read, at most (a folder of many deleted files answers 507
+/// rather than costing a read of every one).
+const LISTING_PAGES_MAX: usize = 4;
+
 impl RaftFs {
     /// The entries of the folder `path` of a namespace: live files (the folder marker left
     /// out) and folders with a live file under them; 507 past [`LISTING_ENTRIES_MAX`].
@@ -25,9 +29,15 @@ impl RaftFs {
         let sm = self.state.node.state();
         let mut entries = Vec::new();
         let mut after: Option<String> = None;
-        // What telling live subfolders from deleted ones may cost, for the whole listing.
+        // What telling live subfolders from deleted ones may cost, for the whole listing; and
+        // pages of the folder itself (each at most LISTING_WORK_MAX records, deleted or not).
         let mut budget = LISTING_WORK_MAX;
+        let mut pages = 0;
         loop {
+            pages += 1;
+            if pages > LISTING_PAGES_MAX {
+                return Err(FsError::InsufficientStorage);
+            }
             let page = sm
                 .list_folder(namespace_id, &folder, after.as_deref(), LISTING_ENTRIES_MAX, LISTING_WORK_MAX)
                 .map_err(|e| fs_error(e.into()))?;
@@ -85,10 +95,35 @@ impl GuardedFileSystem<Principal> for RaftFs {
             if path == "/" || is_marker(&path) {
                 return Err(FsError::Forbidden);
             }
-            match self.lookup(&namespace_id, &path)? {
+            let existing = self.lookup(&namespace_id, &path)?;
+            if !options.truncate {
+                // A partial PUT (Content-Range) of an existing file is not done (it would
+                // commit its piece as the whole file); a LOCK of an unmapped URL makes an
+                // empty file (RFC 4918 7.3), here and now.
+                if existing.is_some() || !(options.create || options.create_new) {
+                    return Err(FsError::NotImplemented);
+                }
+                self.parent_exists(&namespace_id, &path)?;
+                let commit = Self::empty_commit(principal, &namespace_id, file_path(&path)?, 0);
+                let (file_id, version) = self.commit(raftbox_storage::Command::CommitFile(Box::new(commit))).await?;
+                let writer = Writer {
+                    fs: self.clone(),
+                    principal: principal.clone(),
+                    namespace_id,
+                    path: file_path(&path)?,
+                    base_version: 0,
+                    spool: None,
+                    written: 0,
+                    bytes_max: 0,
+                    expected: Some(0),
+                    executable: false,
+                    committed: Some((file_id, version, 0, 0)),
+                };
+                return Ok(Box::new(writer) as Box<dyn DavFile>);
+            }
+            match existing {
                 Some(meta) if meta.dir => return Err(FsError::Forbidden),
                 Some(_) if options.create_new => return Err(FsError::Exists),
-                Some(_) if !options.truncate => return Err(FsError::NotImplemented),
                 None if !options.create && !options.create_new => return Err(FsError::NotFound),
                 _ => {}
             }
@@ -96,7 +131,22 @@ impl GuardedFileSystem<Principal> for RaftFs {
             if options.size.is_some_and(|size| size > PUT_BYTES_MAX) {
                 return Err(FsError::TooLarge);
             }
-            let base_version = self.current_version(&namespace_id, &path)?;
+            // Spooled bytes are bounded by what the caller may store, before any is written.
+            let disk = self.state.node.disk();
+            if disk.full {
+                return Err(FsError::InsufficientStorage);
+            }
+            let bytes_max = match principal.user.admin {
+                true => PUT_BYTES_MAX,
+                false => PUT_BYTES_MAX.min(self.state.limits.get().quotas.stored_bytes_per_user),
+            };
+            if options.size.is_some_and(|size| size > bytes_max) {
+                return Err(FsError::InsufficientStorage);
+            }
+            let current = self.state.node.state().file_at(&namespace_id, &path).map_err(|e| fs_error(e.into()))?;
+            let (base_version, executable) = current
+                .filter(|(file, _)| !file.deleted)
+                .map_or((0, false), |(file, version)| (file.current_version, version.executable));
             let spool = tokio::task::spawn_blocking(tempfile::tempfile)
                 .await
                 .map_err(|_| FsError::GeneralFailure)?
@@ -112,6 +162,9 @@ impl GuardedFileSystem<Principal> for RaftFs {
                 base_version,
                 spool: Some(tokio::fs::File::from_std(spool)),
                 written: 0,
+                bytes_max,
+                expected: options.size,
+                executable,
                 committed: None,
             };
             Ok(Box::new(writer) as Box<dyn DavFile>)

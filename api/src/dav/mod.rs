@@ -21,8 +21,9 @@
 //!   move per file. **COPY** commits the same blocks at the destination (no bytes copied).
 //!   A folder operation touching more than [`TREE_FILES_MAX`] files is refused (507): it
 //!   would be unbounded work for one request (the sync client or the CLI move such trees).
-//! - **Locks** are kept in memory by the node that granted them (`dav-server`'s `MemLs`): a
-//!   client keeps talking to one node, and a restart forgets them (they are advisory).
+//! - **Locks** are kept in memory by the node that granted them, one table per user, each
+//!   lock with a timeout (at most an hour) and at most 100 per user ([`locks`]): a client
+//!   keeps talking to one node, and a restart forgets them (they are advisory).
 //! - **Authentication:** Basic, with the user's name and their password or a token of theirs
 //!   as the password (as Nextcloud's app passwords), or a bearer token. Without credentials the answer is 401 with
 //!   a Basic challenge, which davfs2 and Windows wait for.
@@ -39,7 +40,6 @@ use axum::routing::any;
 use axum::Router;
 use dav_server::davpath::DavPath;
 use dav_server::fs::{DavDirEntry, DavMetaData, FsError, FsFuture, FsResult};
-use dav_server::memls::MemLs;
 use dav_server::DavHandler;
 use futures_util::FutureExt as _;
 use raftbox_storage::command::{FileCommit, FileMove};
@@ -49,6 +49,7 @@ use raftbox_storage::{Command, Outcome, Rejection};
 
 mod file;
 mod fs;
+mod locks;
 
 use crate::auth::Principal;
 use crate::routes::{new_id, LISTING_WORK_MAX};
@@ -89,21 +90,7 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/dav", any(handle)).route("/dav/", any(handle)).route("/dav/{*path}", any(handle))
 }
 
-/// The locks every WebDAV request on this node shares.
-#[derive(Clone)]
-pub struct Locks(Box<MemLs>);
-
-impl Default for Locks {
-    fn default() -> Locks {
-        Locks(MemLs::new())
-    }
-}
-
-impl std::fmt::Debug for Locks {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Locks")
-    }
-}
+pub use locks::Locks;
 
 async fn handle(State(state): State<AppState>, request: Request) -> Response {
     let principal = match crate::routes::login::from_headers_or_password(&state, request.headers()).await {
@@ -119,9 +106,25 @@ async fn handle(State(state): State<AppState>, request: Request) -> Response {
             return response;
         }
     };
+    let fs = RaftFs { state: state.clone() };
+    let method = request.method().as_str().to_string();
+    let target = request.uri().path().to_string();
+    let destination = request.headers().get("destination").and_then(|v| v.to_str().ok()).map(str::to_string);
+    if let Err(refused) = fs.precheck(&principal, &method, &target, destination.as_deref()).await {
+        let status = match refused {
+            FsError::Forbidden => StatusCode::FORBIDDEN,
+            FsError::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        return status.into_response();
+    }
+    let mut request = request;
+    // dav-server answers PROPFIND with Depth: infinity (a walk of the whole tree) to a client
+    // that says it is litmus; this node answers it as to anyone else (403, RFC 4918 9.1).
+    request.headers_mut().remove("x-litmus");
     let handler = DavHandler::builder()
-        .filesystem(Box::new(RaftFs { state: state.clone() }))
-        .locksystem(state.dav_locks.0.clone())
+        .filesystem(Box::new(fs))
+        .locksystem(Box::new(state.dav_locks.of(&principal.user.id)))
         .strip_prefix("/dav")
         .build_handler();
     let name = principal.user.name.clone();
@@ -347,6 +350,69 @@ impl RaftFs {
             .collect();
         let accesses = sm.namespaces_of(&principal.user.id).map_err(|e| fs_error(e.into()))?;
         Ok(name_shares(accesses, personal, &taken))
+    }
+
+    /// Checks a DELETE, MOVE or COPY whole before `dav-server` starts on it: it deletes an
+    /// existing destination before it moves or copies, and walks folders itself, so what
+    /// would be refused half-way must be refused here, with nothing changed. Refused: a
+    /// change where the caller may not write; a namespace's root, `/Shared` or a folder marker
+    /// as what is deleted, moved or overwritten; a folder of more than [`TREE_FILES_MAX`] live
+    /// files as source or as the destination overwritten (507).
+    async fn precheck(
+        &self,
+        principal: &Principal,
+        method: &str,
+        target: &str,
+        destination: Option<&str>,
+    ) -> FsResult<()> {
+        if !matches!(method, "DELETE" | "MOVE" | "COPY") {
+            return Ok(());
+        }
+        let dav_path = |path: &str| -> FsResult<DavPath> {
+            let mut parsed = DavPath::new(path).map_err(|_| FsError::Forbidden)?;
+            parsed.set_prefix("/dav").map_err(|_| FsError::Forbidden)?;
+            Ok(parsed)
+        };
+        let target = dav_path(target)?;
+        let destination = match destination {
+            Some(text) => {
+                let path = text.parse::<axum::http::Uri>().map_err(|_| FsError::Forbidden)?.path().to_string();
+                Some(dav_path(&path)?)
+            }
+            None => None,
+        };
+        let source = self.locate(principal, &target).await?;
+        let protected = |place: &Place| match place {
+            Place::Shares => true,
+            Place::Files { path, .. } => path == "/" || is_marker(path),
+        };
+        if method != "COPY" {
+            // What is deleted or moved away.
+            if protected(&source) || !matches!(source, Place::Files { writable: true, .. }) {
+                return Err(FsError::Forbidden);
+            }
+        } else if matches!(source, Place::Shares) {
+            return Err(FsError::Forbidden);
+        }
+        self.within_tree_bound(&source)?;
+        if let Some(destination) = destination {
+            let to = self.locate(principal, &destination).await?;
+            if protected(&to) || !matches!(to, Place::Files { writable: true, .. }) {
+                return Err(FsError::Forbidden);
+            }
+            self.within_tree_bound(&to)?;
+        }
+        Ok(())
+    }
+
+    /// 507 when `place` is a folder of more than [`TREE_FILES_MAX`] live files.
+    fn within_tree_bound(&self, place: &Place) -> FsResult<()> {
+        if let Place::Files { namespace_id, path, .. } = place {
+            if self.lookup(namespace_id, path)?.is_some_and(|meta| meta.dir) {
+                self.files_under(namespace_id, path)?;
+            }
+        }
+        Ok(())
     }
 
     /// What is at `path`: a live file, a folder (the root, or a path with a live file under

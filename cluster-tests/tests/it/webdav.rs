@@ -389,5 +389,54 @@ async fn shared_folders(cluster: &Cluster, alice: &str) -> Result<()> {
     let gone = dav(cluster, 1, (USER, alice), "GET", "/Shared/Team/plan.txt").await?.send().await?;
     ensure!(gone.status() == 404, "the moved file is still in Team: {}", gone.status());
     eprintln!("shared folder: owner writes, viewer lists and reads (PUT 403), a MOVE out copies then deletes");
+    refusals_change_nothing(cluster, (alice, &bob), &team).await
+}
+
+/// What the hostile review found half-done before a refusal, now refused whole: a viewer's
+/// deep LOCK binds only the viewer; a viewer's DELETE, a DELETE of a namespace's root or of
+/// `/Shared`, and a MOVE onto `/Shared` (which would delete every shared folder's files
+/// first) are 403, and the files are all still there.
+async fn refusals_change_nothing(cluster: &Cluster, (alice, bob): (&str, &str), team: &str) -> Result<()> {
+    let put = dav(cluster, 1, (USER, alice), "PUT", "/Shared/Team/keep.txt").await?.body("keep me").send().await?;
+    ensure!(put.status() == 201, "alice PUT keep.txt: {}", put.status());
+    let lock_body = r#"<?xml version="1.0" encoding="utf-8"?><D:lockinfo xmlns:D="DAV:"><D:lockscope><D:exclusive/></D:lockscope><D:locktype><D:write/></D:locktype></D:lockinfo>"#;
+    let locked = dav(cluster, 1, ("dav-bob", bob), "LOCK", "/")
+        .await?
+        .header("Depth", "infinity")
+        .body(lock_body)
+        .send()
+        .await?;
+    ensure!(locked.status().is_success(), "bob's LOCK of his own root: {}", locked.status());
+    let after = dav(cluster, 1, (USER, alice), "PUT", "/Shared/Team/after-lock.txt").await?.body("x").send().await?;
+    ensure!(after.status() == 201, "alice's PUT after bob's deep lock: {}", after.status());
+    for (who, method, path) in [
+        (("dav-bob", bob), "DELETE", "/Shared/Team/keep.txt"),
+        ((USER, alice), "DELETE", "/"),
+        ((USER, alice), "DELETE", "/Shared/"),
+        ((USER, alice), "DELETE", "/Shared/Team/"),
+    ] {
+        let answer = dav(cluster, 1, who, method, path).await?.send().await?;
+        ensure!(answer.status() == 403, "{} {method} {path}: {}", who.0, answer.status());
+    }
+    let onto_shares = dav(cluster, 1, (USER, alice), "MOVE", "/from-team.txt")
+        .await?
+        .header("Destination", format!("{}/dav/Shared", cluster.http_url(1)))
+        .header("Overwrite", "T")
+        .send()
+        .await?;
+    ensure!(onto_shares.status() == 403, "MOVE onto /Shared: {}", onto_shares.status());
+    for (namespace, path) in [(Some(team), "/keep.txt"), (Some(team), "/after-lock.txt"), (None, "/from-team.txt")] {
+        let mut query = vec![("path", path)];
+        query.extend(namespace.map(|n| ("namespaceId", n)));
+        let file = cluster
+            .client()
+            .get(format!("{}/v1/files", cluster.http_url(2)))
+            .query(&query)
+            .bearer_auth(alice)
+            .send()
+            .await?;
+        ensure!(file.status() == 200, "{path} is gone after the refusals: {}", file.status());
+    }
+    eprintln!("refusals: a viewer's deep lock binds only the viewer; refused DELETEs and MOVE change nothing");
     Ok(())
 }
