@@ -278,24 +278,32 @@ fn share_name(namespace: &raftbox_storage::records::Namespace) -> String {
     }
 }
 
-/// The shared folders as WebDAV names them, in namespace id order: each by its name, unless
-/// an earlier one or the personal namespace's own `/Shared/<name>` has it, then with the
-/// end of its id after it (`Team (9f3c2a1b)`): no folder hides another.
+/// The shared folders as WebDAV names them: each by its name, unless another shared folder
+/// of the caller has that name too, or the personal namespace has its own `/Shared/<name>`;
+/// then every one of them with the end of its id after it (`Team (9f3c2a1b)`). No folder
+/// hides another, and a name never moves from one folder to another: accepting a second
+/// `Team` renames the first one's path (a client writing to the old one gets 409, never a
+/// write into the other folder).
 fn name_shares(accesses: Vec<raftbox_storage::sharing::Access>, personal: &str, taken: &[String]) -> Vec<Share> {
-    let mut taken: std::collections::HashSet<String> = taken.iter().cloned().collect();
-    let mut out = Vec::new();
-    for access in accesses.into_iter().filter(|a| a.namespace.id != personal) {
-        let base = share_name(&access.namespace);
-        let name = if taken.contains(&base) {
-            let id = &access.namespace.id;
-            format!("{base} ({})", &id[id.len().saturating_sub(8)..])
-        } else {
-            base
-        };
-        taken.insert(name.clone());
-        out.push(Share { name, namespace_id: access.namespace.id, writable: access.role.can_write() });
+    let shared: Vec<_> = accesses.into_iter().filter(|a| a.namespace.id != personal).collect();
+    let mut uses: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for access in &shared {
+        *uses.entry(share_name(&access.namespace)).or_default() += 1;
     }
-    out
+    let taken: std::collections::HashSet<&String> = taken.iter().collect();
+    shared
+        .into_iter()
+        .map(|access| {
+            let base = share_name(&access.namespace);
+            let id = &access.namespace.id;
+            let name = if uses.get(&base).copied().unwrap_or(0) > 1 || taken.contains(&base) {
+                format!("{base} ({})", &id[id.len().saturating_sub(8)..])
+            } else {
+                base
+            };
+            Share { name, namespace_id: access.namespace.id, writable: access.role.can_write() }
+        })
+        .collect()
 }
 
 impl RaftFs {
@@ -570,5 +578,47 @@ impl RaftFs {
             ..Self::empty_commit(principal, to_namespace, file_path(to)?, base)
         };
         self.commit(Command::CommitFile(Box::new(commit))).await.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use raftbox_storage::records::{Namespace, NamespaceKind, Role};
+    use raftbox_storage::sharing::Access;
+
+    use super::*;
+
+    fn access(id: &str, name: &str, role: Role) -> Access {
+        let kind = if name.is_empty() { NamespaceKind::Personal } else { NamespaceKind::SharedFolder };
+        let namespace = Namespace {
+            id: id.into(),
+            kind,
+            owner_user_id: "u".into(),
+            created_ms: 0,
+            name: name.into(),
+            counted: false,
+            deleting: false,
+        };
+        Access { namespace, role }
+    }
+
+    #[test]
+    fn a_shared_folders_name_never_moves_to_another_folder() {
+        let names = |accesses, taken: &[String]| -> Vec<String> {
+            name_shares(accesses, "personal", taken).into_iter().map(|s| s.name).collect()
+        };
+        // One Team: its own name; the personal namespace is not a share.
+        let one = vec![access("personal", "", Role::Owner), access("ns-bbbbbbbb", "Team", Role::Viewer)];
+        assert_eq!(names(one, &[]), ["Team"]);
+        // A second Team, whatever its id's order: both carry their ids, so "Team" names
+        // neither (a client's path to the first fails rather than writing into the second).
+        let two = vec![access("ns-aaaaaaaa", "Team", Role::Editor), access("ns-bbbbbbbb", "Team", Role::Viewer)];
+        assert_eq!(names(two, &[]), ["Team (aaaaaaaa)", "Team (bbbbbbbb)"]);
+        // The personal namespace's own /Shared/Team keeps its name.
+        let mine = vec![access("ns-bbbbbbbb", "Team", Role::Viewer)];
+        assert_eq!(names(mine, &["Team".to_string()]), ["Team (bbbbbbbb)"]);
+        // A name that cannot be a path component is replaced by the id.
+        let odd = vec![access("ns-cccccccc", "a/b", Role::Viewer), access("ns-dddddddd", "..", Role::Viewer)];
+        assert_eq!(names(odd, &[]), ["a_b", "ns-dddddddd"]);
     }
 }
