@@ -613,22 +613,27 @@ async function whoAmI() {
   byId("who-storage").textContent = `${bytes(me.storedBytes)}${quota} stored`;
 }
 
-async function logIn(event) {
-  event.preventDefault();
-  const input = byId("token");
-  const value = input.value.trim();
-  if (!value) return;
+// Keeps `value` as this tab's token if the node takes it (true); else drops it and shows why.
+async function startSession(value) {
   sessionStorage.setItem(TOKEN_KEY, value);
   try {
     await whoAmI();
   } catch (e) {
     sessionStorage.removeItem(TOKEN_KEY);
     showError(e.message);
-    return;
+    return false;
   }
-  input.value = "";
   namespacesCache = null;
   render();
+  return true;
+}
+
+async function logIn(event) {
+  event.preventDefault();
+  const input = byId("token");
+  const value = input.value.trim();
+  if (!value) return;
+  if (await startSession(value)) input.value = "";
 }
 
 // Name and password: POST /v1/login hands back a session token, kept as a pasted one is.
@@ -645,16 +650,7 @@ async function logInWithPassword(event) {
     return;
   }
   password.value = "";
-  sessionStorage.setItem(TOKEN_KEY, session.token);
-  try {
-    await whoAmI();
-  } catch (e) {
-    sessionStorage.removeItem(TOKEN_KEY);
-    showError(e.message);
-    return;
-  }
-  namespacesCache = null;
-  render();
+  await startSession(session.token);
 }
 
 function logOut() {

@@ -223,10 +223,11 @@ impl GuardedFileSystem<Principal> for RaftFs {
 
     fn create_dir<'a>(&'a self, path: &'a DavPath, principal: &'a Principal) -> FsFuture<'a, ()> {
         async move {
-            if self.locate(principal, path).await? == Place::Shares {
-                return Err(FsError::Exists);
-            }
-            let (namespace_id, path) = self.locate_writable(principal, path).await?;
+            let (namespace_id, path) = match self.locate(principal, path).await? {
+                Place::Shares => return Err(FsError::Exists),
+                Place::Files { namespace_id, path, writable: true } => (namespace_id, path),
+                Place::Files { .. } => return Err(FsError::Forbidden),
+            };
             if self.lookup(&namespace_id, &path)?.is_some() {
                 return Err(FsError::Exists);
             }
