@@ -122,6 +122,7 @@ impl From<Rejection> for ApiError {
             Rejection::Forbidden(detail) => ApiError::Forbidden(detail),
             Rejection::Invalid(detail) => ApiError::BadRequest(detail),
             rejection @ Rejection::QuotaExceeded { .. } => ApiError::QuotaExceeded(rejection.to_string()),
+            rejection @ Rejection::MembersChanged => ApiError::Unavailable(rejection.to_string()),
         }
     }
 }

@@ -651,6 +651,25 @@ impl Cluster {
         Ok(found)
     }
 
+    /// Deletes node `id`'s block files (not their directories) while it runs: a node that
+    /// missed the blocks (down during their PUTs, or the transfers failed) before its
+    /// replicator came round.
+    pub fn lose_block_files(&self, id: u64) -> Result<usize> {
+        let root = self.node(id).data_dir.join("blocks");
+        let mut removed = 0;
+        for shard in fs::read_dir(&root).with_context(|| format!("read {}", root.display()))? {
+            let shard = shard?;
+            if shard.file_name() == "tmp" || !shard.file_type()?.is_dir() {
+                continue;
+            }
+            for entry in fs::read_dir(shard.path())? {
+                fs::remove_file(entry?.path())?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Removes one part of node `id`'s data directory — `blocks` (a replaced block disk) or
     /// `db` (the Raft log and state) — and keeps the other; the node must be stopped.
     pub fn wipe_part(&mut self, id: u64, part: &str) -> Result<()> {

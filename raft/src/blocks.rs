@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use prost::bytes::Bytes;
 use raftbox_storage::blocks::{BlockHash, BlockStore, VerifiedBlock};
+use raftbox_storage::ConfigId;
 use tokio::sync::mpsc;
 
 use crate::network::Peers;
@@ -37,6 +38,8 @@ pub enum BlockError {
 /// change is joint), and every other member to send it to.
 #[derive(Debug, Clone)]
 struct Placement {
+    /// The configuration entry these come from: its `RegisterChunk` is refused in any other.
+    config: ConfigId,
     configs: Vec<BTreeSet<NodeId>>,
     peers: Vec<(NodeId, String)>,
 }
@@ -46,12 +49,16 @@ impl Placement {
         let membership = metrics.membership_config.membership();
         let configs: Vec<BTreeSet<NodeId>> = membership.get_joint_config().to_vec();
         // Before openraft publishes the stored configuration, the metrics hold an empty one.
-        if metrics.membership_config.log_id().is_none() || configs.iter().all(BTreeSet::is_empty) {
+        let Some(log_id) = metrics.membership_config.log_id() else {
+            return Err(BlockError::MembershipUnknown);
+        };
+        if configs.iter().all(BTreeSet::is_empty) {
             return Err(BlockError::MembershipUnknown);
         }
+        let config = ConfigId { term: log_id.leader_id.term, index: log_id.index };
         let peers =
             membership.nodes().filter(|(id, _)| **id != this).map(|(id, info)| (*id, info.grpc_addr.clone())).collect();
-        Ok(Placement { configs, peers })
+        Ok(Placement { config, configs, peers })
     }
 
     /// Whether `holders` hold a majority of every voter set.
@@ -135,7 +142,11 @@ impl Blocks {
     /// peers, and each voter's copy counts when it is durable, wherever it is. A node that
     /// does not know the configuration yet (openraft publishes it a moment after start)
     /// refuses: with no members in view, its own copy would have passed for a majority.
-    pub async fn put_replicated(&self, block: VerifiedBlock) -> Result<(), BlockError> {
+    ///
+    /// Returns the configuration the block was placed in, for its `RegisterChunk`
+    /// (`placed_in`): registered in any other, it could sit on fewer than a majority of the
+    /// voters that count.
+    pub async fn put_replicated(&self, block: VerifiedBlock) -> Result<ConfigId, BlockError> {
         let hash = block.hash();
         let placement = Placement::of(&self.raft.metrics().borrow(), self.node_id)?;
         let (tx, mut rx) = mpsc::channel(placement.peers.len() + 1);
@@ -163,7 +174,7 @@ impl Blocks {
                 holders.insert(node);
             }
             if placement.durable(&holders) {
-                return Ok(());
+                return Ok(placement.config);
             }
         }
         Err(BlockError::NoMajority { stored: holders.len(), needed: placement.needed() })
@@ -286,7 +297,11 @@ mod tests {
     use super::*;
 
     fn placement(configs: &[&[NodeId]]) -> Placement {
-        Placement { configs: configs.iter().map(|c| c.iter().copied().collect()).collect(), peers: Vec::new() }
+        Placement {
+            config: ConfigId { term: 1, index: 1 },
+            configs: configs.iter().map(|c| c.iter().copied().collect()).collect(),
+            peers: Vec::new(),
+        }
     }
 
     fn held(nodes: &[NodeId]) -> BTreeSet<NodeId> {

@@ -131,7 +131,7 @@ pub(crate) async fn change_on_leader(
             }
             add(raft, peers, cluster_format, *id, info, deadline).await
         }
-        MembershipChange::Remove { id } => remove(raft, *id, deadline).await,
+        MembershipChange::Remove { id } => remove(raft, peers, *id, deadline).await,
     }
 }
 
@@ -240,7 +240,12 @@ async fn add(
     Ok(MembershipAnswer { members: members_of(&raft.metrics().borrow()), complete: true })
 }
 
-async fn remove(raft: &Raft, id: NodeId, deadline: Instant) -> Result<MembershipAnswer, MembershipError> {
+async fn remove(
+    raft: &Raft,
+    peers: &Peers,
+    id: NodeId,
+    deadline: Instant,
+) -> Result<MembershipAnswer, MembershipError> {
     let members = members_of(&raft.metrics().borrow());
     let Some(member) = members.iter().find(|m| m.id == id) else {
         return Err(MembershipError::NotFound(format!("node {id} is not a member")));
@@ -248,6 +253,9 @@ async fn remove(raft: &Raft, id: NodeId, deadline: Instant) -> Result<Membership
     let change = if member.voter {
         if members.iter().filter(|m| m.voter).count() == 1 {
             return Err(MembershipError::Invalid(format!("node {id} is the last voter; a cluster needs one")));
+        }
+        if let Err(why) = blocks_on_remaining_majority(raft, peers, &members, id, deadline).await {
+            return Err(MembershipError::Unavailable(format!("node {id} not removed yet: {why}")));
         }
         ChangeMembers::RemoveVoters([id].into())
     } else {
@@ -332,16 +340,58 @@ async fn blocks_filled(
     deadline: Instant,
 ) -> Result<(), String> {
     let applied_index = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
+    fill_on(peers, id, info, applied_index, deadline).await
+}
+
+/// Before voter `removed` goes: has a majority of the voters that remain fetch every indexed
+/// block they lack (this node included, through its own address). A block is durable on a
+/// majority of the voters when it registers (`RegisterChunk` is fenced on the configuration
+/// it was placed in); without this, removing one of its holders could leave it on fewer than
+/// every majority of the rest meets. `Err` says which voters did not finish.
+async fn blocks_on_remaining_majority(
+    raft: &Raft,
+    peers: &Peers,
+    members: &[Member],
+    removed: NodeId,
+    deadline: Instant,
+) -> Result<(), String> {
+    let applied_index = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
+    let remaining: Vec<&Member> = members.iter().filter(|m| m.voter && m.id != removed).collect();
+    let fills =
+        remaining.iter().map(|m| async move { (m.id, fill_on(peers, m.id, &m.info, applied_index, deadline).await) });
+    let results = futures::future::join_all(fills).await;
+    let filled = results.iter().filter(|(_, result)| result.is_ok()).count();
+    if filled > remaining.len() / 2 {
+        return Ok(());
+    }
+    let why: Vec<String> =
+        results.into_iter().filter_map(|(id, result)| result.err().map(|e| format!("node {id}: {e}"))).collect();
+    Err(format!(
+        "only {filled} of the {} remaining voters hold every block, and a majority must ({})",
+        remaining.len(),
+        why.join("; ")
+    ))
+}
+
+/// Has member `id` fetch every block the chunk index names as of `applied_index` that it
+/// lacks (`FillBlocks`); `Err` says why it is not done yet.
+async fn fill_on(
+    peers: &Peers,
+    id: NodeId,
+    info: &NodeInfo,
+    applied_index: u64,
+    deadline: Instant,
+) -> Result<(), String> {
     let mut client = peers.client(&info.grpc_addr).map_err(|e| e.to_string())?;
     let mut request = tonic::Request::new(FillBlocksRequest { applied_index });
     request.set_timeout(deadline.saturating_duration_since(Instant::now()));
     let report = match tokio::time::timeout_at(deadline, client.fill_blocks(request)).await {
         Err(_) => return Err("no answer before the deadline".into()),
         Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
-            tracing::warn!(node = id, "the learner cannot fill in blocks (an older version); promoting it anyway");
+            tracing::warn!(node = id, "the node cannot fill in blocks (an older version); counted as filled");
             return Ok(());
         }
-        Ok(Err(status)) => return Err(status.to_string()),
+        Ok(Err(status)) => return Err(status.message().to_owned()),
         Ok(Ok(reply)) => reply.into_inner(),
     };
     tracing::info!(
@@ -349,7 +399,7 @@ async fn blocks_filled(
         fetched = report.fetched,
         unavailable = report.unavailable,
         failed = report.failed,
-        "learner filled in blocks"
+        "node filled in blocks"
     );
     if report.failed > 0 {
         return Err(format!("{} blocks could not be fetched yet", report.failed));

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder, StorageIOError};
-use raftbox_storage::{keys, Outcome, StateMachine, StorageError};
+use raftbox_storage::{keys, ConfigId, Outcome, StateMachine, StorageError};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
@@ -277,7 +277,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 }
             };
             let encoded = serde_json::to_vec(&next).map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
-            let outcomes = self.sm.apply(&encoded, batch).map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
+            let config = next.membership.log_id().map(|l| ConfigId { term: l.leader_id.term, index: l.index });
+            let outcomes =
+                self.sm.apply_in(&encoded, batch, config).map_err(|e| StorageIOError::apply(entry.log_id, &e))?;
             *marker = next;
             replies.push(outcomes);
             if let (Some(batch), true) = (batch, self.events.receiver_count() > 0) {

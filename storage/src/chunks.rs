@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 
 use crate::blocks::BlockHash;
-use crate::command::{Outcome, Rejection};
+use crate::command::{ConfigId, Outcome, Rejection};
 use crate::records::Chunk;
 use crate::state::{Reads, StateMachine, Txn};
 use crate::{keys, sharing, StorageError};
@@ -19,7 +19,11 @@ pub(crate) fn register(
     size: u64,
     uploader: &str,
     quota_bytes: Option<u64>,
+    placed_in: Option<ConfigId>,
 ) -> Result<Outcome, StorageError> {
+    if placed_in.is_some() && placed_in != txn.config {
+        return Ok(Outcome::Rejected(Rejection::MembersChanged));
+    }
     let key = keys::chunk(&hash.0);
     let known = txn.get::<Chunk>("chunk", &key)?;
     // A known block keeps the size it was indexed with.

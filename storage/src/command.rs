@@ -173,6 +173,13 @@ pub enum Command {
         /// uploader past the quota is refused (`Rejection::QuotaExceeded`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         quota_bytes: Option<u64>,
+        /// The configuration whose voters the block was made durable on (`None`: not placed
+        /// by this command, or a cluster below format 4). Refused
+        /// (`Rejection::MembersChanged`) unless it is still the configuration in effect where
+        /// the entry sits in the log: a member change between the placement and this entry
+        /// could leave the block on fewer than a majority of the new voters.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        placed_in: Option<ConfigId>,
     },
     /// Commits a file version with the conflict rules of DESIGN.md §4 (a stale base makes a
     /// conflicted copy with the client's content, in this same apply).
@@ -322,6 +329,7 @@ impl Command {
             Command::Migrate { schema } => (*schema).max(crate::format::unrecorded()),
             Command::SetLimits { .. } => 3,
             Command::SetPassword { .. } => 4,
+            Command::RegisterChunk { placed_in: Some(_), .. } => crate::format::PLACEMENT_FENCE,
             Command::Idempotent { command, .. } | Command::Once { command, .. } => command.format(),
             Command::CreateUser { .. }
             | Command::CreateToken { .. }
@@ -618,6 +626,19 @@ pub enum Rejection {
     /// The block would take its uploader past their storage quota.
     #[error("storage quota exceeded: {stored_bytes} of {quota_bytes} bytes stored, this block is {size} more")]
     QuotaExceeded { stored_bytes: u64, quota_bytes: u64, size: u64 },
+    /// The cluster's members changed between placing a block and registering it: placed
+    /// again, it registers.
+    #[error("the cluster's members changed while the block was stored; store it again")]
+    MembersChanged,
+}
+
+/// A configuration (membership) entry of the log, by its term and index: where the voters a
+/// block was placed on were named. Every node applying an entry holds the same one in effect
+/// (the last configuration entry before it in the log), so comparing is deterministic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigId {
+    pub term: u64,
+    pub index: u64,
 }
 
 impl Rejection {
@@ -625,7 +646,13 @@ impl Rejection {
     /// missing chunks, make room under a limit): not saved under an idempotency key, so the
     /// retry runs.
     pub fn is_curable(&self) -> bool {
-        matches!(self, Rejection::MissingChunks(_) | Rejection::LimitReached(_) | Rejection::QuotaExceeded { .. })
+        matches!(
+            self,
+            Rejection::MissingChunks(_)
+                | Rejection::LimitReached(_)
+                | Rejection::QuotaExceeded { .. }
+                | Rejection::MembersChanged
+        )
     }
 }
 

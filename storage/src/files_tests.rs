@@ -22,7 +22,16 @@ fn h(name: &str) -> BlockHash {
 
 fn with_chunks(sm: &StateMachine, names: &[&str]) {
     for name in names {
-        apply(sm, Command::RegisterChunk { hash: h(name), size: 1, uploader: String::new(), quota_bytes: None });
+        apply(
+            sm,
+            Command::RegisterChunk {
+                hash: h(name),
+                size: 1,
+                uploader: String::new(),
+                quota_bytes: None,
+                placed_in: None,
+            },
+        );
     }
 }
 
@@ -259,7 +268,16 @@ fn conflicted_copy_numbering_never_runs_out() {
     let mut paths = std::collections::BTreeSet::new();
     for i in 1..=1_002u32 {
         let name = format!("c{i}");
-        apply(&sm, Command::RegisterChunk { hash: h(&name), size: 1, uploader: String::new(), quota_bytes: None });
+        apply(
+            &sm,
+            Command::RegisterChunk {
+                hash: h(&name),
+                size: 1,
+                uploader: String::new(),
+                quota_bytes: None,
+                placed_in: None,
+            },
+        );
         let copy = copy_of(&apply(&sm, commit("/f", &[name.as_str()], 0, "phone", &i.to_string())));
         assert!(paths.insert(copy.path.clone()), "copy {i} reused {}", copy.path);
     }

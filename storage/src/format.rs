@@ -19,6 +19,10 @@
 /// The format this code reads and writes.
 pub const FORMAT: u32 = 4;
 
+/// The format from which a block's registration names the configuration it was placed in
+/// ([`crate::Command::RegisterChunk`]'s `placed_in`): older code would ignore the fence.
+pub const PLACEMENT_FENCE: u32 = 4;
+
 /// The format every release that may share a cluster with this one reads: each node brings
 /// the stored data up to it at start (`Migrate`, as the previous release did), so only the
 /// move beyond it waits for every member ([`FORMAT`] is raised by the leader).

@@ -255,7 +255,11 @@ fn a_curable_rejection_is_not_saved_under_the_key() {
     };
     assert_eq!(*outcome, Outcome::Rejected(Rejection::MissingChunks(vec![chunk])));
     // The client uploads the chunk and retries with the same key: now it commits.
-    apply(&sm, 2, Command::RegisterChunk { hash: chunk, size: 1, uploader: String::new(), quota_bytes: None });
+    apply(
+        &sm,
+        2,
+        Command::RegisterChunk { hash: chunk, size: 1, uploader: String::new(), quota_bytes: None, placed_in: None },
+    );
     let Outcome::Idempotency(IdempotencyOutcome::Applied { outcome }) = apply(&sm, 3, keyed_commit("2")) else {
         panic!("the retry runs")
     };

@@ -45,7 +45,7 @@ pub mod sharing;
 pub mod snapshot;
 pub mod state;
 
-pub use command::{Batch, Command, Outcome, Rejection};
+pub use command::{Batch, Command, ConfigId, Outcome, Rejection};
 pub use db::Db;
 pub use error::StorageError;
 pub use state::StateMachine;

@@ -86,7 +86,16 @@ fn user(id: &str) -> Grantee {
 }
 
 fn upload(sm: &StateMachine, content: &str, uploader: &str) {
-    apply(sm, Command::RegisterChunk { hash: h(content), size: 1, uploader: uploader.into(), quota_bytes: None });
+    apply(
+        sm,
+        Command::RegisterChunk {
+            hash: h(content),
+            size: 1,
+            uploader: uploader.into(),
+            quota_bytes: None,
+            placed_in: None,
+        },
+    );
 }
 
 fn commit(actor: &str, namespace: &str, path: &str, chunks: &[&str], base: u64, device: &str) -> Command {
@@ -605,6 +614,7 @@ fn stored_bytes_count_each_block_once_per_uploader_and_the_quota_is_kept_in_appl
         size,
         uploader: uploader.into(),
         quota_bytes: Some(25),
+        placed_in: None,
     };
     assert_eq!(apply(&sm, register("a", "ann", 10)), Outcome::Done);
     assert_eq!(apply(&sm, register("a", "ann", 10)), Outcome::Done, "known to ann: counted once");

@@ -12,7 +12,7 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::command::{Batch, Command, Outcome};
+use crate::command::{Batch, Command, ConfigId, Outcome};
 use crate::db::write_options;
 use crate::{accounts, chunks, files, guards, jobs, keys, sharing, Db, StorageError};
 
@@ -45,6 +45,9 @@ pub(crate) struct Txn<'a> {
     /// (`floor::note_insert`).
     index_inserts: HashMap<u8, Vec<u8>>,
     pub(crate) now_ms: u64,
+    /// The configuration in effect where the entry sits in the log (`None`: not known, as in
+    /// tests of the storage alone).
+    pub(crate) config: Option<ConfigId>,
 }
 
 impl Txn<'_> {
@@ -236,11 +239,22 @@ impl StateMachine {
     /// Applies one log entry: its batch (none for blank and membership entries) and the new
     /// applied marker, as one write batch. Returns one outcome per command, in order.
     pub fn apply(&self, marker: &[u8], batch: Option<&Batch>) -> Result<Vec<Outcome>, StorageError> {
+        self.apply_in(marker, batch, None)
+    }
+
+    /// [`StateMachine::apply`] of an entry at a place in the log where `config` is the
+    /// configuration in effect (what fences `RegisterChunk`).
+    pub fn apply_in(
+        &self,
+        marker: &[u8],
+        batch: Option<&Batch>,
+        config: Option<ConfigId>,
+    ) -> Result<Vec<Outcome>, StorageError> {
         let now_ms = match batch {
             Some(batch) => self.clock_ms()?.max(batch.now_ms),
             None => self.clock_ms()?,
         };
-        let mut txn = Txn { db: &self.db, overlay: BTreeMap::new(), index_inserts: HashMap::new(), now_ms };
+        let mut txn = Txn { db: &self.db, overlay: BTreeMap::new(), index_inserts: HashMap::new(), now_ms, config };
         let mut outcomes = Vec::new();
         if let Some(batch) = batch {
             // An entry this code cannot read stops the node before anything of it is applied:
@@ -336,8 +350,8 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::RateCheck { checks } => guards::rate_check(txn, checks),
         Command::RateSet { entries } => guards::rate_set(txn, entries),
         Command::PurgeExpired { max_records } => guards::purge_expired(txn, *max_records as usize),
-        Command::RegisterChunk { hash, size, uploader, quota_bytes } => {
-            chunks::register(txn, hash, *size, uploader, *quota_bytes)
+        Command::RegisterChunk { hash, size, uploader, quota_bytes, placed_in } => {
+            chunks::register(txn, hash, *size, uploader, *quota_bytes, *placed_in)
         }
         Command::CollectOrphans { orphaned_before_ms, max_chunks } => {
             chunks::collect_orphans(txn, *orphaned_before_ms, *max_chunks as usize)

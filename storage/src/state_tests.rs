@@ -219,16 +219,47 @@ fn chunks_register_once() {
     assert!(sm.chunk(&hash).expect("read").is_none());
     sm.apply(
         b"m1",
-        Some(&batch(7, vec![Command::RegisterChunk { hash, size: 1, uploader: String::new(), quota_bytes: None }])),
+        Some(&batch(
+            7,
+            vec![Command::RegisterChunk { hash, size: 1, uploader: String::new(), quota_bytes: None, placed_in: None }],
+        )),
     )
     .expect("apply");
     sm.apply(
         b"m2",
-        Some(&batch(9, vec![Command::RegisterChunk { hash, size: 1, uploader: String::new(), quota_bytes: None }])),
+        Some(&batch(
+            9,
+            vec![Command::RegisterChunk { hash, size: 1, uploader: String::new(), quota_bytes: None, placed_in: None }],
+        )),
     )
     .expect("apply");
     let chunk = sm.chunk(&hash).expect("read").expect("registered");
     assert_eq!((chunk.size, chunk.refcount, chunk.created_ms), (1, 0, 7));
+}
+
+#[test]
+fn a_block_registers_only_in_the_configuration_it_was_placed_in() {
+    let (_dir, sm) = open();
+    let (placed, moved) = (crate::ConfigId { term: 2, index: 10 }, crate::ConfigId { term: 3, index: 14 });
+    let register = |content: &[u8], placed_in| Command::RegisterChunk {
+        hash: crate::blocks::BlockHash::of(content),
+        size: 1,
+        uploader: "u1".into(),
+        quota_bytes: Some(100),
+        placed_in,
+    };
+    let apply = |command, config| sm.apply_in(b"m", Some(&batch(1, vec![command])), config).expect("apply").remove(0);
+    // The members changed after the placement: refused, nothing indexed or counted.
+    assert_eq!(apply(register(b"a", Some(placed)), Some(moved)), Outcome::Rejected(Rejection::MembersChanged));
+    assert_eq!(apply(register(b"a", Some(placed)), None), Outcome::Rejected(Rejection::MembersChanged));
+    assert!(sm.chunk(&crate::blocks::BlockHash::of(b"a")).expect("read").is_none());
+    assert_eq!(sm.stored_bytes("u1").expect("bytes"), 0);
+    // Placed in the configuration in effect, or not placed by this command: registered.
+    assert_eq!(apply(register(b"a", Some(moved)), Some(moved)), Outcome::Done);
+    assert_eq!(apply(register(b"b", None), Some(moved)), Outcome::Done);
+    assert!(sm.chunk(&crate::blocks::BlockHash::of(b"a")).expect("read").is_some());
+    assert_eq!(register(b"a", Some(placed)).format(), 4, "an older node would ignore the fence");
+    assert_eq!(register(b"a", None).format(), 1);
 }
 
 #[test]
@@ -287,6 +318,7 @@ fn a_range_of_keys_merges_the_entrys_own_writes_and_stops_at_its_bound() {
         overlay: std::collections::BTreeMap::new(),
         index_inserts: std::collections::HashMap::new(),
         now_ms: 0,
+        config: None,
     };
     txn.delete(key(3));
     txn.put_raw(key(4), b"w".to_vec());

@@ -23,6 +23,10 @@ use crate::access;
 use crate::auth::Principal;
 use crate::{json, ApiError, AppState};
 
+/// Times one block PUT places its block, at most, when the cluster's members keep changing
+/// before it registers (then 503).
+const PLACEMENTS_MAX: u32 = 3;
+
 /// Hashes one status call may ask about, at most.
 pub const STATUS_HASHES_MAX: usize = 10_000;
 
@@ -95,7 +99,7 @@ pub(crate) async fn store(state: &AppState, caller: &Principal, block: VerifiedB
     // The quota is judged in apply; a block that plainly does not fit is refused before its
     // bytes are written anywhere.
     let quota_bytes = (!caller.user.admin).then_some(state.limits.get().quotas.stored_bytes_per_user);
-    let register = |uploader| Command::RegisterChunk { hash, size, uploader, quota_bytes };
+    let register = |uploader, placed_in| Command::RegisterChunk { hash, size, uploader, quota_bytes, placed_in };
     let registered = |outcome: Outcome| match outcome {
         Outcome::Rejected(rejection) => Err(ApiError::from(rejection)),
         _ => Ok(()),
@@ -109,7 +113,7 @@ pub(crate) async fn store(state: &AppState, caller: &Principal, block: VerifiedB
         if state.node.state().uploaded_by(&uploader, &hash)? {
             return Ok(());
         }
-        return registered(state.node.write(register(uploader)).await?);
+        return registered(state.node.write(register(uploader, None)).await?);
     }
     let over = |stored_bytes: u64| quota_bytes.filter(|q| stored_bytes.saturating_add(size) > *q);
     if over(state.node.state().stored_bytes(&uploader)?).is_some() {
@@ -124,8 +128,20 @@ pub(crate) async fn store(state: &AppState, caller: &Principal, block: VerifiedB
     if disk.full {
         return Err(ApiError::Unavailable(disk.refusal()));
     }
-    blocks.put_replicated(block).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
-    registered(state.node.write(register(uploader)).await?)
+    // The registration names the configuration the block was placed in (once every member
+    // reads the fence); the members changed in between, it is placed again in the new one.
+    let fenced = state.node.cluster_format() >= raftbox_storage::format::PLACEMENT_FENCE;
+    let mut placements = 0;
+    loop {
+        placements += 1;
+        let config = blocks.put_replicated(block.clone()).await.map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        match state.node.write(register(uploader.clone(), fenced.then_some(config))).await? {
+            Outcome::Rejected(Rejection::MembersChanged) if placements < PLACEMENTS_MAX => {
+                tracing::info!(%hash, "the members changed while the block was stored; placing it again");
+            }
+            outcome => return registered(outcome),
+        }
+    }
 }
 
 /// Reads a PUT body into a [`BlockReceiver`] (413 past `BLOCK_BYTES_MAX`, declared or sent).

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use raftbox_cluster_tests::{
-    add_member, commit_file, in_lanes, new_user, put_block, remove_member, within, Cluster, ClusterOptions, Deadline,
-    Outcome, Seed,
+    add_member, cluster_members, commit_file, in_lanes, new_user, put_block, remove_member, within, Cluster,
+    ClusterOptions, Deadline, Outcome, Seed,
 };
 
 const TEST_DEADLINE: Duration = Duration::from_secs(150);
@@ -100,5 +100,54 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     }
     cluster.wait_ready(Duration::from_secs(30)).await?;
     wait_for_blocks(cluster, 2, &all).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_voter_is_removed_only_once_the_remaining_majority_holds_every_block() {
+    let seed = Seed::new("block_replication::a_voter_is_removed_only_once_the_remaining_majority_holds_every_block");
+    // The replicator's only round is at start: what node 3 lacks later, only the removal's
+    // fill gives it.
+    let toml = "[files]\nmaintenance_interval_s = 3600\n".to_owned();
+    let mut cluster = Cluster::start(ClusterOptions { extra_toml: toml, ..ClusterOptions::default() })
+        .await
+        .expect("start the cluster");
+    let result = within(TEST_DEADLINE, removal(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+async fn removal(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    let http = cluster.client();
+    let (url, admin) = (cluster.http_url(2), cluster.admin_token().to_owned());
+    let (_, token) = new_user(cluster, 2, &format!("removal-{}", seed.value()), "t").await?;
+    let mut hashes = Vec::new();
+    for i in 0..10 {
+        hashes.push(put_block(&http, &url, &token, format!("block {i} of run {}", seed.value()).as_bytes()).await?);
+    }
+    ensure!(commit_file(&http, &url, &token, "d", "/kept", &hashes, 0).await?.is_ok());
+    let all: BTreeSet<String> = hashes.into_iter().collect();
+    for id in cluster.node_ids() {
+        wait_for_blocks(cluster, id, &all).await?;
+    }
+    // Node 3 lacks every block: they are on nodes 1 and 2, a majority of three.
+    ensure!(cluster.lose_block_files(3)? >= all.len(), "node 3 held the blocks");
+
+    // Node 3 down, the only other voter left could not fill in: node 1 stays.
+    cluster.terminate(3, Duration::from_secs(20)).await?;
+    match remove_member(&http, &url, &admin, 1).await? {
+        Outcome::Unknown(why) if why.contains("not removed yet") => {}
+        other => anyhow::bail!("node 1 removed while node 3, left to hold its blocks, was down: {other:?}"),
+    }
+    let Outcome::Ok(members) = cluster_members(&http, &url, &admin).await? else { anyhow::bail!("list the members") };
+    ensure!(members.to_string().contains("\"id\":1"), "node 1 is no longer a member: {members}");
+
+    // Node 3 back: the removal has it fetch every block first, so both voters left hold them.
+    cluster.start_node(3)?;
+    cluster.wait_ready(Duration::from_secs(30)).await?;
+    let removed = remove_member(&http, &url, &admin, 1).await?;
+    ensure!(removed.is_ok(), "remove node 1: {removed:?}");
+    let held = cluster.block_files(3)?;
+    let lacking = all.difference(&held).count();
+    ensure!(lacking == 0, "node 1 was removed while node 3 lacked {lacking} of the {} blocks", all.len());
     Ok(())
 }

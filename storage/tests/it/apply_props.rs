@@ -171,9 +171,14 @@ fn other_command() -> impl Strategy<Value = Command> {
             token_id,
             token_hash
         }),
-        (hash(), extreme(), id(), proptest::option::of(extreme())).prop_map(|(hash, size, uploader, quota_bytes)| {
-            Command::RegisterChunk { hash, size, uploader, quota_bytes }
-        }),
+        (hash(), extreme(), id(), proptest::option::of(extreme()), proptest::option::of((extreme(), extreme())))
+            .prop_map(|(hash, size, uploader, quota_bytes, placed_in)| Command::RegisterChunk {
+                hash,
+                size,
+                uploader,
+                quota_bytes,
+                placed_in: placed_in.map(|(term, index)| raftbox_storage::ConfigId { term, index }),
+            }),
         (id(), path(), path(), 0..4u64, hostile(), (id(), id())).prop_map(
             |(namespace_id, from, to, base_version, device, (new_file_id, actor_user_id))| {
                 Command::MoveFile(Box::new(FileMove {
