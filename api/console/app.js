@@ -123,7 +123,10 @@ async function api(path, { method = "GET", body, raw = false, auth = true } = {}
     if (response.status === 401) message += " — log in again with a valid token";
     throw new ApiError(response.status, message);
   }
-  return raw ? response.arrayBuffer() : response.json();
+  if (raw) return response.arrayBuffer();
+  // 204 and other empty answers carry no JSON.
+  const text = await response.text();
+  return text ? JSON.parse(text) : null;
 }
 
 function query(params) {
@@ -178,6 +181,7 @@ async function render(quiet = false) {
     files: () => filesPage(params),
     history: () => historyPage(params),
     jobs: () => (parts[1] ? runsPage(decodeURIComponent(parts[1])) : jobsPage()),
+    sharing: () => (parts[1] ? membersPage(decodeURIComponent(parts[1])) : sharingPage()),
   }[parts[0]];
   if (!quiet) view.replaceChildren(el("p", { className: "muted", text: "Loading…" }));
   try {
@@ -304,10 +308,21 @@ function crumbs(ns, folder) {
   return box;
 }
 
+// The marker file that makes an empty folder exist (WebDAV's MKCOL and "New folder" write
+// it); listings do not show it.
+const FOLDER_MARKER = ".raftbox-folder";
+
+// The caller's role on namespace `ns` (undefined: the personal one, or not listed).
+async function roleOf(ns) {
+  const entry = (await namespaces()).find((n) => n.namespaceId === ns || (!ns && n.kind === "user"));
+  return entry ? entry.role : undefined;
+}
+
 async function filesPage(params) {
   const list = await namespaces();
   const ns = params.get("ns") || (list[0] && list[0].namespaceId);
   const folder = params.get("path") || "/";
+  const canWrite = (await roleOf(ns)) !== "viewer";
   const tbody = el("tbody", {});
   const more = el("button", { type: "button", id: "files-more", hidden: true }, "More");
   let pageToken = null;
@@ -327,27 +342,8 @@ async function filesPage(params) {
             cell(null),
           ),
         );
-      } else {
-        const path = `${folder}${entry.name}`;
-        tbody.append(
-          el(
-            "tr",
-            { "data-file": entry.name },
-            cell(entry.name),
-            cell("file"),
-            cell(bytes(entry.size), "num"),
-            cell(entry.version, "num"),
-            cell(
-              el(
-                "span",
-                {},
-                el("button", { type: "button", className: "history", onclick: () => go(historyHash(ns, path)) }, "History"),
-                " ",
-                el("button", { type: "button", className: "download", onclick: () => downloadCurrent(ns, path) }, "Download"),
-              ),
-            ),
-          ),
-        );
+      } else if (entry.name !== FOLDER_MARKER) {
+        tbody.append(fileRow(ns, folder, entry, canWrite));
       }
     }
     pageToken = page.nextPageToken || null;
@@ -356,12 +352,37 @@ async function filesPage(params) {
   };
   more.addEventListener("click", () => loadPage().catch((e) => showError(e.message)));
   await loadPage();
-  return el(
-    "div",
-    {},
-    el("h2", { text: "Files" }),
-    el("div", { className: "toolbar" }, namespacePicker(list, ns, (picked) => go(filesHash(picked, "/")))),
-    crumbs(ns, folder),
+  const toolbar = el("div", { className: "toolbar" }, namespacePicker(list, ns, (picked) => go(filesHash(picked, "/"))));
+  const parts = [el("h2", { text: "Files" }), toolbar, crumbs(ns, folder)];
+  if (canWrite) {
+    const picker = el("input", { type: "file", id: "upload-input", multiple: true, className: "visually-hidden" });
+    picker.addEventListener("change", () => {
+      const files = Array.from(picker.files);
+      picker.value = "";
+      uploadFiles(ns, folder, files);
+    });
+    const name = el("input", { type: "text", id: "new-folder-name", placeholder: "new folder name", spellcheck: "false" });
+    const form = el("form", { id: "new-folder-form", className: "inline" }, name, el("button", { type: "submit", id: "new-folder" }, "New folder"));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      newFolder(ns, folder, name.value.trim());
+    });
+    toolbar.append(el("label", { className: "button", for: "upload-input", id: "upload-button", tabindex: 0 }, "Upload files"), picker, form);
+    const zone = el("div", { id: "drop-zone", className: "drop-zone" }, "Drop files here to upload them to this folder");
+    zone.addEventListener("dragover", (event) => {
+      event.preventDefault();
+      zone.classList.add("over");
+    });
+    zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+    zone.addEventListener("drop", (event) => {
+      event.preventDefault();
+      zone.classList.remove("over");
+      const files = Array.from((event.dataTransfer && event.dataTransfer.files) || []);
+      if (files.length) uploadFiles(ns, folder, files);
+    });
+    parts.push(zone);
+  }
+  parts.push(
     el(
       "table",
       { id: "files" },
@@ -370,6 +391,210 @@ async function filesPage(params) {
     ),
     more,
   );
+  return el("div", {}, ...parts);
+}
+
+// One file's row: history, download and, for a writer, rename and delete (each confirmed
+// in the row itself).
+function fileRow(ns, folder, entry, canWrite) {
+  const path = `${folder}${entry.name}`;
+  const nameCell = cell(entry.name);
+  const actions = el(
+    "span",
+    {},
+    el("button", { type: "button", className: "history", onclick: () => go(historyHash(ns, path)) }, "History"),
+    " ",
+    el("button", { type: "button", className: "download", onclick: () => downloadCurrent(ns, path) }, "Download"),
+  );
+  if (canWrite) {
+    const rename = el("button", { type: "button", className: "rename" }, "Rename");
+    rename.addEventListener("click", () => {
+      const input = el("input", { type: "text", className: "rename-input", value: entry.name, spellcheck: "false" });
+      const form = el("form", { className: "inline" }, input, el("button", { type: "submit", className: "rename-save" }, "Save"));
+      form.addEventListener("submit", (event) => {
+        event.preventDefault();
+        renameFile(ns, folder, entry, input.value.trim());
+      });
+      nameCell.replaceChildren(form);
+      input.focus();
+    });
+    const remove = el("button", { type: "button", className: "delete" }, "Delete");
+    remove.addEventListener("click", () => {
+      if (!remove.classList.contains("confirm")) {
+        remove.classList.add("confirm");
+        remove.textContent = "Delete for sure?";
+        return;
+      }
+      deleteFile(ns, path, entry.version);
+    });
+    actions.append(" ", rename, " ", remove);
+  }
+  return el("tr", { "data-file": entry.name }, nameCell, cell("file"), cell(bytes(entry.size), "num"), cell(entry.version, "num"), cell(actions));
+}
+
+// A change of files, then the page drawn again and what happened said.
+async function changeFiles(path, body, done) {
+  showError("");
+  try {
+    const answer = await api(path, { method: "POST", body });
+    await render();
+    showNotice(done(answer));
+  } catch (e) {
+    showError(e.message);
+  }
+}
+
+function validName(name) {
+  if (!name || name === "." || name === ".." || name.includes("/")) {
+    showError("A name is not empty, not . or .., and has no /.");
+    return false;
+  }
+  return true;
+}
+
+function withNamespace(ns, body) {
+  if (ns) body.namespaceId = ns;
+  return body;
+}
+
+// A folder exists once something is in it: an empty marker file makes it exist now.
+function newFolder(ns, folder, name) {
+  if (!validName(name)) return;
+  const body = withNamespace(ns, { path: `${folder}${name}/${FOLDER_MARKER}`, chunks: [], baseVersion: 0, size: 0, mtime: Date.now() });
+  changeFiles("/v1/files/commit", body, () => `Made folder ${folder}${name}/`);
+}
+
+function renameFile(ns, folder, entry, name) {
+  if (!validName(name)) return;
+  const from = `${folder}${entry.name}`;
+  const to = `${folder}${name}`;
+  changeFiles("/v1/files/move", withNamespace(ns, { from, to, baseVersion: entry.version }), () => `Renamed ${from} to ${to}`);
+}
+
+function deleteFile(ns, path, version) {
+  changeFiles("/v1/files/delete", withNamespace(ns, { path, baseVersion: version }), () => `Deleted ${path} (its versions stay in its history)`);
+}
+
+// ---------------------------------------------------------------------------------------
+// Uploads: each file in pieces of at most a block, each piece hashed by the node
+// (POST /v1/blocks), then one commit naming them. The pieces stored so far are remembered in
+// localStorage under the file's path, size and modification time, so choosing or dropping
+// the same file again after a failure, a reload or a lost connection goes on from the first
+// piece not stored. Progress is shown per file, by bytes sent.
+
+const PIECE_BYTES = 4 * 1024 * 1024;
+// Tries per piece when the node is unreachable or busy (0 or 503), a second apart.
+const PIECE_TRIES = 3;
+
+function postBlock(blob, onProgress) {
+  return new Promise((resolve, reject) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("POST", "/v1/blocks");
+    xhr.setRequestHeader("Authorization", `Bearer ${token()}`);
+    xhr.setRequestHeader("Content-Type", "application/octet-stream");
+    xhr.upload.addEventListener("progress", (event) => onProgress(event.loaded));
+    xhr.addEventListener("load", () => {
+      let answer = null;
+      try {
+        answer = JSON.parse(xhr.responseText);
+      } catch (_) {
+        // not JSON: the status line says enough
+      }
+      if (xhr.status === 201 && answer && answer.hash) resolve(answer.hash);
+      else if (answer && answer.title) reject(new ApiError(xhr.status, `${answer.status} ${answer.title}: ${answer.detail || ""}`));
+      else reject(new ApiError(xhr.status, `${xhr.status} ${xhr.statusText}`));
+    });
+    xhr.addEventListener("error", () => reject(new ApiError(0, "cannot reach this node")));
+    xhr.send(blob);
+  });
+}
+
+async function postBlockWithRetries(blob, onProgress) {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await postBlock(blob, onProgress);
+    } catch (e) {
+      if (attempt >= PIECE_TRIES || !(e.status === 0 || e.status === 503)) throw e;
+      await new Promise((resume) => setTimeout(resume, 1000));
+    }
+  }
+}
+
+async function uploadFiles(ns, folder, files) {
+  showError("");
+  // The panel outlives the page (redrawn when a batch ends); a new batch clears what ended.
+  const box = byId("uploads");
+  for (const row of box.querySelectorAll(".upload.done")) row.remove();
+  let failed = 0;
+  for (const file of files) {
+    try {
+      await uploadOne(ns, folder, file, box);
+    } catch (e) {
+      failed += 1;
+      showError(`${file.name}: ${e.message}`);
+    }
+  }
+  // What the user stores now, against their quota.
+  whoAmI().catch((e) => showError(e.message));
+  if (!failed) {
+    await render();
+    showNotice(`Uploaded ${files.length} file${files.length === 1 ? "" : "s"} to ${folder}`);
+  }
+}
+
+async function uploadOne(ns, folder, file, box, fresh = false) {
+  const path = `${folder}${file.name}`;
+  const key = `raftbox.upload:${ns || ""}:${path}:${file.size}:${file.lastModified}`;
+  let stored = [];
+  try {
+    stored = fresh ? [] : JSON.parse(localStorage.getItem(key) || "[]");
+  } catch (_) {
+    stored = [];
+  }
+  if (!Array.isArray(stored)) stored = [];
+  const resumedAt = stored.length;
+  const pieces = Math.ceil(file.size / PIECE_BYTES);
+  const bar = el("progress", { max: Math.max(file.size, 1), value: Math.min(resumedAt * PIECE_BYTES, file.size) });
+  const label = el("span", { className: "upload-label" });
+  const row = el("div", { className: "upload", "data-upload": file.name }, label, " ", bar);
+  box.append(row);
+  const show = (sent) => {
+    bar.value = sent;
+    const percent = file.size ? Math.floor((100 * sent) / file.size) : 100;
+    const resumed = resumedAt ? ` (resumed at piece ${resumedAt + 1} of ${pieces})` : "";
+    label.textContent = `${file.name}: ${percent}% of ${bytes(file.size)}${resumed}`;
+  };
+  show(Math.min(resumedAt * PIECE_BYTES, file.size));
+  for (let i = stored.length; i < pieces; i += 1) {
+    const start = i * PIECE_BYTES;
+    stored.push(await postBlockWithRetries(file.slice(start, start + PIECE_BYTES), (loaded) => show(start + loaded)));
+    localStorage.setItem(key, JSON.stringify(stored));
+  }
+  let base = 0;
+  try {
+    base = (await api(`/v1/files?${query({ namespaceId: ns, path })}`)).version;
+  } catch (e) {
+    if (e.status !== 404) throw e;
+  }
+  let answer;
+  try {
+    answer = await api("/v1/files/commit", {
+      method: "POST",
+      body: withNamespace(ns, { path, chunks: stored, baseVersion: base, size: file.size, mtime: file.lastModified }),
+    });
+  } catch (e) {
+    // Pieces stored long ago may have been collected since: once, the upload starts over.
+    if (e.status === 422 && resumedAt && !fresh) {
+      localStorage.removeItem(key);
+      row.remove();
+      return uploadOne(ns, folder, file, box, true);
+    }
+    throw e;
+  }
+  localStorage.removeItem(key);
+  show(file.size);
+  label.textContent += `, stored as version ${answer.version}`;
+  row.classList.add("done");
 }
 
 async function historyPage(params) {
@@ -378,8 +603,7 @@ async function historyPage(params) {
   if (!path) throw new Error("no file path given");
   const folder = path.slice(0, path.lastIndexOf("/") + 1);
   // A viewer cannot restore (the API would refuse with 403): no button for it.
-  const role = (await namespaces()).find((n) => n.namespaceId === ns || (!ns && n.kind === "user"));
-  const canWrite = !role || role.role !== "viewer";
+  const canWrite = (await roleOf(ns)) !== "viewer";
   const tbody = el("tbody", {});
   const more = el("button", { type: "button", id: "history-more", hidden: true }, "More");
   let pageToken = null;
@@ -476,6 +700,140 @@ async function restore(ns, path, version) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Sharing: the caller's shared folders, invitations to answer, and each owned folder's
+// members (users and groups, with roles).
+
+// A cell of buttons, each [class, label, action].
+function buttonsCell(...buttons) {
+  const box = el("span", {});
+  buttons.forEach(([className, label, onclick], i) => {
+    if (i) box.append(" ");
+    box.append(el("button", { type: "button", className, onclick }, label));
+  });
+  return cell(box);
+}
+
+function sharingHash(ns) {
+  return ns ? `#/sharing/${encodeURIComponent(ns)}` : "#/sharing";
+}
+
+async function sharingPage() {
+  namespacesCache = null;
+  const list = (await namespaces()).filter((n) => n.kind !== "user");
+  const rows = list.map((n) =>
+    el(
+      "tr",
+      { "data-share": n.name },
+      cell(n.name),
+      cell(n.role),
+      buttonsCell(
+        ["open", "Open", () => go(filesHash(n.namespaceId, "/"))],
+        ["members", "Members", () => go(sharingHash(n.namespaceId))],
+      ),
+    ),
+  );
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 3, className: "muted", text: "No shared folders yet." })));
+  const name = el("input", { type: "text", id: "share-name", placeholder: "folder name", spellcheck: "false" });
+  const form = el("form", { id: "share-form", className: "inline" }, name, el("button", { type: "submit", id: "share-create" }, "New shared folder"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const value = name.value.trim();
+    if (!value) return;
+    showError("");
+    try {
+      const made = await api("/v1/namespaces", { method: "POST", body: { name: value } });
+      namespacesCache = null;
+      go(sharingHash(made.namespaceId));
+      showNotice(`Made the shared folder ${value}: invite people below`);
+    } catch (e) {
+      showError(e.message);
+    }
+  });
+  const invitations = (await api("/v1/me/invitations")).invitations;
+  const invitationRows = invitations.map((i) =>
+    el(
+      "tr",
+      { "data-invitation": i.name },
+      cell(i.name),
+      cell(i.role),
+      buttonsCell(
+        ["accept", "Accept", () => answerInvitation(i.namespaceId, "accept")],
+        ["decline", "Decline", () => answerInvitation(i.namespaceId, "decline")],
+      ),
+    ),
+  );
+  const parts = [el("h2", { text: "Shared folders" }), el("div", { className: "toolbar" }, form), table(["Folder", "Your role", ""], rows, "shares")];
+  if (invitationRows.length) parts.push(el("h3", { text: "Invitations" }), table(["Folder", "Role", ""], invitationRows, "invitations"));
+  return el("div", {}, ...parts);
+}
+
+async function answerInvitation(ns, answer) {
+  showError("");
+  try {
+    await api(`/v1/namespaces/${encodeURIComponent(ns)}/${answer}`, { method: "POST", body: {} });
+    namespacesCache = null;
+    await render();
+    showNotice(answer === "accept" ? "Invitation accepted: the folder is in your list" : "Invitation declined");
+  } catch (e) {
+    showError(e.message);
+  }
+}
+
+async function membersPage(ns) {
+  const acl = await api(`/v1/namespaces/${encodeURIComponent(ns)}/acl`);
+  const owner = (await roleOf(ns)) === "owner";
+  const rows = acl.entries.map((entry) => {
+    const who = entry.groupId ? `group ${entry.groupName}` : entry.userName;
+    const actions = el("span", {});
+    if (owner && entry.role !== "owner") {
+      const target = entry.groupId ? `groups/${encodeURIComponent(entry.groupId)}` : `users/${encodeURIComponent(entry.userId)}`;
+      actions.append(
+        el("button", { type: "button", className: "revoke", onclick: () => revokeMember(ns, target, who) }, "Remove"),
+      );
+    }
+    return el("tr", { "data-member": who }, cell(who), cell(entry.role), cell(entry.pending ? "invited" : "member"), cell(actions));
+  });
+  const parts = [
+    el("h2", {}, "Members of ", el("span", { id: "members-of", text: acl.name })),
+    el("div", { className: "toolbar" }, el("a", { href: "#/sharing", id: "members-back", text: "All shared folders" })),
+    table(["Who", "Role", "State", ""], rows, "members-list"),
+  ];
+  if (owner) {
+    const kind = el("select", { id: "grant-kind" }, el("option", { value: "user", text: "user" }), el("option", { value: "group", text: "group" }));
+    const name = el("input", { type: "text", id: "grant-name", placeholder: "name", spellcheck: "false" });
+    const role = el("select", { id: "grant-role" }, el("option", { value: "viewer", text: "viewer" }), el("option", { value: "editor", text: "editor" }));
+    const form = el("form", { id: "grant-form", className: "inline" }, kind, name, role, el("button", { type: "submit", id: "grant" }, "Invite"));
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const value = name.value.trim();
+      if (!value) return;
+      showError("");
+      try {
+        const body = kind.value === "group" ? { groupName: value, role: role.value } : { userName: value, role: role.value };
+        await api(`/v1/namespaces/${encodeURIComponent(ns)}/acl`, { method: "PUT", body });
+        await render();
+        showNotice(`Invited ${kind.value} ${value} as ${role.value}`);
+      } catch (e) {
+        showError(e.message);
+      }
+    });
+    parts.push(el("h3", { text: "Invite" }), form);
+  }
+  return el("div", {}, ...parts);
+}
+
+async function revokeMember(ns, target, who) {
+  showError("");
+  try {
+    await api(`/v1/namespaces/${encodeURIComponent(ns)}/acl/${target}`, { method: "DELETE" });
+    await render();
+    showNotice(`Removed ${who}`);
+  } catch (e) {
+    showError(e.message);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // Jobs
 
 function statusCell(status) {
@@ -506,7 +864,7 @@ async function jobsPage() {
           ),
           cell(job.type),
           cell(job.target || null),
-          statusCell(job.status),
+          statusCell(job.paused ? "PAUSED" : job.status),
           cell(scheduleText(job)),
           cell(job.nextRunAt),
           cell(job.attempts, "num"),
@@ -536,6 +894,32 @@ async function jobsPage() {
     ),
     more,
   );
+}
+
+const FINAL_STATUSES = ["SUCCEEDED", "FAILED", "CANCELLED"];
+
+// Pause or resume, and run now: the buttons a job that has not ended offers.
+function jobMethods(job) {
+  if (FINAL_STATUSES.includes(job.status)) return [];
+  const call = (verb, done) => async () => {
+    showError("");
+    try {
+      await api(`/v1/jobs/${encodeURIComponent(job.jobId)}:${verb}`, { method: "POST", body: {} });
+      await render();
+      showNotice(done);
+    } catch (e) {
+      showError(e.message);
+    }
+  };
+  const buttons = [
+    job.paused
+      ? el("button", { type: "button", id: "job-resume", onclick: call("resume", "Resumed: the next fire is its next scheduled time") }, "Resume")
+      : el("button", { type: "button", id: "job-pause", onclick: call("pause", "Paused: no fire or retry starts until you resume it") }, "Pause"),
+  ];
+  if (!job.paused && job.status === "SCHEDULED") {
+    buttons.push(el("button", { type: "button", id: "job-run", onclick: call("run", "Fired now: its run shows below once it starts") }, "Run now"));
+  }
+  return buttons;
 }
 
 async function runsPage(jobId) {
@@ -581,13 +965,15 @@ async function runsPage(jobId) {
       el("dt", { text: "Type" }),
       el("dd", { text: job.type }),
       el("dt", { text: "Status" }),
-      el("dd", { text: job.status, id: "job-status" }),
+      el("dd", { text: job.paused ? `${job.status} (paused)` : job.status, id: "job-status" }),
+      el("dt", { text: "Next run" }),
+      el("dd", { text: job.nextRunAt || "none", id: "job-next-run" }),
       el("dt", { text: "Schedule" }),
       el("dd", { text: scheduleText(job) }),
       el("dt", { text: "Attempts" }),
       el("dd", { text: job.attempts }),
     ),
-    el("div", { className: "toolbar" }, el("a", { href: "#/jobs", id: "runs-back", text: "All jobs" })),
+    el("div", { className: "toolbar" }, el("a", { href: "#/jobs", id: "runs-back", text: "All jobs" }), ...jobMethods(job)),
     el(
       "table",
       { id: "runs" },
@@ -658,6 +1044,7 @@ function logOut() {
   namespacesCache = null;
   byId("who-name").textContent = "";
   showNotice("");
+  byId("uploads").replaceChildren();
   render();
 }
 
@@ -667,6 +1054,7 @@ document.addEventListener("DOMContentLoaded", () => {
   byId("logout").addEventListener("click", logOut);
   window.addEventListener("hashchange", () => {
     showNotice("");
+    for (const row of byId("uploads").querySelectorAll(".upload.done")) row.remove();
     render();
   });
   if (token()) whoAmI().catch((e) => showError(e.message));

@@ -31,6 +31,7 @@ pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
 pub mod runtime_limits;
+mod spool;
 pub mod webhooks;
 
 use std::future::Future;
@@ -229,10 +230,10 @@ pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
     let admit = axum::middleware::from_fn_with_state(state.clone(), admit);
     let probes = routes::probe_router().layer(timeout.clone());
     let bounded = routes::router().merge(extra).layer(timeout).layer(admit.clone()).merge(probes);
-    // WebDAV carries whole files in one request: its own, longer deadline.
-    let dav_timeout = axum::middleware::from_fn(dav::deadline);
+    // WebDAV and the whole-file routes carry whole files in one request: a longer deadline.
+    let transfers = dav::router().merge(routes::transfer_router());
     bounded
-        .merge(dav::router().layer(dav_timeout).layer(admit))
+        .merge(transfers.layer(axum::middleware::from_fn(transfer_timeout)).layer(admit))
         .merge(routes::notify_router())
         .route_layer(limiter)
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
@@ -253,14 +254,27 @@ async fn admit(State(state): State<AppState>, request: Request, next: Next) -> R
     }
 }
 
+/// How long one request carrying a whole file may take (WebDAV, `/v1/files/content`), body
+/// included: a large file over a slow link. Every wait inside is bounded on its own as well.
+pub const TRANSFER_DEADLINE: Duration = Duration::from_secs(30 * 60);
+
 /// Answers 503 when the route has not answered within `[http] request_timeout_ms`. A write
 /// still in flight then may or may not happen, and the answer says so.
 async fn request_timeout(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let limit = Duration::from_millis(state.config.http.request_timeout_ms);
-    match tokio::time::timeout(limit, next.run(request)).await {
+    answer_within(limit, "the request timeout", next.run(request)).await
+}
+
+/// [`request_timeout`] for the routes that carry whole files, with [`TRANSFER_DEADLINE`].
+async fn transfer_timeout(request: Request, next: Next) -> Response {
+    answer_within(TRANSFER_DEADLINE, "the deadline of whole-file transfers", next.run(request)).await
+}
+
+async fn answer_within(limit: Duration, what: &str, answer: impl Future<Output = Response>) -> Response {
+    match tokio::time::timeout(limit, answer).await {
         Ok(response) => response,
         Err(_) => ApiError::Unavailable(format!(
-            "no answer within the request timeout ({} ms); a write in flight may or may not happen",
+            "no answer within {what} ({} ms); a write in flight may or may not happen",
             limit.as_millis()
         ))
         .into_response(),

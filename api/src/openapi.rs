@@ -239,6 +239,8 @@ pub struct JobView {
     timeout_seconds: u64,
     retry_backoff_ms: u64,
     status: JobStatus,
+    /// Paused (`:pause`): no fire or retry starts until `:resume`.
+    paused: bool,
     next_run_at: Option<String>,
     attempts: u32,
     fence_token: u64,
@@ -428,12 +430,12 @@ pub struct GroupDetail {
         ops::members, ops::add_member_node, ops::remove_member_node, ops::backup, ops::backup_block,
         ops::get_limits, ops::put_limits,
         ops::create_user, ops::get_user, ops::create_token, ops::list_tokens, ops::revoke_token,
-        ops::me, ops::my_tokens, ops::revoke_my_token,
+        ops::me, ops::my_tokens, ops::revoke_my_token, ops::webhook_secret, ops::rotate_webhook_secret,
         ops::login, ops::set_my_password, ops::set_password, ops::remove_password,
-        ops::blocks_status, ops::get_block, ops::put_block,
-        ops::get_file, ops::commit_file, ops::file_history, ops::restore_file, ops::delete_file, ops::move_file,
+        ops::blocks_status, ops::get_block, ops::put_block, ops::post_block,
+        ops::get_file, ops::commit_file, ops::put_file_content, ops::get_file_content, ops::file_history, ops::restore_file, ops::delete_file, ops::move_file,
         ops::list_folder,
-        ops::create_job, ops::list_jobs, ops::get_job, ops::patch_job, ops::cancel_job, ops::job_runs,
+        ops::create_job, ops::list_jobs, ops::get_job, ops::patch_job, ops::cancel_job, ops::job_method, ops::job_runs,
         ops::sync, ops::sync_post, ops::notify, ops::notify_post, ops::notify_ws,
         ops::create_namespace, ops::list_namespaces, ops::get_namespace, ops::delete_namespace, ops::get_acl, ops::grant,
         ops::revoke_user, ops::revoke_group, ops::leave, ops::accept_invitation, ops::decline_invitation,
@@ -576,6 +578,16 @@ mod ops {
     ))]
     fn remove_member_node() {}
 
+    #[utoipa::path(get, path = "/v1/me/webhook-secret", tag = "me", responses(
+        (status = 200, description = "The secret that signs the caller's webhook calls (Standard Webhooks), made on the first ask.", body = crate::routes::accounts::WebhookSecretView),
+    ))]
+    fn webhook_secret() {}
+
+    #[utoipa::path(post, path = "/v1/me/webhook-secret", tag = "me", request_body(content = crate::routes::accounts::RotateRequest, description = "Optional."), responses(
+        (status = 201, description = "A new secret; the one before it still signs for `keepPreviousHours`.", body = crate::routes::accounts::WebhookSecretView),
+    ))]
+    fn rotate_webhook_secret() {}
+
     #[utoipa::path(post, path = "/v1/login", tag = "me", request_body = crate::routes::login::LoginRequest, responses(
         (status = 201, description = "A session token (a bearer token named `login`, expiring after 30 days), shown once.", body = crate::routes::login::LoginResponse),
         (status = 401, description = "Wrong name or password (the same answer for both, and for a user without a password).", body = Problem, content_type = "application/problem+json"),
@@ -702,6 +714,14 @@ mod ops {
     ))]
     fn put_block() {}
 
+    #[utoipa::path(post, path = "/v1/blocks", tag = "blocks",
+        request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "At most 4 MiB."), responses(
+        (status = 201, description = "Durable on a majority and indexed, under the hash the server computed.", body = crate::routes::content::BlockStored),
+        (status = 413, description = "Larger than a block may be.", body = Problem, content_type = "application/problem+json"),
+        (status = 507, description = "The block would take the caller past their storage quota (`quota-exceeded`).", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn post_block() {}
+
     #[utoipa::path(get, path = "/v1/files", tag = "files", params(files::PathQuery), responses(
         (status = 200, description = "The current version.", body = FileView),
         (status = 404, description = "No live file there, or a namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
@@ -717,6 +737,24 @@ mod ops {
         (status = 422, description = "Chunks not stored yet (`missing`), or the key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn commit_file() {}
+
+    #[utoipa::path(put, path = "/v1/files/content", tag = "files", params(crate::routes::content::ContentQuery, ("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies")),
+        request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The whole file (at most 64 GiB, and the caller's quota)."), responses(
+        (status = 200, description = "Unchanged: the content equals the current version.", body = FileCommitted),
+        (status = 201, description = "A new version: the body was cut into blocks, stored on a majority and committed.", body = FileCommitted),
+        (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "A namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The file changed since baseVersion (the upload was kept as a conflicted copy).", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Larger than one upload may be.", body = Problem, content_type = "application/problem+json"),
+        (status = 507, description = "Larger than the caller's storage quota allows (`quota-exceeded`).", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn put_file_content() {}
+
+    #[utoipa::path(get, path = "/v1/files/content", tag = "files", params(crate::routes::content::ContentQuery), responses(
+        (status = 200, description = "The current version's bytes.", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 404, description = "No live file there, or a namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn get_file_content() {}
 
     #[utoipa::path(get, path = "/v1/files/history", tag = "files", params(files::PathQuery), responses(
         (status = 200, description = "Every kept version, newest first.", body = FileHistory),
@@ -791,6 +829,15 @@ mod ops {
         (status = 409, description = "The job is final.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn cancel_job() {}
+
+    #[utoipa::path(post, path = "/v1/jobs/{job_id}", tag = "jobs", operation_id = "job_method",
+        params(("job_id" = String, Path, description = "The job id and a method: `{id}:pause` (no new fire or retry starts; a run in progress ends as it would), `{id}:resume` (fires missed meanwhile are not made up; a one-off job whose time passed runs now) or `{id}:run` (one fire now, fenced and recorded; the schedule goes on).", pattern = "^[0-9A-Za-z_-]+:(pause|resume|run)$"),
+            ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+        (status = 200, description = "The job after the change.", body = JobView),
+        (status = 404, description = "No such job of the caller's, or no such method.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The job is final; or, for `:run`, paused or running now.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn job_method() {}
 
     #[utoipa::path(get, path = "/v1/jobs/{job_id}/runs", tag = "jobs", params(("job_id" = String, Path), crate::routes::PageQuery), responses(
         (status = 200, description = "The job's runs, newest first.", body = RunList),

@@ -12,6 +12,14 @@
 //!   addresses, so a name that later resolves elsewhere is refused too) — unless the name
 //!   itself is allow-listed;
 //! - the executor follows no redirects.
+//!
+//! Every call is signed as the Standard Webhooks specification says
+//! (<https://www.standardwebhooks.com>): `webhook-id` (the fire, the same on each retry),
+//! `webhook-timestamp` (Unix seconds) and `webhook-signature`, `v1,` and the base64 of
+//! HMAC-SHA256 over `{id}.{timestamp}.{body}` keyed by the job owner's secret
+//! (`GET /v1/me/webhook-secret`; during a rotation the previous secret signs too, so a
+//! receiver may switch at its own pace). A receiver verifies with any Standard Webhooks
+//! library, and refuses a timestamp far from its clock.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -19,6 +27,77 @@ use std::time::Duration;
 use ipnet::IpNet;
 use serde::Deserialize;
 use url::{Host, Url};
+
+/// The prefix of a Standard Webhooks secret; the rest is the base64 of the HMAC key.
+pub const SECRET_PREFIX: &str = "whsec_";
+/// Bytes of the HMAC key of a new secret.
+const SECRET_KEY_BYTES: usize = 32;
+
+/// A new webhook signing secret: `whsec_` and the base64 of 32 random bytes.
+pub fn new_secret() -> String {
+    use base64::Engine as _;
+    use rand::RngCore as _;
+    let mut key = [0u8; SECRET_KEY_BYTES];
+    rand::rngs::OsRng.fill_bytes(&mut key);
+    format!("{SECRET_PREFIX}{}", base64::engine::general_purpose::STANDARD.encode(key))
+}
+
+/// The `webhook-signature` header of a message: `v1,<base64>` for each secret, separated by
+/// spaces. A secret's HMAC key is the base64 after `whsec_`.
+pub fn signature(secrets: &[&str], id: &str, timestamp_s: u64, body: &[u8]) -> String {
+    use base64::Engine as _;
+    use hmac::Mac as _;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let signatures: Vec<String> = secrets
+        .iter()
+        .map(|secret| {
+            let encoded = secret.strip_prefix(SECRET_PREFIX).unwrap_or(secret);
+            let key = engine.decode(encoded).unwrap_or_else(|_| encoded.as_bytes().to_vec());
+            let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).expect("HMAC takes a key of any length");
+            mac.update(id.as_bytes());
+            mac.update(b".");
+            mac.update(timestamp_s.to_string().as_bytes());
+            mac.update(b".");
+            mac.update(body);
+            format!("v1,{}", engine.encode(mac.finalize().into_bytes()))
+        })
+        .collect();
+    signatures.join(" ")
+}
+
+/// The data format from which users have webhook secrets (`SetWebhookSecret`).
+pub const SECRETS_FORMAT: u32 = 4;
+
+/// The user's webhook secret, made now if they have none (two nodes making one at once keep
+/// the first); `None` while the cluster is below [`SECRETS_FORMAT`] (a rolling
+/// upgrade). What the job API calls before a webhook job exists, and the executor before a
+/// call of a job from before signatures.
+pub async fn ensure_secret(
+    node: &raftbox_raft::RaftNode,
+    user_id: &str,
+) -> Result<Option<raftbox_storage::records::WebhookSecret>, crate::ApiError> {
+    if let Some(secret) = node.state().webhook_secret(user_id)? {
+        return Ok(Some(secret));
+    }
+    node.read_barrier().await?;
+    if let Some(secret) = node.state().webhook_secret(user_id)? {
+        return Ok(Some(secret));
+    }
+    if node.cluster_format() < SECRETS_FORMAT {
+        return Ok(None);
+    }
+    let secret = raftbox_storage::records::SecretText(new_secret());
+    let command =
+        raftbox_storage::Command::SetWebhookSecret { user_id: user_id.to_owned(), secret, keep_previous_ms: None };
+    if let raftbox_storage::Outcome::Rejected(rejection) = node.write(command).await? {
+        return Err(rejection.into());
+    }
+    node.read_barrier().await?;
+    node.state()
+        .webhook_secret(user_id)?
+        .map(Some)
+        .ok_or_else(|| crate::ApiError::Internal("the webhook secret just made is not in the state".into()))
+}
 
 /// How long resolving a webhook's host may take at creation.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -171,6 +250,20 @@ fn is_special_v6(ip: Ipv6Addr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signature_matches_the_standard_webhooks_example() {
+        // The specification's example (standard-webhooks, spec/standard-webhooks.md).
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let body = br#"{"test": 2432232314}"#;
+        assert_eq!(
+            signature(&[secret], "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+        let new = new_secret();
+        assert!(new.starts_with(SECRET_PREFIX) && new.len() > 40, "{new}");
+        assert_eq!(signature(&[secret, &new], "m", 1, b"x").split(' ').count(), 2);
+    }
 
     fn policy(allow: &[&str]) -> WebhookPolicy {
         WebhookPolicy::new(&WebhooksConfig { allow: allow.iter().map(|s| s.to_string()).collect() }).expect("valid")

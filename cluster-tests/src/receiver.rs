@@ -19,6 +19,8 @@ pub struct Call {
     pub path: String,
     pub headers: HashMap<String, String>,
     pub body: Value,
+    /// The body's bytes as they came (what a signature covers).
+    pub raw: Vec<u8>,
 }
 
 #[derive(Default)]
@@ -109,6 +111,7 @@ async fn handle(
         path: path.clone(),
         headers: headers.iter().filter_map(|(k, v)| Some((k.to_string(), v.to_str().ok()?.to_string()))).collect(),
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        raw: body.to_vec(),
     };
     let (failing, delay) = {
         let mut inner = inner.lock().unwrap_or_else(|e| e.into_inner());

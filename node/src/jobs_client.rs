@@ -59,6 +59,34 @@ enum JobsCommand {
         #[arg(value_parser = crate::client::id)]
         job_id: String,
     },
+    /// Pause a job: no fire or retry starts until it is resumed (a run in progress ends as it would).
+    Pause {
+        #[arg(value_parser = crate::client::id)]
+        job_id: String,
+    },
+    /// Resume a paused job; fires a recurring job missed meanwhile are not made up.
+    Resume {
+        #[arg(value_parser = crate::client::id)]
+        job_id: String,
+    },
+    /// Show the secret that signs your webhook calls (Standard Webhooks `whsec_…`), or make
+    /// a new one with --rotate (the old one goes on signing beside it for a while).
+    Secret {
+        /// Make a new secret.
+        #[arg(long)]
+        rotate: bool,
+        /// With --rotate: hours the old secret goes on signing too (0 to 168).
+        #[arg(long, default_value_t = 24, requires = "rotate")]
+        keep_previous_hours: u64,
+    },
+    /// Fire a job now, once (fenced and recorded like a scheduled fire); its schedule goes on.
+    Run {
+        #[arg(value_parser = crate::client::id)]
+        job_id: String,
+        /// Idempotency-Key, so a retry of this command fires once.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
 }
 
 async fn call(api: &Api, method: Method, path: &str, body: Option<Value>, key: Option<&str>) -> anyhow::Result<Value> {
@@ -71,6 +99,18 @@ async fn call(api: &Api, method: Method, path: &str, body: Option<Value>, key: O
         bail!("{path}: {}", problem(status, &answer));
     }
     Ok(answer)
+}
+
+/// `POST /v1/jobs/{id}:{verb}`, then the job's state on one line.
+async fn method(api: &Api, job_id: &str, verb: &str, key: Option<&str>) -> anyhow::Result<()> {
+    let job = call(api, Method::POST, &format!("/v1/jobs/{job_id}:{verb}"), None, key).await?;
+    let paused = if job["paused"] == true { " (paused)" } else { "" };
+    println!(
+        "{job_id} {}{paused}, next run {}",
+        job["status"].as_str().unwrap_or("?"),
+        job["nextRunAt"].as_str().unwrap_or("-")
+    );
+    Ok(())
 }
 
 fn print(value: &Value) {
@@ -112,10 +152,14 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
                 };
                 let page = call(&api, Method::GET, &path, None, None).await?;
                 for job in page["jobs"].as_array().into_iter().flatten() {
+                    let status = match job["paused"] == true {
+                        true => "PAUSED",
+                        false => job["status"].as_str().unwrap_or("?"),
+                    };
                     println!(
                         "{}  {:<10} {:<8} next {}",
                         job["jobId"].as_str().unwrap_or("?"),
-                        job["status"].as_str().unwrap_or("?"),
+                        status,
                         job["type"].as_str().unwrap_or("?"),
                         job["nextRunAt"].as_str().unwrap_or("-")
                     );
@@ -144,6 +188,29 @@ pub async fn run(args: JobsArgs) -> anyhow::Result<()> {
         JobsCommand::Cancel { job_id } => {
             let job = call(&api, Method::DELETE, &format!("/v1/jobs/{job_id}"), None, None).await?;
             println!("{job_id} {}", job["status"].as_str().unwrap_or("?"));
+        }
+        JobsCommand::Secret { rotate, keep_previous_hours } => {
+            let answer = match rotate {
+                true => {
+                    let body = json!({ "keepPreviousHours": keep_previous_hours });
+                    call(&api, Method::POST, "/v1/me/webhook-secret", Some(body), None).await?
+                }
+                false => call(&api, Method::GET, "/v1/me/webhook-secret", None, None).await?,
+            };
+            // The secret alone on stdout, for `SECRET=$(raftbox jobs secret)`.
+            println!("{}", answer["secret"].as_str().unwrap_or("?"));
+            match answer["previousValidUntil"].as_str() {
+                Some(until) => eprintln!(
+                    "made {}; the previous secret also signs until {until}",
+                    answer["createdAt"].as_str().unwrap_or("?")
+                ),
+                None => eprintln!("made {}", answer["createdAt"].as_str().unwrap_or("?")),
+            }
+        }
+        JobsCommand::Pause { job_id } => method(&api, &job_id, "pause", None).await?,
+        JobsCommand::Resume { job_id } => method(&api, &job_id, "resume", None).await?,
+        JobsCommand::Run { job_id, idempotency_key } => {
+            method(&api, &job_id, "run", idempotency_key.as_deref()).await?
         }
     }
     Ok(())

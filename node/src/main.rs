@@ -75,7 +75,7 @@ enum Commands {
     /// Groups of users, for granting access to many at once (admin token): ls, create, show,
     /// add, remove.
     Groups(share_client::GroupsArgs),
-    /// Schedule and inspect jobs on a running cluster (create, get, ls, runs, cancel).
+    /// Schedule and inspect jobs on a running cluster (create, get, ls, runs, cancel, pause, resume, run).
     Jobs(jobs_client::JobsArgs),
     /// Show and change the cluster's members (members, add, remove; admin token).
     Cluster(cluster_client::ClusterArgs),

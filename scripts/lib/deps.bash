@@ -77,12 +77,20 @@ deps_install() {
     else
         echo "the $what's system packages are present" >&2
     fi
-    if [[ $what == test ]] && ! python3 -c 'import mfusepy' 2>/dev/null; then
-        # ci_fuse.py's FUSE binding (a fusepy fork for libfuse 3), pinned: it overrides some
-        # of its methods.
-        echo "installing: mfusepy (pip)" >&2
-        python3 -m pip install --quiet mfusepy==3.1.1 2>/dev/null ||
-            python3 -m pip install --quiet --break-system-packages mfusepy==3.1.1
+    if [[ $what == test ]]; then
+        # Python packages the tests run, pinned (module, then pip requirement): ci_fuse.py's
+        # FUSE binding (a fusepy fork for libfuse 3; it overrides some of its methods) and
+        # the Standard Webhooks reference library that verifies webhook signatures.
+        local module requirement
+        while read -r module requirement; do
+            python3 -c "import $module" 2>/dev/null && continue
+            echo "installing: $requirement (pip)" >&2
+            python3 -m pip install --quiet "$requirement" 2>/dev/null ||
+                python3 -m pip install --quiet --break-system-packages "$requirement"
+        done <<'PACKAGES'
+mfusepy mfusepy==3.1.1
+standardwebhooks standardwebhooks==1.1.0
+PACKAGES
     fi
     if ! command -v cargo >/dev/null; then
         if [[ -x $HOME/.cargo/bin/cargo ]]; then

@@ -2,7 +2,7 @@
 //! their secret only) and the admin user, with their read queries.
 
 use crate::command::{Outcome, Rejection};
-use crate::records::{Namespace, NamespaceKind, Token, User};
+use crate::records::{Namespace, NamespaceKind, Token, User, WebhookSecret};
 use crate::state::{StateMachine, Txn};
 use crate::{keys, StorageError};
 
@@ -95,6 +95,32 @@ pub(crate) fn set_password(txn: &mut Txn<'_>, user_id: &str, hash: Option<&str>)
     Ok(Outcome::Done)
 }
 
+pub(crate) fn set_webhook_secret(
+    txn: &mut Txn<'_>,
+    user_id: &str,
+    secret: &str,
+    keep_previous_ms: Option<u64>,
+) -> Result<Outcome, StorageError> {
+    if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
+        return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
+    }
+    let key = keys::webhook_secret(user_id);
+    let before = txn.get::<WebhookSecret>("webhook secret", &key)?;
+    let now = txn.now_ms;
+    let record = match (before, keep_previous_ms) {
+        (Some(_), None) => return Ok(Outcome::Done),
+        (None, _) => WebhookSecret { secret: secret.to_owned(), created_ms: now, previous: None, previous_until_ms: 0 },
+        (Some(before), Some(keep)) => WebhookSecret {
+            secret: secret.to_owned(),
+            created_ms: now,
+            previous: (keep > 0).then_some(before.secret),
+            previous_until_ms: now.saturating_add(keep),
+        },
+    };
+    txn.put(key, &record);
+    Ok(Outcome::Done)
+}
+
 pub(crate) fn revoke_token(txn: &mut Txn<'_>, user_id: &str, token_id: &str) -> Result<Outcome, StorageError> {
     let index = keys::user_token(user_id, token_id);
     let Some(raw) = txn.get_raw(&index)? else {
@@ -142,6 +168,11 @@ pub(crate) fn ensure_admin(
 impl StateMachine {
     pub fn user(&self, user_id: &str) -> Result<Option<User>, StorageError> {
         self.read("user", &keys::user(user_id))
+    }
+
+    /// A user's webhook signing secret, if they have one.
+    pub fn webhook_secret(&self, user_id: &str) -> Result<Option<WebhookSecret>, StorageError> {
+        self.read("webhook secret", &keys::webhook_secret(user_id))
     }
 
     /// A user's password hash (a PHC string), if they have a password.

@@ -133,6 +133,11 @@ impl VerifiedBlock {
         Ok(VerifiedBlock { hash, data })
     }
 
+    /// `data` as the block it hashes to.
+    pub fn of(data: Bytes) -> VerifiedBlock {
+        VerifiedBlock { hash: BlockHash::of(&data), data }
+    }
+
     pub fn hash(&self) -> BlockHash {
         self.hash
     }
@@ -177,6 +182,11 @@ impl BlockReceiver {
         self.hasher.update(piece);
         self.data.extend_from_slice(piece);
         Ok(())
+    }
+
+    /// The whole block under the hash of what arrived (a caller that named no hash).
+    pub fn hashed(self) -> VerifiedBlock {
+        VerifiedBlock { hash: BlockHash(*self.hasher.finalize().as_bytes()), data: self.data.freeze() }
     }
 
     /// The whole block, if it hashes to `expected`.

@@ -100,6 +100,16 @@ pub enum Command {
         user_id: String,
         password_hash: Option<String>,
     },
+    /// Sets a user's webhook signing secret (generated before proposing). With
+    /// `keep_previous_ms`, a rotation: the secret before it still signs (beside the new one)
+    /// for that long. Without, only if the user has none yet (two nodes creating one at once
+    /// leave the first). Format 4.
+    SetWebhookSecret {
+        user_id: String,
+        secret: crate::records::SecretText,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        keep_previous_ms: Option<u64>,
+    },
     /// Revokes a user's token: it stops working on every node as each applies this.
     RevokeToken {
         user_id: String,
@@ -212,6 +222,23 @@ pub enum Command {
         patch: Box<JobPatch>,
     },
     CancelJob {
+        job_id: String,
+    },
+    /// Pauses a job: no fire or retry of it starts until it is resumed (a run in progress
+    /// goes on to its end). Pausing a paused job changes nothing.
+    PauseJob {
+        job_id: String,
+    },
+    /// Resumes a paused job. Fires a recurring job missed while paused are not made up: its
+    /// next fire is the first scheduled time from now on. A one-off job whose time passed,
+    /// or a fire waiting for a retry, runs now.
+    ResumeJob {
+        job_id: String,
+    },
+    /// Fires a scheduled job now, once: claimed, fenced and recorded as any fire is; the
+    /// schedule goes on after it (a recurring job's next fire is its first scheduled time
+    /// after this one ends, a one-off job still fires at its time if that is later).
+    RunJobNow {
         job_id: String,
     },
     /// Claims due jobs and jobs whose lease expired for `worker` (fence incremented).
@@ -328,7 +355,8 @@ impl Command {
         match self {
             Command::Migrate { schema } => (*schema).max(crate::format::unrecorded()),
             Command::SetLimits { .. } => 3,
-            Command::SetPassword { .. } => 4,
+            Command::SetPassword { .. } | Command::SetWebhookSecret { .. } => 4,
+            Command::PauseJob { .. } | Command::ResumeJob { .. } | Command::RunJobNow { .. } => 4,
             Command::RegisterChunk { placed_in: Some(_), .. } => crate::format::PLACEMENT_FENCE,
             Command::Idempotent { command, .. } | Command::Once { command, .. } => command.format(),
             Command::CreateUser { .. }
@@ -413,6 +441,7 @@ impl Touched {
             Command::CreateUser { .. }
             | Command::CreateToken { .. }
             | Command::SetPassword { .. }
+            | Command::SetWebhookSecret { .. }
             | Command::EnsureAdmin { .. }
             | Command::IdempotencyBegin { .. }
             | Command::IdempotencyComplete { .. }
@@ -426,6 +455,9 @@ impl Touched {
             | Command::CreateJobWithin { .. }
             | Command::PatchJob { .. }
             | Command::CancelJob { .. }
+            | Command::PauseJob { .. }
+            | Command::ResumeJob { .. }
+            | Command::RunJobNow { .. }
             | Command::ClaimJobs { .. }
             | Command::StartRun { .. }
             | Command::RenewLease { .. }

@@ -98,6 +98,10 @@ pub struct Job {
     /// and an admin's jobs neither raise it nor lower it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub counted: bool,
+    /// Paused (`PauseJob`): not due while paused, whatever its status; a run in progress
+    /// goes on to its end.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 impl Eq for Job {}
@@ -142,6 +146,7 @@ impl Job {
             updated_ms: 0,
             last_error: None,
             counted: false,
+            paused: false,
         }
     }
 }
@@ -220,14 +225,14 @@ fn load(txn: &Txn<'_>, job_id: &str) -> Result<Option<Job>, StorageError> {
 /// Writes `job`, moving its due and lease index entries from `before` to the new values.
 fn store(txn: &mut Txn<'_>, before: Option<&Job>, job: &Job) -> Result<(), StorageError> {
     if let Some(old) = before {
-        if let (JobStatus::Scheduled, Some(at)) = (old.status, old.next_run_at_ms) {
+        if let (JobStatus::Scheduled, Some(at), false) = (old.status, old.next_run_at_ms, old.paused) {
             txn.delete(keys::job_due(at, &old.id));
         }
         if let Some(expires) = old.lease_expires_ms {
             txn.delete(keys::job_lease(expires, &old.id));
         }
     }
-    if let (JobStatus::Scheduled, Some(at)) = (job.status, job.next_run_at_ms) {
+    if let (JobStatus::Scheduled, Some(at), false) = (job.status, job.next_run_at_ms, job.paused) {
         let key = keys::job_due(at, &job.id);
         floor::note_insert(txn, &key)?;
         txn.put_raw(key, Vec::new());
@@ -323,6 +328,80 @@ pub(crate) fn cancel(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, Storage
     Ok(Outcome::Done)
 }
 
+/// A job that may be paused, resumed or run now: not final (409 otherwise).
+fn changeable(txn: &Txn<'_>, job_id: &str) -> Result<Result<Job, Outcome>, StorageError> {
+    Ok(match load(txn, job_id)? {
+        None => Err(not_found(job_id)),
+        Some(job) if job.status.is_final() => {
+            Err(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} is {:?}", job.status))))
+        }
+        Some(job) => Ok(job),
+    })
+}
+
+pub(crate) fn pause(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, StorageError> {
+    let before = match changeable(txn, job_id)? {
+        Ok(job) => job,
+        Err(refused) => return Ok(refused),
+    };
+    if !before.paused {
+        let mut job = before.clone();
+        job.paused = true;
+        job.updated_ms = txn.now_ms;
+        store(txn, Some(&before), &job)?;
+    }
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn resume(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, StorageError> {
+    let before = match changeable(txn, job_id)? {
+        Ok(job) => job,
+        Err(refused) => return Ok(refused),
+    };
+    if !before.paused {
+        return Ok(Outcome::Done);
+    }
+    let now = txn.now_ms;
+    let mut job = before.clone();
+    job.paused = false;
+    job.updated_ms = now;
+    if let (JobStatus::Scheduled, Some(at)) = (job.status, job.next_run_at_ms) {
+        if at < now {
+            job.next_run_at_ms = match &job.schedule {
+                // A retry of a fire begun before the pause, or a one-off job's only fire.
+                _ if job.attempts > 0 => Some(now),
+                Schedule::Once { .. } => Some(now),
+                Schedule::Cron(cron) => cron.next_after(now.saturating_sub(1)),
+                Schedule::Interval { every_ms } => {
+                    let every = (*every_ms).max(1);
+                    Some(at.saturating_add((now - at).div_ceil(every).saturating_mul(every)))
+                }
+            };
+        }
+    }
+    store(txn, Some(&before), &job)?;
+    Ok(Outcome::Done)
+}
+
+pub(crate) fn run_now(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, StorageError> {
+    let before = match changeable(txn, job_id)? {
+        Ok(job) => job,
+        Err(refused) => return Ok(refused),
+    };
+    let refused = |why: String| Ok(Outcome::Rejected(Rejection::Conflict(why)));
+    if before.paused {
+        return refused(format!("job {job_id} is paused; resume it first"));
+    }
+    if before.status != JobStatus::Scheduled {
+        return refused(format!("job {job_id} is running now"));
+    }
+    let mut job = before.clone();
+    job.next_run_at_ms = Some(txn.now_ms);
+    job.updated_ms = txn.now_ms;
+    store(txn, Some(&before), &job)?;
+    Ok(Outcome::Done)
+}
+
 fn not_found(job_id: &str) -> Outcome {
     Outcome::Rejected(Rejection::NotFound(format!("job {job_id}")))
 }
@@ -369,7 +448,8 @@ pub(crate) fn claim(
     let mut claimed = Vec::new();
     for id in ids {
         let Some(before) = load(txn, &id)? else { continue };
-        let due = before.status == JobStatus::Scheduled && before.next_run_at_ms.is_some_and(|t| t <= now);
+        let due =
+            before.status == JobStatus::Scheduled && before.next_run_at_ms.is_some_and(|t| t <= now) && !before.paused;
         let expired = matches!(before.status, JobStatus::Claimed | JobStatus::Running)
             && before.lease_expires_ms.is_some_and(|t| t <= now);
         if !due && !expired {
@@ -378,6 +458,16 @@ pub(crate) fn claim(
         let mut job = before.clone();
         if expired {
             end_run(txn, &job, RunStatus::TimedOut, "lease expired: the worker stopped reporting")?;
+            if job.paused && job.attempts <= job.max_retries {
+                // Paused: the retry waits for the resume (it is due at once then).
+                job.status = JobStatus::Scheduled;
+                job.next_run_at_ms = Some(now);
+                job.lease_owner = None;
+                job.lease_expires_ms = None;
+                job.updated_ms = now;
+                store(txn, Some(&before), &job)?;
+                continue;
+            }
             if job.attempts > job.max_retries {
                 job.lease_owner = None;
                 job.lease_expires_ms = None;

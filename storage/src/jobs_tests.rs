@@ -495,3 +495,79 @@ fn a_page_of_runs_reads_the_page_whatever_the_job_has() {
     let next = sm.job_runs("j", Some(newest[9].seq), 10).expect("runs");
     assert_eq!(next[0].seq, newest[9].seq - 1);
 }
+
+#[test]
+fn a_paused_job_is_never_claimed_and_resumes_without_making_up_missed_fires() {
+    let (_dir, sm) = open();
+    at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Interval { every_ms: 1_000 }, 0))));
+    let pause = || Command::PauseJob { job_id: "j".into() };
+    assert_eq!(at(&sm, 500, pause()), Outcome::Done);
+    assert_eq!(at(&sm, 600, pause()), Outcome::Done, "pausing a paused job changes nothing");
+    assert!(claim(&sm, 5_500, "w").is_empty(), "a paused job is not due");
+    assert!(!sm.claimable_at(5_500).expect("read"), "nor in the due index");
+    let refused = at(&sm, 5_600, Command::RunJobNow { job_id: "j".into() });
+    assert!(
+        matches!(refused, Outcome::Rejected(Rejection::Conflict(ref why)) if why.contains("paused")),
+        "{refused:?}"
+    );
+    // Resumed at 5,600: the fires of 1,000 to 5,000 are not made up; the next is 6,000.
+    assert_eq!(at(&sm, 5_600, Command::ResumeJob { job_id: "j".into() }), Outcome::Done);
+    let resumed = sm.job("j").expect("read").expect("job");
+    assert_eq!((resumed.paused, resumed.next_run_at_ms), (false, Some(6_000)));
+    assert!(claim(&sm, 5_999, "w").is_empty());
+    assert_eq!(claim(&sm, 6_000, "w")[0].scheduled_for_ms, Some(6_000));
+}
+
+#[test]
+fn a_one_off_job_missed_while_paused_runs_at_the_resume() {
+    let (_dir, sm) = open();
+    at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Once { run_at_ms: 1_000 }, 0))));
+    at(&sm, 10, Command::PauseJob { job_id: "j".into() });
+    assert!(claim(&sm, 2_000, "w").is_empty());
+    at(&sm, 3_000, Command::ResumeJob { job_id: "j".into() });
+    let claimed = claim(&sm, 3_000, "w");
+    assert_eq!((claimed.len(), claimed[0].scheduled_for_ms), (1, Some(3_000)));
+}
+
+#[test]
+fn a_pause_during_a_run_lets_it_end_and_holds_its_retry() {
+    let (_dir, sm) = open();
+    at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Once { run_at_ms: 10 }, 2))));
+    claim(&sm, 10, "w1");
+    start(&sm, 11, "j", 1, "w1");
+    at(&sm, 12, Command::PauseJob { job_id: "j".into() });
+    // The run goes on and reports; its retry waits for the resume.
+    assert_eq!(at(&sm, 20, report("j", 1, RunStatus::Failed, 100)), Outcome::Done);
+    assert!(claim(&sm, 10_000, "w2").is_empty(), "the retry of a paused job waits");
+    at(&sm, 10_000, Command::ResumeJob { job_id: "j".into() });
+    let retried = claim(&sm, 10_000, "w2");
+    assert_eq!((retried[0].attempts, retried[0].fence, retried[0].scheduled_for_ms), (2, 2, Some(10)));
+    // A lease that expires while paused ends the attempt and holds the next one too.
+    start(&sm, 10_001, "j", 2, "w2");
+    at(&sm, 10_002, Command::PauseJob { job_id: "j".into() });
+    assert!(claim(&sm, 20_000, "w3").is_empty(), "an expired lease of a paused job is not retried");
+    let held = sm.job("j").expect("read").expect("job");
+    assert_eq!((held.status, held.attempts, held.lease_owner.as_deref()), (JobStatus::Scheduled, 2, None));
+    assert_eq!(sm.job_runs("j", None, 10).expect("runs")[0].status, RunStatus::TimedOut);
+}
+
+#[test]
+fn run_now_fires_once_fenced_and_the_schedule_goes_on() {
+    let (_dir, sm) = open();
+    let cron = CronSchedule::parse("0 * * * *", "UTC").expect("cron");
+    at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Cron(cron), 0))));
+    let now = |job_id: &str| Command::RunJobNow { job_id: job_id.into() };
+    assert_eq!(at(&sm, 500, now("j")), Outcome::Done);
+    let claimed = claim(&sm, 500, "w");
+    assert_eq!((claimed.len(), claimed[0].fence, claimed[0].scheduled_for_ms), (1, 1, Some(500)));
+    let busy = at(&sm, 501, now("j"));
+    assert!(matches!(busy, Outcome::Rejected(Rejection::Conflict(ref why)) if why.contains("running")), "{busy:?}");
+    start(&sm, 502, "j", 1, "w");
+    at(&sm, 503, report("j", 1, RunStatus::Succeeded, 0));
+    let after = sm.job("j").expect("read").expect("job");
+    assert_eq!((after.status, after.next_run_at_ms), (JobStatus::Scheduled, Some(3_600_000)));
+    assert_eq!(sm.job_runs("j", None, 10).expect("runs").len(), 1, "the fire is recorded");
+    at(&sm, 504, Command::CancelJob { job_id: "j".into() });
+    assert!(matches!(at(&sm, 505, now("j")), Outcome::Rejected(Rejection::Conflict(_))));
+    assert!(matches!(at(&sm, 505, now("nope")), Outcome::Rejected(Rejection::NotFound(_))));
+}

@@ -77,6 +77,7 @@ mod tag {
     pub const STORED_BYTES: u8 = 0x26;
     pub const FOLDERS_CREATED: u8 = 0x27;
     pub const PASSWORD: u8 = 0x28;
+    pub const WEBHOOK_SECRET: u8 = 0x29;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -304,6 +305,11 @@ pub fn user(user_id: &str) -> Vec<u8> {
 /// A user's password hash (a PHC string; absent: no password).
 pub fn password(user_id: &str) -> Vec<u8> {
     tagged(tag::PASSWORD, user_id.as_bytes())
+}
+
+/// A user's webhook signing secret ([`crate::records::WebhookSecret`]).
+pub fn webhook_secret(user_id: &str) -> Vec<u8> {
+    tagged(tag::WEBHOOK_SECRET, user_id.as_bytes())
 }
 
 /// Unique index: user name → user id.

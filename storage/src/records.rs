@@ -2,6 +2,45 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Text that must not show in logs (its `Debug` prints no part of it); serialized as is.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(pub String);
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretText(…)")
+    }
+}
+
+/// A user's webhook signing secret (Standard Webhooks: `whsec_` and the base64 of the key),
+/// and during a rotation the one before it, which still signs until `previous_until_ms`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookSecret {
+    pub secret: String,
+    pub created_ms: u64,
+    pub previous: Option<String>,
+    pub previous_until_ms: u64,
+}
+
+impl std::fmt::Debug for WebhookSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookSecret").field("created_ms", &self.created_ms).finish_non_exhaustive()
+    }
+}
+
+impl WebhookSecret {
+    /// The secrets that sign at `now_ms`: the current one, and the previous one until its
+    /// time is up.
+    pub fn signing(&self, now_ms: u64) -> Vec<&str> {
+        let mut secrets = vec![self.secret.as_str()];
+        if let Some(previous) = self.previous.as_deref().filter(|_| now_ms < self.previous_until_ms) {
+            secrets.push(previous);
+        }
+        secrets
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct User {
     pub id: String,

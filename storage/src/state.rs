@@ -333,6 +333,9 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::SetPassword { user_id, password_hash } => {
             accounts::set_password(txn, user_id, password_hash.as_deref())
         }
+        Command::SetWebhookSecret { user_id, secret, keep_previous_ms } => {
+            accounts::set_webhook_secret(txn, user_id, &secret.0, *keep_previous_ms)
+        }
         Command::EnsureAdmin { user_id, namespace_id, token_id, token_hash } => {
             accounts::ensure_admin(txn, user_id, namespace_id, token_id, token_hash)
         }
@@ -365,6 +368,9 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::CreateJobWithin { job, active_jobs_max } => jobs::create(txn, job, Some(*active_jobs_max)),
         Command::PatchJob { job_id, patch } => jobs::patch(txn, job_id, patch),
         Command::CancelJob { job_id } => jobs::cancel(txn, job_id),
+        Command::PauseJob { job_id } => jobs::pause(txn, job_id),
+        Command::ResumeJob { job_id } => jobs::resume(txn, job_id),
+        Command::RunJobNow { job_id } => jobs::run_now(txn, job_id),
         Command::ClaimJobs { worker, lease_ms, max_jobs } => {
             jobs::claim(txn, worker, *lease_ms, *max_jobs as usize, None)
         }

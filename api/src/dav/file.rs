@@ -5,18 +5,17 @@
 use std::io::SeekFrom;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::{fs_error, Meta, RaftFs};
+use crate::auth::Principal;
+use crate::spool::Spool;
+use crate::{ApiError, AppState};
 use bytes::Bytes;
 use dav_server::fs::{DavFile, DavMetaData, FsError, FsFuture, FsResult};
 use futures_util::FutureExt as _;
-use raftbox_storage::blocks::{BlockHash, VerifiedBlock, CHUNK_AVG_BYTES, CHUNK_MAX_BYTES, CHUNK_MIN_BYTES};
+use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::command::FileCommit;
 use raftbox_storage::paths::FilePath;
 use raftbox_storage::Command;
-use tokio::io::{AsyncSeekExt as _, AsyncWriteExt as _};
-
-use super::{fs_error, Meta, RaftFs, PUT_BYTES_MAX};
-use crate::auth::Principal;
-use crate::AppState;
 
 /// A file being read: its chunks with their sizes, and the block last fetched.
 pub(super) struct Reader {
@@ -119,10 +118,9 @@ pub(super) struct Writer {
     pub(super) namespace_id: String,
     pub(super) path: FilePath,
     pub(super) base_version: u64,
-    pub(super) spool: Option<tokio::fs::File>,
+    /// The body so far (`None` for the empty file a LOCK made).
+    pub(super) spool: Option<Spool>,
     pub(super) written: u64,
-    /// What this PUT may write: the caller's quota (507 beyond), or [`PUT_BYTES_MAX`].
-    pub(super) bytes_max: u64,
     /// The body's declared length: a flush after any other amount commits nothing.
     pub(super) expected: Option<u64>,
     /// The execute bit of the version this one replaces, kept.
@@ -140,52 +138,17 @@ impl std::fmt::Debug for Writer {
 impl Writer {
     async fn append(&mut self, bytes: &[u8]) -> FsResult<()> {
         let spool = self.spool.as_mut().ok_or(FsError::GeneralFailure)?;
-        self.written += bytes.len() as u64;
-        if self.written > PUT_BYTES_MAX {
-            return Err(FsError::TooLarge);
-        }
-        if self.written > self.bytes_max {
-            return Err(FsError::InsufficientStorage);
-        }
-        spool.write_all(bytes).await.map_err(|e| {
-            tracing::warn!(error = %e, "webdav: spooling a PUT failed");
-            FsError::InsufficientStorage
-        })
+        spool.append(bytes).await.map_err(spool_error)?;
+        self.written = spool.written();
+        Ok(())
     }
+}
 
-    /// Cuts the spooled body into blocks (off the async workers), stores each on a majority as
-    /// it is cut (two in flight at most), and returns the chunk list.
-    async fn store_blocks(&mut self) -> FsResult<Vec<BlockHash>> {
-        let mut spool = self.spool.take().ok_or(FsError::GeneralFailure)?;
-        spool.flush().await.map_err(|_| FsError::GeneralFailure)?;
-        spool.seek(SeekFrom::Start(0)).await.map_err(|_| FsError::GeneralFailure)?;
-        let spool = spool.into_std().await;
-        let (sender, mut receiver) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(2);
-        let cutter = tokio::task::spawn_blocking(move || {
-            let cdc = fastcdc::v2020::StreamCDC::new(spool, CHUNK_MIN_BYTES, CHUNK_AVG_BYTES, CHUNK_MAX_BYTES);
-            for found in cdc {
-                let piece = found.map(|c| Bytes::from(c.data)).map_err(std::io::Error::other);
-                if sender.blocking_send(piece).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut chunks = Vec::new();
-        while let Some(piece) = receiver.recv().await {
-            let data = piece.map_err(|e| {
-                tracing::warn!(error = %e, "webdav: reading a spooled PUT failed");
-                FsError::GeneralFailure
-            })?;
-            if chunks.len() == crate::routes::files::FILE_CHUNKS_MAX {
-                return Err(FsError::TooLarge);
-            }
-            let hash = BlockHash::of(&data);
-            let block = VerifiedBlock::verify(hash, data).map_err(|_| FsError::GeneralFailure)?;
-            crate::routes::blocks::store(&self.fs.state, &self.principal, block).await.map_err(fs_error)?;
-            chunks.push(hash);
-        }
-        cutter.await.map_err(|_| FsError::GeneralFailure)?;
-        Ok(chunks)
+/// A spool's refusal as WebDAV says it: no room (the quota, this node's disk) is 507.
+pub(super) fn spool_error(error: ApiError) -> FsError {
+    match error {
+        ApiError::Unavailable(_) => FsError::InsufficientStorage,
+        other => fs_error(other),
     }
 }
 
@@ -249,7 +212,8 @@ impl DavFile for Writer {
             if self.expected.is_some_and(|expected| expected != self.written) {
                 return Err(FsError::Forbidden);
             }
-            let chunks = self.store_blocks().await?;
+            let spool = self.spool.as_mut().ok_or(FsError::GeneralFailure)?;
+            let chunks = spool.store_blocks(&self.fs.state, &self.principal).await.map_err(fs_error)?;
             let mtime_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             let size = self.written;
             let commit = FileCommit {

@@ -9,13 +9,13 @@ use dav_server::fs::{
 use futures_util::{stream, FutureExt as _};
 use raftbox_storage::files::FolderEntry;
 
-use super::file::{Reader, Writer};
+use super::file::{spool_error, Reader, Writer};
 use super::{
-    file_path, folder_of, fs_error, is_marker, Entry, Meta, Place, RaftFs, LISTING_ENTRIES_MAX, PUT_BYTES_MAX,
-    SHARED_FOLDER,
+    file_path, folder_of, fs_error, is_marker, Entry, Meta, Place, RaftFs, LISTING_ENTRIES_MAX, SHARED_FOLDER,
 };
 use crate::auth::Principal;
 use crate::routes::LISTING_WORK_MAX;
+use crate::spool::Spool;
 
 /// Pages of one folder listing read, at most (a folder of many deleted files answers 507
 /// rather than costing a read of every one).
@@ -114,7 +114,6 @@ impl GuardedFileSystem<Principal> for RaftFs {
                     base_version: 0,
                     spool: None,
                     written: 0,
-                    bytes_max: 0,
                     expected: Some(0),
                     executable: false,
                     committed: Some((file_id, version, 0, 0)),
@@ -128,41 +127,20 @@ impl GuardedFileSystem<Principal> for RaftFs {
                 _ => {}
             }
             self.parent_exists(&namespace_id, &path)?;
-            if options.size.is_some_and(|size| size > PUT_BYTES_MAX) {
-                return Err(FsError::TooLarge);
-            }
             // Spooled bytes are bounded by what the caller may store, before any is written.
-            let disk = self.state.node.disk();
-            if disk.full {
-                return Err(FsError::InsufficientStorage);
-            }
-            let bytes_max = match principal.user.admin {
-                true => PUT_BYTES_MAX,
-                false => PUT_BYTES_MAX.min(self.state.limits.get().quotas.stored_bytes_per_user),
-            };
-            if options.size.is_some_and(|size| size > bytes_max) {
-                return Err(FsError::InsufficientStorage);
-            }
+            let spool = Spool::open(&self.state, principal, options.size).await.map_err(spool_error)?;
             let current = self.state.node.state().file_at(&namespace_id, &path).map_err(|e| fs_error(e.into()))?;
             let (base_version, executable) = current
                 .filter(|(file, _)| !file.deleted)
                 .map_or((0, false), |(file, version)| (file.current_version, version.executable));
-            let spool = tokio::task::spawn_blocking(tempfile::tempfile)
-                .await
-                .map_err(|_| FsError::GeneralFailure)?
-                .map_err(|e| {
-                    tracing::warn!(error = %e, "webdav: no temporary file for a PUT");
-                    FsError::InsufficientStorage
-                })?;
             let writer = Writer {
                 fs: self.clone(),
                 principal: principal.clone(),
                 namespace_id,
                 path: file_path(&path)?,
                 base_version,
-                spool: Some(tokio::fs::File::from_std(spool)),
+                spool: Some(spool),
                 written: 0,
-                bytes_max,
                 expected: options.size,
                 executable,
                 committed: None,

@@ -64,26 +64,8 @@ pub const FOLDER_MARKER: &str = ".raftbox-folder";
 pub const LISTING_ENTRIES_MAX: usize = 10_000;
 /// Files one folder DELETE, MOVE or COPY may touch, at most (each is one command).
 pub const TREE_FILES_MAX: usize = 1_000;
-/// Bytes one PUT may write, at most (a file also has at most `FILE_CHUNKS_MAX` chunks).
-pub const PUT_BYTES_MAX: u64 = 64 << 30;
 /// The device named in conflicted copies made by WebDAV writes.
 const DEVICE: &str = "webdav";
-
-/// How long one WebDAV request may take, whole body included (a PUT of a large file over a
-/// slow link); every wait inside is bounded on its own as well.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(30 * 60);
-
-/// Answers 503 when a WebDAV request has not finished within [`REQUEST_DEADLINE`].
-pub async fn deadline(request: Request, next: axum::middleware::Next) -> Response {
-    match tokio::time::timeout(REQUEST_DEADLINE, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => ApiError::Unavailable(format!(
-            "no answer within the WebDAV deadline ({} s); a write in flight may or may not happen",
-            REQUEST_DEADLINE.as_secs()
-        ))
-        .into_response(),
-    }
-}
 
 /// The routes: `/dav` and everything under it, every method.
 pub fn router() -> Router<AppState> {

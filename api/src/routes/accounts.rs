@@ -223,3 +223,86 @@ pub async fn revoke_my_token(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     revoke(&state, principal.user.id, token_id).await
 }
+
+/// The caller's webhook signing secret, as `GET` and `POST /v1/me/webhook-secret` answer.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookSecretView {
+    /// `whsec_` and the base64 of the HMAC-SHA256 key: give it to a Standard Webhooks
+    /// library to verify the `webhook-signature` of this user's webhook calls.
+    secret: String,
+    created_at: String,
+    /// Until when the secret before this one still signs too (after a rotation).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_valid_until: Option<String>,
+}
+
+/// Hours the previous secret goes on signing after a rotation, by default and at most.
+pub const KEEP_PREVIOUS_HOURS_DEFAULT: u64 = 24;
+pub const KEEP_PREVIOUS_HOURS_MAX: u64 = 7 * 24;
+
+fn secret_view(secret: raftbox_storage::records::WebhookSecret, now_ms: u64) -> WebhookSecretView {
+    let previous = secret.previous.is_some() && now_ms < secret.previous_until_ms;
+    WebhookSecretView {
+        created_at: format_utc(secret.created_ms),
+        previous_valid_until: previous.then(|| format_utc(secret.previous_until_ms)),
+        secret: secret.secret,
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `GET /v1/me/webhook-secret`: the secret that signs the caller's webhook calls (made on
+/// the first ask, or with the first webhook job).
+pub async fn webhook_secret(
+    State(state): State<AppState>,
+    principal: Principal,
+) -> Result<Json<WebhookSecretView>, ApiError> {
+    let secret = crate::webhooks::ensure_secret(&state.node, &principal.user.id).await?.ok_or_else(|| {
+        ApiError::Unavailable(format!(
+            "webhook secrets come with data format {}, which the cluster has not reached yet",
+            crate::webhooks::SECRETS_FORMAT
+        ))
+    })?;
+    Ok(Json(secret_view(secret, now_ms())))
+}
+
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RotateRequest {
+    /// Hours the current secret goes on signing beside the new one (0 to 168; default 24),
+    /// so receivers can switch without missing a call.
+    #[schema(minimum = 0, maximum = 168)]
+    keep_previous_hours: Option<u64>,
+}
+
+/// `POST /v1/me/webhook-secret`: a new secret (201); the one before it still signs for
+/// `keepPreviousHours`.
+pub async fn rotate_webhook_secret(
+    State(state): State<AppState>,
+    principal: Principal,
+    body: axum::body::Bytes,
+) -> Result<(axum::http::StatusCode, Json<WebhookSecretView>), ApiError> {
+    let request: RotateRequest = if body.is_empty() { RotateRequest::default() } else { json::parse(&body)? };
+    let hours = request.keep_previous_hours.unwrap_or(KEEP_PREVIOUS_HOURS_DEFAULT);
+    if hours > KEEP_PREVIOUS_HOURS_MAX {
+        return Err(ApiError::BadRequest(format!("keepPreviousHours is at most {KEEP_PREVIOUS_HOURS_MAX}")));
+    }
+    let command = Command::SetWebhookSecret {
+        user_id: principal.user.id.clone(),
+        secret: raftbox_storage::records::SecretText(crate::webhooks::new_secret()),
+        keep_previous_ms: Some(hours * 3_600_000),
+    };
+    if let raftbox_storage::Outcome::Rejected(rejection) = state.node.write(command).await? {
+        return Err(rejection.into());
+    }
+    state.node.read_barrier().await?;
+    let secret = state
+        .node
+        .state()
+        .webhook_secret(&principal.user.id)?
+        .ok_or_else(|| ApiError::Internal("the webhook secret just made is not in the state".into()))?;
+    Ok((axum::http::StatusCode::CREATED, Json(secret_view(secret, now_ms()))))
+}

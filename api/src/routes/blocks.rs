@@ -144,11 +144,15 @@ pub(crate) async fn store(state: &AppState, caller: &Principal, block: VerifiedB
     }
 }
 
+/// A request's `Content-Length`, if it declares one.
+pub(super) fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
+}
+
 /// Reads a PUT body into a [`BlockReceiver`] (413 past `BLOCK_BYTES_MAX`, declared or sent).
-async fn receive(request: Request) -> Result<BlockReceiver, ApiError> {
+pub(super) async fn receive(request: Request) -> Result<BlockReceiver, ApiError> {
     let too_large = || ApiError::PayloadTooLarge(format!("a block is at most {BLOCK_BYTES_MAX} bytes"));
-    let declared =
-        request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared = declared_length(request.headers());
     if declared.is_some_and(|n| n > BLOCK_BYTES_MAX as u64) {
         return Err(too_large());
     }

@@ -39,13 +39,13 @@ pub const DEVICE_CHARS_MAX: usize = 64;
 /// Chunks in one file version, at most.
 pub const FILE_CHUNKS_MAX: usize = 100_000;
 
-fn parse_path(text: &str) -> Result<FilePath, ApiError> {
+pub(crate) fn parse_path(text: &str) -> Result<FilePath, ApiError> {
     FilePath::parse(text).map_err(|e| ApiError::BadRequest(format!("path {text:?}: {e}")))
 }
 
 /// The device named in conflicted copies: `X-Device-Id`, else the token's name (which the
 /// state machine sanitises when it names a copy: any token name is safe).
-fn device(headers: &HeaderMap, principal: &Principal) -> Result<String, ApiError> {
+pub(crate) fn device(headers: &HeaderMap, principal: &Principal) -> Result<String, ApiError> {
     match headers.get("x-device-id") {
         None => Ok(principal.token_name.clone()),
         Some(value) => {
@@ -63,7 +63,7 @@ fn device(headers: &HeaderMap, principal: &Principal) -> Result<String, ApiError
 
 /// A modification time as sent: an RFC 3339 timestamp (the spec's form) or integer Unix
 /// milliseconds. Answers always carry the RFC 3339 UTC form with milliseconds.
-fn parse_mtime(value: &serde_json::Value) -> Result<u64, ApiError> {
+pub(crate) fn parse_mtime(value: &serde_json::Value) -> Result<u64, ApiError> {
     let bad = || ApiError::BadRequest("mtime is an RFC 3339 timestamp or Unix milliseconds".into());
     match value {
         serde_json::Value::Number(n) => n.as_u64().ok_or_else(bad),
@@ -120,7 +120,7 @@ pub(crate) struct CommitRequest {
 }
 
 /// The answer to a commit, from its outcome (also on an idempotent replay).
-fn render_commit(outcome: Outcome) -> Result<Response, ApiError> {
+pub(crate) fn render_commit(outcome: Outcome) -> Result<Response, ApiError> {
     match outcome {
         Outcome::FileCommitted { file_id, version, unchanged: false } => {
             Ok((StatusCode::CREATED, Json(json!({ "fileId": file_id, "version": version }))).into_response())

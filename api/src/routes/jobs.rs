@@ -1,8 +1,10 @@
 //! The job API: `POST /v1/jobs` (keyed), `GET /v1/jobs`, `GET|PATCH|DELETE /v1/jobs/{id}`,
-//! `GET /v1/jobs/{id}/runs`. A job is visible and changeable only by its owner and admins.
+//! `POST /v1/jobs/{id}:pause`, `:resume` and `:run` (keyed; Cloud Scheduler's custom
+//! methods), `GET /v1/jobs/{id}/runs`. A job is visible and changeable only by its owner and
+//! admins.
 
 use axum::extract::{Path, Query, State};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raftbox_storage::jobs::{Job, JobPatch, JobRun, JobSpec, Schedule};
 use raftbox_storage::schedule::{format_utc, parse_utc, CronSchedule};
@@ -169,6 +171,10 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
         retry_backoff_ms,
         timeout_s,
     };
+    if spec.job_type == "webhook" {
+        // Its calls are signed from the first: the owner's secret exists before the job.
+        crate::webhooks::ensure_secret(&state.node, &principal.user.id).await?;
+    }
     let job = Job::scheduled(spec, Some(next_run_at));
     let success =
         Success::created(json!({ "jobId": job.id, "nextRunAt": format_utc(next_run_at), "status": "SCHEDULED" }));
@@ -214,7 +220,8 @@ fn view(state: &AppState, job: &Job) -> Result<Value, ApiError> {
         "target": job.target, "payload": job.payload, "schedule": schedule_json(&job.schedule),
         "scheduleKind": kind, "cronExpr": cron_expr, "timezone": timezone,
         "maxRetries": job.max_retries, "timeoutSeconds": job.timeout_s, "retryBackoffMs": job.retry_backoff_ms,
-        "status": job.status, "nextRunAt": job.next_run_at_ms.map(format_utc), "attempts": attempts,
+        "status": job.status, "paused": job.paused, "nextRunAt": job.next_run_at_ms.map(format_utc),
+        "attempts": attempts,
         "fenceToken": job.fence, "leaseOwner": job.lease_owner, "leaseExpiresAt": job.lease_expires_ms.map(format_utc),
         "createdAt": format_utc(job.created_ms), "updatedAt": format_utc(job.updated_ms), "lastError": job.last_error,
     }))
@@ -312,6 +319,40 @@ pub async fn cancel(
         raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
         _ => Ok(Json(view(&state, &visible_job(&state, &principal, &job_id).await?)?)),
     }
+}
+
+/// `POST /v1/jobs/{id}:pause`, `:resume` or `:run`: the job as it is after. Pause stops new
+/// fires and retries (a run in progress ends as it would); resume makes no fire a recurring
+/// job missed meanwhile; run fires a scheduled, unpaused job now, fenced and recorded like
+/// any fire. 409 for a job that ended (or, for `:run`, is paused or running).
+pub async fn action(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(target): Path<String>,
+    keyed: Keyed,
+) -> Result<Response, ApiError> {
+    let Some((job_id, verb)) = target.rsplit_once(':') else {
+        return Err(ApiError::NotFound(format!("no such route: POST /v1/jobs/{target} (add :pause, :resume or :run)")));
+    };
+    let job_id = job_id.to_owned();
+    let command = match verb {
+        "pause" => Command::PauseJob { job_id: job_id.clone() },
+        "resume" => Command::ResumeJob { job_id: job_id.clone() },
+        "run" => Command::RunJobNow { job_id: job_id.clone() },
+        other => return Err(ApiError::NotFound(format!("no job method :{other}; :pause, :resume or :run"))),
+    };
+    visible_job(&state, &principal, &job_id).await?;
+    let done = keyed
+        .write_with(&state, &principal, command, |outcome| match outcome {
+            raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
+            _ => Ok(axum::http::StatusCode::OK.into_response()),
+        })
+        .await?;
+    let mut response = Json(view(&state, &visible_job(&state, &principal, &job_id).await?)?).into_response();
+    if let Some(replayed) = done.headers().get(crate::idempotency::REPLAYED_HEADER) {
+        response.headers_mut().insert(crate::idempotency::REPLAYED_HEADER, replayed.clone());
+    }
+    Ok(response)
 }
 
 /// A run as returned. `result` is `{httpStatus, excerpt}` for a webhook (the first

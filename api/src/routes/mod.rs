@@ -4,6 +4,7 @@ pub(crate) mod accounts;
 pub(crate) mod backup;
 pub(crate) mod blocks;
 pub(crate) mod cluster;
+pub(crate) mod content;
 pub(crate) mod files;
 pub(crate) mod jobs;
 pub mod login;
@@ -84,6 +85,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/users/{user_id}/password", axum::routing::put(login::set_for).delete(login::remove_for))
         .route("/v1/me", get(accounts::me))
         .route("/v1/me/tokens", get(accounts::my_tokens))
+        .route("/v1/me/webhook-secret", get(accounts::webhook_secret).post(accounts::rotate_webhook_secret))
         .route("/v1/me/tokens/{token_id}", axum::routing::delete(accounts::revoke_my_token))
         .route("/v1/blocks/status", post(blocks::status))
         .route("/v1/files", get(files::get))
@@ -94,7 +96,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/files/move", post(files::move_file))
         .route("/v1/files/list", get(files::list))
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
-        .route("/v1/jobs/{job_id}", get(jobs::get).patch(jobs::patch).delete(jobs::cancel))
+        .route("/v1/jobs/{job_id}", get(jobs::get).patch(jobs::patch).delete(jobs::cancel).post(jobs::action))
         .route("/v1/jobs/{job_id}/runs", get(jobs::runs))
         .route("/v1/sync", get(sync::sync).post(sync::sync_post))
         .route("/v1/namespaces", post(sharing::create).get(sharing::list))
@@ -113,10 +115,20 @@ pub fn router() -> Router<AppState> {
             axum::routing::put(sharing::add_member).delete(sharing::remove_member),
         )
         .route(
+            "/v1/blocks",
+            post(content::post_block).layer(DefaultBodyLimit::max(raftbox_storage::blocks::BLOCK_BYTES_MAX)),
+        )
+        .route(
             "/v1/blocks/{hash}",
             get(blocks::get).put(blocks::put).layer(DefaultBodyLimit::max(raftbox_storage::blocks::BLOCK_BYTES_MAX)),
         )
         .fallback(|| async { crate::ApiError::NotFound("no such route".into()) })
+}
+
+/// The routes that carry a whole file in one request, under the transfer deadline
+/// (`crate::TRANSFER_DEADLINE`) instead of the request timeout.
+pub fn transfer_router() -> Router<AppState> {
+    Router::new().route("/v1/files/content", get(content::get).put(content::put))
 }
 
 /// The probes, outside the cap on requests in flight (a loaded node still says it is up).

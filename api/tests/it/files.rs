@@ -313,3 +313,83 @@ async fn a_hopeless_commit_is_refused_before_it_reaches_the_log() {
     assert_eq!(missing.len(), 1_000, "MISSING_REPORTED_MAX");
     assert_eq!(missing[0], chunks[0].as_str());
 }
+
+#[tokio::test]
+async fn a_whole_file_goes_up_and_comes_back_in_one_request_and_a_block_is_hashed_by_the_server() {
+    let node = TestNode::start().await;
+    let token = user(&node, "curl").await;
+    // 3 MiB of varied bytes: cut into more than one block.
+    let mut data = vec![0u8; 3 << 20];
+    blake3::Hasher::new().update(b"whole file").finalize_xof().fill(&mut data);
+    let put = |data: Vec<u8>| {
+        node.call_raw("PUT", "/v1/files/content?path=/up/big.bin", Some(&token), "application/octet-stream", data)
+    };
+    let (status, _, body) = put(data.clone()).await;
+    assert_eq!(status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&body));
+    let created: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(created["version"], 1);
+    let (status, headers, back) = node
+        .call_raw("GET", "/v1/files/content?path=/up/big.bin", Some(&token), "application/octet-stream", Vec::new())
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-length"], (3 << 20).to_string().as_str());
+    assert!(back == data, "the bytes came back changed");
+    let (_, _, meta) = node.call("GET", "/v1/files?path=/up/big.bin", Some(&token), None).await;
+    assert!(meta["chunks"].as_array().expect("chunks").len() > 1, "one block for 3 MiB: {meta}");
+    // The same bytes again change nothing; other bytes are version 2.
+    let (status, _, body) = put(data.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let (status, _, _) = put(b"short now".to_vec()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    // A stale baseVersion keeps the upload as a conflicted copy (409), as a commit would.
+    let (status, _, _) = node
+        .call_raw(
+            "PUT",
+            "/v1/files/content?path=/up/big.bin&baseVersion=1",
+            Some(&token),
+            "application/octet-stream",
+            b"late".to_vec(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    // Refused before a byte is taken: a bad path, and another user's namespace.
+    let (status, _, _) = node
+        .call_raw("PUT", "/v1/files/content?path=up", Some(&token), "application/octet-stream", b"x".to_vec())
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _, _) = node
+        .call_raw(
+            "PUT",
+            "/v1/files/content?path=/x&namespaceId=nope",
+            Some(&token),
+            "application/octet-stream",
+            b"x".to_vec(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _, _) = node
+        .call_raw("GET", "/v1/files/content?path=/up/none", Some(&token), "application/octet-stream", Vec::new())
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // POST /v1/blocks: the server names the block by its hash; it is then the caller's.
+    let (status, _, body) =
+        node.call_raw("POST", "/v1/blocks", Some(&token), "application/octet-stream", b"a piece".to_vec()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let stored: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(stored["hash"], BlockHash::of(b"a piece").to_hex());
+    let (status, _, _) = node
+        .call("POST", "/v1/blocks/status", Some(&token), Some(&json!({ "hashes": [stored["hash"]] }).to_string()))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = node
+        .call_raw(
+            "POST",
+            "/v1/blocks",
+            Some(&token),
+            "application/octet-stream",
+            vec![0; raftbox_storage::blocks::BLOCK_BYTES_MAX + 1],
+        )
+        .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}

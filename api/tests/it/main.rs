@@ -168,9 +168,40 @@ impl TestNode {
         token: Option<&str>,
         body: Vec<u8>,
     ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        self.call_typed(method, path, token, "application/json", body).await
+    }
+
+    /// A request with a raw body of `content_type`; the answer's body raw.
+    pub async fn call_raw(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
         let mut request =
-            self.client.request(method, format!("{}{}", self.url, path)).header("content-type", "application/json");
+            self.client.request(method, format!("{}{}", self.url, path)).header("content-type", content_type);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.body(body).send().await.expect("send");
+        let (status, headers) = (response.status(), response.headers().clone());
+        (status, headers, response.bytes().await.expect("body").to_vec())
+    }
+
+    async fn call_typed(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request =
+            self.client.request(method, format!("{}{}", self.url, path)).header("content-type", content_type);
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }

@@ -4,6 +4,11 @@
 //! finds a job's run; a folder shared with it as a viewer shows its files' history with no
 //! restore; an API refusal is shown; a file whose name looks like HTML shows as text.
 //! Screenshots go to `<target>/console-screenshots/`.
+//!
+//! The everyday actions, in a second run: a new folder; uploads by the file picker (a file
+//! of three pieces) and by drag and drop; an upload that resumes from the piece a failed one
+//! stored; rename and delete; usage against the quota; a shared folder made, a user invited
+//! as an editor and removed again. Each result is checked through the API.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -31,18 +36,22 @@ async fn console_logs_in_browses_history_and_finds_job_runs() {
     cluster.conclude(result);
 }
 
-/// `<target>/console-screenshots`, emptied: beside `debug/` in the directory of this test
-/// executable (`<target>/debug/deps/cluster-…`).
-fn screenshot_dir() -> Result<PathBuf> {
+/// `<target>/console-screenshots/<name>`, emptied (see [`screenshot_dir`]).
+fn screenshot_dir_named(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let target = exe.ancestors().nth(3).context("target directory above the test executable")?;
-    let dir = target.join("console-screenshots");
-    // Only this run's pictures (a `failure.png` of an earlier run would mislead).
+    let dir = target.join("console-screenshots").join(name);
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clear {}", dir.display()))?;
     }
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// `<target>/console-screenshots`, emptied: beside `debug/` in the directory of this test
+/// executable (`<target>/debug/deps/cluster-…`).
+fn screenshot_dir() -> Result<PathBuf> {
+    screenshot_dir_named("")
 }
 
 async fn commit(http: &reqwest::Client, url: &str, token: &str, path: &str, data: &[u8], base: u64) -> Result<u64> {
@@ -277,6 +286,11 @@ async fn browse(
     browser.wait_for("#history tr[data-version='1'] button.download", "Download", PAGE_WAIT).await?;
     let restores = browser.find_all("#history button.restore").await?;
     ensure!(restores.is_empty(), "a viewer is offered {} restores", restores.len());
+    browser.click(&browser.wait_for("#history-back", "Back", PAGE_WAIT).await?).await?;
+    browser.wait_for("tr[data-file='plan.txt']", "plan.txt", PAGE_WAIT).await?;
+    let offered = browser.find_all("#upload-button, #new-folder, #drop-zone, button.rename, button.delete").await?;
+    ensure!(offered.is_empty(), "a viewer is offered {} changes", offered.len());
+    browser.click(&browser.wait_for("tr[data-file='plan.txt'] button.history", "History", PAGE_WAIT).await?).await?;
     browser.screenshot(&shots.join("3b-shared-as-viewer.png")).await?;
     // An API refusal shows as the problem's status and detail.
     browser.goto(&format!("{url}/#/history?path=/docs/nope.txt")).await?;
@@ -322,4 +336,182 @@ async fn leader_view(browser: &Browser, url: &str, token: &str, shots: &std::pat
         deadline.tick(&cells.to_string()).await?;
     }
     browser.screenshot(&shots.join("0-cluster-leader.png")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_uploads_and_organizes_files_and_shares_a_folder() {
+    let seed = Seed::new("console::console_uploads_and_organizes_files_and_shares_a_folder");
+    let cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, everyday(&cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+/// Bytes of a test file: `len` of them, different for each `salt`.
+fn content(salt: &str, len: usize) -> Vec<u8> {
+    let mut out = vec![0; len];
+    blake3::Hasher::new().update(salt.as_bytes()).finalize_xof().fill(&mut out);
+    out
+}
+
+/// What the cluster holds at `path` of the caller's personal namespace (`None`: no file).
+async fn content_at(http: &reqwest::Client, url: &str, token: &str, path: &str) -> Result<Option<Vec<u8>>> {
+    let response = http.get(format!("{url}/v1/files/content?path={path}")).bearer_auth(token).send().await?;
+    match response.status().as_u16() {
+        200 => Ok(Some(response.bytes().await?.to_vec())),
+        404 => Ok(None),
+        other => anyhow::bail!("GET content of {path}: {other}"),
+    }
+}
+
+/// The console's upload piece, as `api/console/app.js` cuts them.
+const PIECE_BYTES: usize = 4 * 1024 * 1024;
+
+async fn everyday(cluster: &Cluster, seed: &Seed) -> Result<()> {
+    let http = cluster.client();
+    let url = cluster.http_url(1);
+    let name = format!("everyday-{}", seed.value());
+    let friend = format!("friend-{}", seed.value());
+    let (_, token) = new_user(cluster, 1, &name, "browser").await?;
+    new_user(cluster, 1, &friend, "friend").await?;
+    let me = get(&http, &format!("{url}/v1/me"), &token).await?;
+    let personal = me["namespaceId"].as_str().context("namespaceId")?.to_owned();
+
+    // The files the browser is handed: three pieces; two pieces whose first is stored by an
+    // earlier, interrupted upload (its piece list in localStorage, as the console keeps it).
+    let files = tempfile::tempdir()?;
+    let big = content(&format!("big {}", seed.value()), 2 * PIECE_BYTES + 123);
+    let big_path = files.path().join("big.bin");
+    std::fs::write(&big_path, &big)?;
+    let resumed = content(&format!("resumed {}", seed.value()), PIECE_BYTES + 77);
+    let resumed_path = files.path().join("resumed.bin");
+    std::fs::write(&resumed_path, &resumed)?;
+    let modified_ms: u64 = 1_700_000_000_000;
+    std::fs::File::options()
+        .write(true)
+        .open(&resumed_path)?
+        .set_modified(std::time::UNIX_EPOCH + Duration::from_millis(modified_ms))?;
+    let first_piece = put_block(&http, &url, &token, &resumed[..PIECE_BYTES]).await?;
+    let resume_key = format!("raftbox.upload:{personal}:/inbox/resumed.bin:{}:{modified_ms}", resumed.len());
+
+    let shots = screenshot_dir_named("everyday")?;
+    let browser = Browser::start(1280, 900).await?;
+    let mut result =
+        organize(&browser, &url, &token, &big_path, &resumed_path, &resume_key, &first_piece, &shots).await;
+    if result.is_ok() {
+        result = share(&browser, &friend, &seed.value().to_string(), &shots).await;
+    }
+    if result.is_err() {
+        let _ = browser.screenshot(&shots.join("failure.png")).await;
+    }
+    browser.close().await?;
+    result?;
+
+    // What the browser did, as the cluster holds it.
+    ensure!(content_at(&http, &url, &token, "/inbox/big.bin").await? == Some(big), "big.bin as uploaded");
+    ensure!(content_at(&http, &url, &token, "/inbox/resumed.bin").await? == Some(resumed), "resumed.bin as uploaded");
+    ensure!(content_at(&http, &url, &token, "/inbox/dropped.txt").await?.is_none(), "dropped.txt was renamed");
+    ensure!(content_at(&http, &url, &token, "/inbox/renamed.txt").await?.is_none(), "renamed.txt was deleted");
+    let history = get(&http, &format!("{url}/v1/files/history?path=/inbox/renamed.txt"), &token).await?;
+    ensure!(history["versions"][0]["deleted"] == true, "the deletion is a version: {history}");
+    ensure!(history["versions"][1]["size"] == DROPPED.len(), "the renamed content is in the history: {history}");
+    Ok(())
+}
+
+const DROPPED: &str = "dropped into the console\n";
+
+#[allow(clippy::too_many_arguments)]
+async fn organize(
+    browser: &Browser,
+    url: &str,
+    token: &str,
+    big: &std::path::Path,
+    resumed: &std::path::Path,
+    resume_key: &str,
+    first_piece: &str,
+    shots: &std::path::Path,
+) -> Result<()> {
+    browser.goto(&format!("{url}/#/files")).await?;
+    browser.type_into(&browser.wait_for("#token", "", PAGE_WAIT).await?, token).await?;
+    browser.click(&browser.wait_for("#login-submit", "Use token", PAGE_WAIT).await?).await?;
+    browser.wait_for("#files", "", PAGE_WAIT).await?;
+
+    // A new folder, then into it.
+    browser.type_into(&browser.wait_for("#new-folder-name", "", PAGE_WAIT).await?, "inbox").await?;
+    browser.click(&browser.wait_for("#new-folder", "New folder", PAGE_WAIT).await?).await?;
+    browser.wait_for("#notice", "Made folder /inbox/", PAGE_WAIT).await?;
+    browser.click(&browser.wait_for("tr[data-folder='inbox'] button", "inbox/", PAGE_WAIT).await?).await?;
+    browser.wait_for("#files", "This folder is empty.", PAGE_WAIT).await?;
+    browser.screenshot(&shots.join("6-new-folder.png")).await?;
+
+    // The file picker: three pieces, progress to 100%.
+    let picker = browser.wait_for("#upload-input", "", PAGE_WAIT).await?;
+    browser.type_into(&picker, &big.display().to_string()).await?;
+    browser.wait_for("#notice", "Uploaded 1 file to /inbox/", PAGE_WAIT).await?;
+    browser.wait_for("tr[data-file='big.bin']", "8.0 MiB", PAGE_WAIT).await?;
+    browser.wait_for("#who-storage", "MiB", PAGE_WAIT).await?;
+    browser.wait_for("#who-storage", " of ", PAGE_WAIT).await?;
+
+    // An upload that failed after its first piece: chosen again, it goes on from the second.
+    let set =
+        format!("localStorage.setItem({}, JSON.stringify([{}])); return null;", json!(resume_key), json!(first_piece));
+    browser.script(&set).await?;
+    let picker = browser.wait_for("#upload-input", "", PAGE_WAIT).await?;
+    browser.type_into(&picker, &resumed.display().to_string()).await?;
+    browser.wait_for("#uploads .upload.done", "resumed at piece 2 of 2", PAGE_WAIT).await?;
+    browser.wait_for("tr[data-file='resumed.bin']", "resumed.bin", PAGE_WAIT).await?;
+    let left = browser.script(&format!("return localStorage.getItem({});", json!(resume_key))).await?;
+    ensure!(left.is_null(), "the finished upload's pieces are still remembered: {left}");
+
+    // Drag and drop onto the drop zone.
+    let drop = format!(
+        "const data = new DataTransfer();\
+         data.items.add(new File([{}], 'dropped.txt', {{ type: 'text/plain' }}));\
+         document.getElementById('drop-zone').dispatchEvent(new DragEvent('drop', {{ dataTransfer: data, bubbles: true, cancelable: true }}));\
+         return null;",
+        json!(DROPPED)
+    );
+    browser.script(&drop).await?;
+    browser.wait_for("tr[data-file='dropped.txt']", "dropped.txt", PAGE_WAIT).await?;
+    browser.screenshot(&shots.join("7-uploads.png")).await?;
+
+    // Rename in the row, then delete (asked twice).
+    browser.click(&browser.wait_for("tr[data-file='dropped.txt'] button.rename", "Rename", PAGE_WAIT).await?).await?;
+    let input = browser.wait_for("tr[data-file='dropped.txt'] input.rename-input", "", PAGE_WAIT).await?;
+    browser.script("document.querySelector('input.rename-input').value = ''; return null;").await?;
+    browser.type_into(&input, "renamed.txt").await?;
+    browser.screenshot(&shots.join("8-rename.png")).await?;
+    browser
+        .click(&browser.wait_for("tr[data-file='dropped.txt'] button.rename-save", "Save", PAGE_WAIT).await?)
+        .await?;
+    browser.wait_for("#notice", "Renamed /inbox/dropped.txt to /inbox/renamed.txt", PAGE_WAIT).await?;
+    let delete = browser.wait_for("tr[data-file='renamed.txt'] button.delete", "Delete", PAGE_WAIT).await?;
+    browser.click(&delete).await?;
+    browser.click(&browser.wait_for("tr[data-file='renamed.txt'] button.delete", "for sure", PAGE_WAIT).await?).await?;
+    browser.wait_for("#notice", "Deleted /inbox/renamed.txt", PAGE_WAIT).await?;
+    let rows = browser.find_all("tr[data-file='renamed.txt'], tr[data-file='.raftbox-folder']").await?;
+    ensure!(rows.is_empty(), "the deleted file or the folder marker is listed");
+    Ok(())
+}
+
+/// A shared folder made in the console; `friend` invited as an editor, then removed.
+async fn share(browser: &Browser, friend: &str, salt: &str, shots: &std::path::Path) -> Result<()> {
+    let folder = format!("project-{salt}");
+    browser.click(&browser.wait_for("#nav-sharing", "Sharing", PAGE_WAIT).await?).await?;
+    browser.type_into(&browser.wait_for("#share-name", "", PAGE_WAIT).await?, &folder).await?;
+    browser.click(&browser.wait_for("#share-create", "New shared folder", PAGE_WAIT).await?).await?;
+    browser.wait_for("#members-of", &folder, PAGE_WAIT).await?;
+    browser.type_into(&browser.wait_for("#grant-name", "", PAGE_WAIT).await?, friend).await?;
+    browser.click(&browser.wait_for("#grant-role option[value='editor']", "editor", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("#grant", "Invite", PAGE_WAIT).await?).await?;
+    browser.wait_for("#notice", &format!("Invited user {friend} as editor"), PAGE_WAIT).await?;
+    let row = format!("#members-list tr[data-member='{friend}']");
+    browser.wait_for(&row, "invited", PAGE_WAIT).await?;
+    browser.wait_for(&row, "editor", PAGE_WAIT).await?;
+    browser.screenshot(&shots.join("9-members.png")).await?;
+    browser.click(&browser.wait_for(&format!("{row} button.revoke"), "Remove", PAGE_WAIT).await?).await?;
+    browser.wait_for("#notice", &format!("Removed {friend}"), PAGE_WAIT).await?;
+    ensure!(browser.find_all(&row).await?.is_empty(), "{friend} is still listed after removal");
+    browser.click(&browser.wait_for("#members-back", "All shared folders", PAGE_WAIT).await?).await?;
+    browser.wait_for(&format!("#shares tr[data-share='{folder}']"), "owner", PAGE_WAIT).await?;
+    browser.screenshot(&shots.join("9b-shared-folders.png")).await
 }

@@ -2,7 +2,11 @@
 //! fires once, on time, with the documented headers; a failing target is retried
 //! `maxRetries` times, then the job is FAILED; a cron job fires repeatedly and stops when
 //! cancelled; `kill -9` of the node running a webhook leads to a re-claim after the lease,
-//! and the receiver applies the fire's effect once.
+//! and the receiver applies the fire's effect once. Every call is signed as Standard Webhooks
+//! says, checked with that specification's reference library (`standardwebhooks`, PyPI):
+//! the signature verifies with the owner's secret, not once the body is changed, and after
+//! a rotation with the new secret and the old one alike. A paused job fires no more until
+//! resumed; run now fires once, fenced and recorded.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +23,36 @@ const ON_TIME_MS: u64 = 1_000;
 /// A short lease, and per-second cron for the test's (non-admin) user.
 fn jobs_toml() -> String {
     format!("[jobs]\nlease_ms = {LEASE_MS}\n\n[job_limits]\nmin_cron_interval_s = 1\n")
+}
+
+/// Whether the Standard Webhooks reference library (Python `standardwebhooks`) verifies
+/// `call` as signed with `secret`.
+fn reference_verifies(secret: &str, call: &raftbox_cluster_tests::receiver::Call) -> Result<bool> {
+    let dir = tempfile::tempdir()?;
+    let (headers, body) = (dir.path().join("headers.json"), dir.path().join("body"));
+    std::fs::write(&headers, serde_json::to_vec(&call.headers)?)?;
+    std::fs::write(&body, &call.raw)?;
+    let script = "import json, sys\n\
+                  from standardwebhooks.webhooks import Webhook, WebhookVerificationError\n\
+                  headers = json.load(open(sys.argv[2]))\n\
+                  try:\n    Webhook(sys.argv[1]).verify(open(sys.argv[3], 'rb').read(), headers)\n\
+                  except WebhookVerificationError as e:\n    print(e); sys.exit(3)\n";
+    let output = std::process::Command::new("python3")
+        .args(["-c", script, secret])
+        .arg(&headers)
+        .arg(&body)
+        .output()
+        .context("run python3 (scripts/test installs standardwebhooks)")?;
+    match output.status.code() {
+        Some(0) => Ok(true),
+        Some(3) => Ok(false),
+        _ => anyhow::bail!("the reference library failed: {}", String::from_utf8_lossy(&output.stderr)),
+    }
+}
+
+/// A secret nobody signs with.
+fn stranger_secret() -> String {
+    "whsec_c3RyYW5nZXItc2VjcmV0LW9mLTMyLWJ5dGVzLWxvbmc=".to_owned()
 }
 
 fn now_ms() -> u64 {
@@ -124,6 +158,25 @@ impl Api {
         Ok(body["jobId"].as_str().context("jobId")?.to_owned())
     }
 
+    /// `POST /v1/jobs/{id}:{verb}`: the status and the answer's body.
+    async fn method(&self, id: &str, verb: &str) -> Result<(u16, Value)> {
+        let response =
+            self.http.post(format!("{}/v1/jobs/{id}:{verb}", self.url)).bearer_auth(&self.token).send().await?;
+        let status = response.status().as_u16();
+        Ok((status, response.json().await.unwrap_or(Value::Null)))
+    }
+
+    async fn secret(&self, rotate: bool) -> Result<String> {
+        let url = format!("{}/v1/me/webhook-secret", self.url);
+        let request = match rotate {
+            true => self.http.post(url).json(&json!({ "keepPreviousHours": 1 })),
+            false => self.http.get(url),
+        };
+        let response = request.bearer_auth(&self.token).send().await?;
+        ensure!(response.status().is_success(), "webhook secret: {}", response.status());
+        Ok(response.json::<Value>().await?["secret"].as_str().context("secret")?.to_owned())
+    }
+
     async fn job(&self, id: &str) -> Result<Value> {
         Ok(self.http.get(format!("{}/v1/jobs/{id}", self.url)).bearer_auth(&self.token).send().await?.json().await?)
     }
@@ -186,6 +239,14 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
         "headers"
     );
     ensure!(call.body["payload"] == json!({ "n": 1 }) && call.body["attempt"] == 1, "body {}", call.body);
+    // Signed: the reference library verifies it with the owner's secret, and not a changed body.
+    let secret = api.secret(false).await?;
+    ensure!(call.headers.get("webhook-id") == Some(&format!("{once}:{scheduled_for}")), "{:?}", call.headers);
+    ensure!(reference_verifies(&secret, call)?, "the reference library refused the signature: {:?}", call.headers);
+    let mut forged = call.clone();
+    forged.raw.extend_from_slice(b" ");
+    ensure!(!reference_verifies(&secret, &forged)?, "a changed body verified");
+    eprintln!("the one-off webhook's signature verifies with the standardwebhooks library");
     let runs = api.runs(&once).await?;
     ensure!(runs[0]["result"] == json!({ "httpStatus": 200, "excerpt": "effect applied" }), "run {}", runs[0]);
     for field in ["ownerId", "scheduleKind", "createdAt", "updatedAt"] {
@@ -224,6 +285,72 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     ensure!(after <= at_cancel + 1, "cancelled cron job fired {} more times", after - at_cancel);
     ensure!(api.job(&cron).await?["status"] == "CANCELLED", "cancelled");
     eprintln!("cron job fired {at_cancel} times, then stopped when cancelled");
+
+    // Paused, a cron job fires no more (at most an attempt already claimed); `:run` is
+    // refused while paused; resumed, it fires again.
+    let paused = api
+        .create(json!({ "type": "webhook", "target": receiver.url("paused"), "payload": {},
+                        "schedule": { "cron": "* * * * * *", "timezone": "UTC" }, "maxRetries": 0 }))
+        .await?;
+    let wait = Deadline::after(Duration::from_secs(20), "two fires before the pause");
+    while receiver.calls("paused").len() < 2 {
+        wait.tick(&format!("{} fires", receiver.calls("paused").len())).await?;
+    }
+    let (status, job) = api.method(&paused, "pause").await?;
+    ensure!(status == 200 && job["paused"] == true, "pause: {status} {job}");
+    let at_pause = receiver.calls("paused").len();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let after = receiver.calls("paused").len();
+    ensure!(after <= at_pause + 1, "a paused cron job fired {} more times", after - at_pause);
+    let (status, refused) = api.method(&paused, "run").await?;
+    ensure!(
+        status == 409 && refused["detail"].as_str().is_some_and(|d| d.contains("paused")),
+        "run while paused: {status} {refused}"
+    );
+    let (status, job) = api.method(&paused, "resume").await?;
+    ensure!(status == 200 && job["paused"] == false, "resume: {status} {job}");
+    let wait = Deadline::after(Duration::from_secs(20), "fires after the resume");
+    while receiver.calls("paused").len() < after + 2 {
+        wait.tick(&format!("{} fires", receiver.calls("paused").len())).await?;
+    }
+    let (status, _) = api.method(&paused, "stop").await?;
+    ensure!(status == 404, "an unknown job method: {status}");
+    eprintln!("paused cron job: {at_pause} fires, {} while paused, fired again once resumed", after - at_pause);
+
+    // Rotated: the calls carry a signature by each secret until the old one's time is up.
+    let rotated = api.secret(true).await?;
+    ensure!(rotated != secret, "the rotation kept the secret");
+
+    // Run now: a one-off job due in an hour fires once now, fenced and recorded, and is
+    // still due at its time.
+    let run_at = rfc3339(now_ms() + 3_600_000);
+    let later = api
+        .create(json!({ "type": "webhook", "target": receiver.url("now"), "payload": {},
+                        "schedule": { "runAt": run_at }, "maxRetries": 0 }))
+        .await?;
+    let (status, job) = api.method(&later, "run").await?;
+    ensure!(status == 200, "run now: {status} {job}");
+    let wait = Deadline::after(Duration::from_secs(20), "the fire run now, recorded");
+    loop {
+        let runs = api.runs(&later).await?;
+        if runs.first().is_some_and(|r| r["status"] == "SUCCEEDED") {
+            ensure!(runs.len() == 1 && runs[0]["fenceToken"] == 1, "runs {runs:?}");
+            break;
+        }
+        wait.tick(&format!("{runs:?}")).await?;
+    }
+    let calls = receiver.calls("now");
+    ensure!(calls.len() == 1, "{} calls for one run now", calls.len());
+    for key in [&rotated, &secret] {
+        ensure!(
+            reference_verifies(key, &calls[0])?,
+            "after the rotation, a secret does not verify: {:?}",
+            calls[0].headers
+        );
+    }
+    ensure!(!reference_verifies(&stranger_secret(), &calls[0])?, "a stranger's secret verified");
+    let job = api.job(&later).await?;
+    ensure!(job["status"] == "SCHEDULED" && job["nextRunAt"] == json!(run_at), "after the run now: {job}");
 
     // kill -9 of the worker mid-webhook: re-claimed after the lease, the effect applied once.
     receiver.delay("slow", 4_000);
