@@ -707,7 +707,7 @@ mod ops {
     fn get_block() {}
 
     #[utoipa::path(put, path = "/v1/blocks/{hash}", tag = "blocks", params(("hash" = String, Path, description = "BLAKE3, 64 lowercase hex characters")),
-        request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "At most 4 MiB."), responses(
+        request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "At most 8 MiB."), responses(
         (status = 201, description = "Durable on a majority and indexed."),
         (status = 422, description = "The body does not hash to `hash`.", body = Problem, content_type = "application/problem+json"),
         (status = 507, description = "The block would take the caller past their storage quota (`quota-exceeded`).", body = Problem, content_type = "application/problem+json"),
@@ -715,7 +715,7 @@ mod ops {
     fn put_block() {}
 
     #[utoipa::path(post, path = "/v1/blocks", tag = "blocks",
-        request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "At most 4 MiB."), responses(
+        request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "At most 8 MiB."), responses(
         (status = 201, description = "Durable on a majority and indexed, under the hash the server computed.", body = crate::routes::content::BlockStored),
         (status = 413, description = "Larger than a block may be.", body = Problem, content_type = "application/problem+json"),
         (status = 507, description = "The block would take the caller past their storage quota (`quota-exceeded`).", body = Problem, content_type = "application/problem+json"),

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `PUT /v1/files/content?path=` | the body is the file: spooled, cut into blocks (the sync client's sizes), stored on a majority, committed as a new version |
 //! | `GET /v1/files/content?path=` | the current version's bytes, streamed block by block |
-//! | `POST /v1/blocks` | one block (at most 4 MiB) hashed by the server: `{"hash"}`, for uploads in pieces that resume |
+//! | `POST /v1/blocks` | one block (at most 8 MiB) hashed by the server: `{"hash"}`, for uploads in pieces that resume |
 //!
 //! The whole-file routes run under the transfer deadline (`crate::TRANSFER_DEADLINE`), not
 //! the request timeout. A PUT without `baseVersion` replaces the version current when it
