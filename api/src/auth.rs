@@ -88,6 +88,15 @@ pub fn credentials(headers: &axum::http::HeaderMap) -> Result<Option<Credentials
     Err(ApiError::Unauthenticated("Authorization must be Bearer <token>, or Basic with your name and a token".into()))
 }
 
+/// The password of a request's `Authorization: Basic` (the name is not looked at), if it
+/// carries well-formed Basic credentials.
+pub fn basic_password(headers: &axum::http::HeaderMap) -> Option<String> {
+    match credentials(headers) {
+        Ok(Some(Credentials::Basic { secret, .. })) => Some(secret),
+        _ => None,
+    }
+}
+
 impl Credentials {
     /// The token these credentials present, if any.
     pub fn token(&self) -> &str {

@@ -26,6 +26,9 @@ pub enum ApiError {
     QuotaExceeded(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// What was asked for is gone for good (an expired or used-up share link): 410.
+    #[error("{0}")]
+    Gone(String),
     #[error("{0}")]
     HashMismatch(String),
     #[error("this cursor can no longer be served; sync again from cursor 0")]
@@ -60,6 +63,7 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
+            ApiError::Gone(_) => (StatusCode::GONE, "gone", "Gone"),
             ApiError::QuotaExceeded(_) => {
                 (StatusCode::INSUFFICIENT_STORAGE, "quota-exceeded", "Storage quota exceeded")
             }

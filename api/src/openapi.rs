@@ -252,6 +252,27 @@ pub struct JobView {
 }
 
 #[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct LinkList {
+    links: Vec<crate::routes::links::LinkView>,
+    #[schema(required = false)]
+    next_page_token: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)]
+pub struct LinkFolder {
+    /// The folder, as the link names it.
+    folder: String,
+    /// `{name, type: "file"|"folder", size?, url}`: `url` is the entry's path under `/s/`.
+    entries: Vec<Value>,
+    #[schema(required = false)]
+    next_page_token: String,
+}
+
+#[derive(Serialize, ToSchema)]
 #[allow(dead_code)]
 #[serde(rename_all = "camelCase")]
 pub struct JobList {
@@ -435,7 +456,8 @@ pub struct GroupDetail {
         ops::blocks_status, ops::get_block, ops::put_block, ops::post_block,
         ops::get_file, ops::commit_file, ops::put_file_content, ops::get_file_content, ops::file_history, ops::restore_file, ops::delete_file, ops::move_file,
         ops::list_folder,
-        ops::create_job, ops::list_jobs, ops::get_job, ops::patch_job, ops::cancel_job, ops::job_method, ops::job_runs,
+        ops::create_job, ops::list_jobs, ops::get_job, ops::patch_job, ops::cancel_job, ops::job_method,
+        ops::create_link, ops::list_links, ops::revoke_link, ops::open_link, ops::open_link_under, ops::job_runs,
         ops::sync, ops::sync_post, ops::notify, ops::notify_post, ops::notify_ws,
         ops::create_namespace, ops::list_namespaces, ops::get_namespace, ops::delete_namespace, ops::get_acl, ops::grant,
         ops::revoke_user, ops::revoke_group, ops::leave, ops::accept_invitation, ops::decline_invitation,
@@ -462,8 +484,18 @@ pub struct ApiDoc;
 struct Common;
 
 /// Routes that need no token.
-const OPEN_PATHS: [&str; 8] =
-    ["/", "/console/{file}", "/healthz", "/readyz", "/metrics", "/v1/cluster", "/v1/openapi.json", "/v1/login"];
+const OPEN_PATHS: [&str; 10] = [
+    "/",
+    "/console/{file}",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/v1/cluster",
+    "/v1/openapi.json",
+    "/v1/login",
+    "/s/{token}",
+    "/s/{token}/{path}",
+];
 
 fn problem(description: &str) -> RefOr<utoipa::openapi::Response> {
     let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("Problem"))).build();
@@ -829,6 +861,40 @@ mod ops {
         (status = 409, description = "The job is final.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn cancel_job() {}
+
+    #[utoipa::path(post, path = "/v1/links", tag = "sharing", request_body = crate::routes::links::CreateRequest, responses(
+        (status = 201, description = "The link, with its token (shown only now) and its path `/s/{token}`.", body = crate::routes::links::CreatedLink),
+        (status = 404, description = "A namespace the caller cannot read, or no file at `path`.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The caller has the most links allowed (1,000).", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn create_link() {}
+
+    #[utoipa::path(get, path = "/v1/links", tag = "sharing", params(crate::routes::PageQuery), responses(
+        (status = 200, description = "The caller's links (never their tokens).", body = LinkList),
+    ))]
+    fn list_links() {}
+
+    #[utoipa::path(delete, path = "/v1/links/{link_id}", tag = "sharing", params(("link_id" = String, Path)), responses(
+        (status = 204, description = "Revoked: the link stops working on every node."),
+        (status = 404, description = "No such link of the caller's.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn revoke_link() {}
+
+    #[utoipa::path(get, path = "/s/{token}", tag = "sharing", params(("token" = String, Path, description = "The link's token."), crate::routes::PageQuery), responses(
+        (status = 200, description = "A file link: the file. A folder link: its listing, HTML or (for `Accept: application/json`) JSON.", content((Vec<u8> = "application/octet-stream"), (String = "text/html"), (LinkFolder = "application/json"))),
+        (status = 401, description = "The link asks for a password (HTTP Basic, any user name).", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such link, revoked, or its creator can no longer read there.", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The link expired, or its downloads are used up.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn open_link() {}
+
+    #[utoipa::path(get, path = "/s/{token}/{path}", tag = "sharing", params(("token" = String, Path, description = "The link's token."), ("path" = String, Path, description = "A file, or a folder ending in `/`, under the link's folder."), crate::routes::PageQuery), responses(
+        (status = 200, description = "The file, or the subfolder's listing.", content((Vec<u8> = "application/octet-stream"), (String = "text/html"), (LinkFolder = "application/json"))),
+        (status = 401, description = "The link asks for a password (HTTP Basic, any user name).", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such link, file or folder.", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "The link expired, or its downloads are used up.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn open_link_under() {}
 
     #[utoipa::path(post, path = "/v1/jobs/{job_id}", tag = "jobs", operation_id = "job_method",
         params(("job_id" = String, Path, description = "The job id and a method: `{id}:pause` (no new fire or retry starts; a run in progress ends as it would), `{id}:resume` (fires missed meanwhile are not made up; a one-off job whose time passed runs now) or `{id}:run` (one fire now, fenced and recorded; the schedule goes on).", pattern = "^[0-9A-Za-z_-]+:(pause|resume|run)$"),

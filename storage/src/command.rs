@@ -110,6 +110,21 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         keep_previous_ms: Option<u64>,
     },
+    /// Records a share link for its creator (refused unless they may read the namespace, or
+    /// past `links_max` links). Format 4.
+    CreateLink {
+        link: Box<crate::links::Link>,
+        links_max: u32,
+    },
+    /// Removes one of the actor's share links. Format 4.
+    RevokeLink {
+        actor_user_id: String,
+        link_id: String,
+    },
+    /// Counts a download through a link (refused once its downloads are used up). Format 4.
+    CountLinkDownload {
+        token_hash: [u8; 32],
+    },
     /// Revokes a user's token: it stops working on every node as each applies this.
     RevokeToken {
         user_id: String,
@@ -356,6 +371,7 @@ impl Command {
             Command::Migrate { schema } => (*schema).max(crate::format::unrecorded()),
             Command::SetLimits { .. } => 3,
             Command::SetPassword { .. } | Command::SetWebhookSecret { .. } => 4,
+            Command::CreateLink { .. } | Command::RevokeLink { .. } | Command::CountLinkDownload { .. } => 4,
             Command::PauseJob { .. } | Command::ResumeJob { .. } | Command::RunJobNow { .. } => 4,
             Command::RegisterChunk { placed_in: Some(_), .. } => crate::format::PLACEMENT_FENCE,
             Command::Idempotent { command, .. } | Command::Once { command, .. } => command.format(),
@@ -442,6 +458,9 @@ impl Touched {
             | Command::CreateToken { .. }
             | Command::SetPassword { .. }
             | Command::SetWebhookSecret { .. }
+            | Command::CreateLink { .. }
+            | Command::RevokeLink { .. }
+            | Command::CountLinkDownload { .. }
             | Command::EnsureAdmin { .. }
             | Command::IdempotencyBegin { .. }
             | Command::IdempotencyComplete { .. }

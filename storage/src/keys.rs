@@ -78,6 +78,9 @@ mod tag {
     pub const FOLDERS_CREATED: u8 = 0x27;
     pub const PASSWORD: u8 = 0x28;
     pub const WEBHOOK_SECRET: u8 = 0x29;
+    pub const LINK: u8 = 0x2a;
+    pub const USER_LINK: u8 = 0x2b;
+    pub const LINKS_COUNT: u8 = 0x2c;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -310,6 +313,26 @@ pub fn password(user_id: &str) -> Vec<u8> {
 /// A user's webhook signing secret ([`crate::records::WebhookSecret`]).
 pub fn webhook_secret(user_id: &str) -> Vec<u8> {
     tagged(tag::WEBHOOK_SECRET, user_id.as_bytes())
+}
+
+/// A share link by the hash of its token ([`crate::links::Link`]).
+pub fn link(token_hash: &[u8; 32]) -> Vec<u8> {
+    tagged(tag::LINK, token_hash)
+}
+
+/// A user's links: (creator, link id) → the token's hash (for listing and revoking).
+pub fn user_link(user_id: &str, link_id: &str) -> Vec<u8> {
+    joined(tag::USER_LINK, user_id, link_id.as_bytes())
+}
+
+/// Every [`user_link`] key of a user.
+pub fn user_link_range(user_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::USER_LINK, user_id, &[]), joined(tag::USER_LINK, user_id, &[0xff]))
+}
+
+/// How many links a user has (u64).
+pub fn links_count(user_id: &str) -> Vec<u8> {
+    tagged(tag::LINKS_COUNT, user_id.as_bytes())
 }
 
 /// Unique index: user name → user id.

@@ -37,6 +37,7 @@ mod guards;
 pub mod jobs;
 pub mod keys;
 pub mod limits;
+pub mod links;
 pub mod paths;
 pub mod ratelimit;
 pub mod records;

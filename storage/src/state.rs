@@ -333,6 +333,9 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::SetPassword { user_id, password_hash } => {
             accounts::set_password(txn, user_id, password_hash.as_deref())
         }
+        Command::CreateLink { link, links_max } => crate::links::create(txn, link, *links_max),
+        Command::RevokeLink { actor_user_id, link_id } => crate::links::revoke(txn, actor_user_id, link_id),
+        Command::CountLinkDownload { token_hash } => crate::links::count_download(txn, token_hash),
         Command::SetWebhookSecret { user_id, secret, keep_previous_ms } => {
             accounts::set_webhook_secret(txn, user_id, &secret.0, *keep_previous_ms)
         }

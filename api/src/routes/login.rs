@@ -99,6 +99,13 @@ impl Passwords {
         Ok(result)
     }
 
+    /// Whether a password try at share link `link_id` is allowed now (at most
+    /// [`super::links::LINK_ATTEMPTS_PER_MINUTE`] a minute per link, with logins' names).
+    pub(super) fn link_attempt(&self, link_id: &str) -> bool {
+        self.tidy();
+        self.per_name.check_key(&format!("\u{0}link:{link_id}")).is_ok()
+    }
+
     /// Forgets idle attempt counts (called now and then, so the tables stay small).
     fn tidy(&self) {
         self.per_name.retain_recent();
@@ -167,7 +174,7 @@ fn check_password_shape(password: &str) -> Result<(), ApiError> {
 }
 
 /// The argon2id hash of `password`, as a PHC string.
-async fn hash(state: &AppState, password: String) -> Result<String, ApiError> {
+pub(super) async fn hash(state: &AppState, password: String) -> Result<String, ApiError> {
     check_password_shape(&password)?;
     state
         .passwords
@@ -180,7 +187,7 @@ async fn hash(state: &AppState, password: String) -> Result<String, ApiError> {
 }
 
 /// Whether `password` matches `stored` (a dummy hash when there is none: same work).
-async fn verify(state: &AppState, stored: Option<String>, password: String) -> Result<bool, ApiError> {
+pub(super) async fn verify(state: &AppState, stored: Option<String>, password: String) -> Result<bool, ApiError> {
     let real = stored.is_some();
     let stored = stored.unwrap_or_else(|| DUMMY_HASH.clone());
     let matched = state

@@ -7,6 +7,7 @@ pub(crate) mod cluster;
 pub(crate) mod content;
 pub(crate) mod files;
 pub(crate) mod jobs;
+pub(crate) mod links;
 pub mod login;
 pub(crate) mod probes;
 pub(crate) mod sharing;
@@ -95,6 +96,8 @@ pub fn router() -> Router<AppState> {
         .route("/v1/files/delete", post(files::delete))
         .route("/v1/files/move", post(files::move_file))
         .route("/v1/files/list", get(files::list))
+        .route("/v1/links", post(links::create).get(links::list))
+        .route("/v1/links/{link_id}", delete(links::revoke))
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/v1/jobs/{job_id}", get(jobs::get).patch(jobs::patch).delete(jobs::cancel).post(jobs::action))
         .route("/v1/jobs/{job_id}/runs", get(jobs::runs))
@@ -128,7 +131,10 @@ pub fn router() -> Router<AppState> {
 /// The routes that carry a whole file in one request, under the transfer deadline
 /// (`crate::TRANSFER_DEADLINE`) instead of the request timeout.
 pub fn transfer_router() -> Router<AppState> {
-    Router::new().route("/v1/files/content", get(content::get).put(content::put))
+    Router::new()
+        .route("/v1/files/content", get(content::get).put(content::put))
+        .route("/s/{token}", get(links::open))
+        .route("/s/{token}/{*path}", get(links::open_under))
 }
 
 /// The probes, outside the cap on requests in flight (a loaded node still says it is up).

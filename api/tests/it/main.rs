@@ -8,6 +8,7 @@ mod files;
 mod fuzz;
 mod guards;
 mod jobs;
+mod links;
 mod login;
 mod openapi;
 mod regressions;
@@ -169,6 +170,21 @@ impl TestNode {
         body: Vec<u8>,
     ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
         self.call_typed(method, path, token, "application/json", body).await
+    }
+
+    /// A GET with these headers and no token; the answer's body raw.
+    pub async fn get_raw(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
+        let mut request = self.client.get(format!("{}{}", self.url, path));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.expect("send");
+        let (status, headers) = (response.status(), response.headers().clone());
+        (status, headers, response.bytes().await.expect("body").to_vec())
     }
 
     /// A request with a raw body of `content_type`; the answer's body raw.

@@ -55,6 +55,13 @@ fn template_of(path: &str) -> Option<String> {
     let mut best: Option<(Vec<bool>, &String)> = None;
     for template in paths.keys() {
         let parts: Vec<&str> = template.split('/').collect();
+        // A last `{path}` parameter stands for the rest of the path, slashes and all (a
+        // route's `{*path}`).
+        let rest = parts.last() == Some(&"{path}") && segments.len() > parts.len();
+        let segments: Vec<&str> = match rest {
+            true => segments[..parts.len()].to_vec(),
+            false => segments.clone(),
+        };
         if parts.len() != segments.len() {
             continue;
         }
@@ -238,7 +245,8 @@ fn routed() -> BTreeSet<(String, String)> {
     let mut routes = BTreeSet::new();
     for chunk in source.split(".route(").skip(1) {
         let chunk = chunk.split(".fallback(").next().unwrap_or(chunk);
-        let path = chunk.split('"').nth(1).expect("a route's path").to_string();
+        // A wildcard (`{*path}`) is a plain parameter in the description.
+        let path = chunk.split('"').nth(1).expect("a route's path").replace("{*", "{");
         for method in ["get", "post", "put", "patch", "delete"] {
             let call = format!("{method}(");
             let mut rest = chunk;

@@ -1,0 +1,421 @@
+//! Share links: anyone holding a link's URL reads one file or one folder without an account.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/links` | a link to a file (`path`) or a folder (`folder`) the caller can read, with `expiresAt`, `password`, `maxDownloads` if wanted: 201 with its token, shown once |
+//! | `GET /v1/links` | the caller's links (never their tokens), paged |
+//! | `DELETE /v1/links/{linkId}` | revokes one: 204 |
+//! | `GET /s/{token}` | no account: the file, or the folder's listing (HTML, or JSON for `Accept: application/json`) |
+//! | `GET /s/{token}/{path}` | a file or a subfolder of a folder link |
+//!
+//! A token is 256 random bits; the cluster keeps only its hash. A link answers 404 once
+//! revoked, or once its creator can no longer read the namespace, and 410 once expired or its
+//! downloads are used up (each file sent counts, through the log, so the limit holds across
+//! nodes). A password is asked with HTTP Basic authentication (any user name), checked with
+//! argon2id in the node's password places, at most `LINK_ATTEMPTS_PER_MINUTE` tries a minute
+//! per link.
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use raftbox_storage::files::FolderEntry;
+use raftbox_storage::links::Link;
+use raftbox_storage::schedule::{format_utc, parse_utc};
+use raftbox_storage::{Command, Outcome};
+use serde::{Deserialize, Serialize};
+
+use super::files::parse_path;
+use super::{new_id, page_limit, read_state, PageQuery, LISTING_WORK_MAX, PAGE_DEFAULT, PAGE_MAX};
+use crate::access;
+use crate::auth::{generate_token, hash_token, Principal};
+use crate::{json, ApiError, AppState};
+
+/// Links one user may have at once.
+pub const LINKS_PER_USER_MAX: u32 = 1_000;
+/// The longest a link may live.
+pub const LINK_TTL_MS_MAX: u64 = 366 * 24 * 3_600_000;
+/// The most downloads a link may allow.
+pub const MAX_DOWNLOADS_MAX: u64 = 1_000_000;
+/// Password tries per link per minute (then 429).
+pub const LINK_ATTEMPTS_PER_MINUTE: u32 = 10;
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct CreateRequest {
+    /// The file to share (give this or `folder`).
+    path: Option<String>,
+    /// The folder to share, everything under it (`/` for the whole namespace).
+    folder: Option<String>,
+    /// Default: the caller's personal namespace.
+    namespace_id: Option<String>,
+    /// When the link stops working: RFC 3339 UTC, in the future, at most a year ahead.
+    expires_at: Option<String>,
+    /// A password the link asks for (8 to 1,024 bytes).
+    password: Option<String>,
+    /// Files the link may send, in all (1 to 1,000,000).
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    max_downloads: Option<u64>,
+}
+
+/// A link as its creator sees it.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkView {
+    link_id: String,
+    namespace_id: String,
+    /// The file, or the folder, shared.
+    path: String,
+    folder: bool,
+    created_at: String,
+    expires_at: Option<String>,
+    max_downloads: Option<u64>,
+    downloads: u64,
+    password_protected: bool,
+    /// Still serving: not expired and downloads left (a creator who lost access to the
+    /// namespace also stops it, which this does not show).
+    active: bool,
+}
+
+/// A new link: its token (shown only now), where it answers, and the link.
+#[derive(Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CreatedLink {
+    token: String,
+    /// The link's path on any node: `/s/{token}`.
+    url: String,
+    link: LinkView,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn view(link: &Link, now: u64) -> LinkView {
+    LinkView {
+        link_id: link.id.clone(),
+        namespace_id: link.namespace_id.clone(),
+        path: link.path.clone(),
+        folder: link.folder,
+        created_at: format_utc(link.created_ms),
+        expires_at: link.expires_ms.map(format_utc),
+        max_downloads: link.max_downloads,
+        downloads: link.downloads,
+        password_protected: link.password_hash.is_some(),
+        active: !link.expired(now) && !link.used_up(),
+    }
+}
+
+/// `/` or a folder path without its trailing `/`.
+fn parse_folder(text: &str) -> Result<String, ApiError> {
+    let trimmed = text.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok("/".into());
+    }
+    Ok(parse_path(trimmed)?.as_str().to_owned())
+}
+
+/// `POST /v1/links`.
+pub async fn create(State(state): State<AppState>, principal: Principal, body: Bytes) -> Result<Response, ApiError> {
+    let request: CreateRequest = json::parse(&body)?;
+    let namespace_id = access::resolve(&principal, request.namespace_id.as_deref());
+    let (path, folder) = match (&request.path, &request.folder) {
+        (Some(path), None) => (parse_path(path)?.as_str().to_owned(), false),
+        (None, Some(folder)) => (parse_folder(folder)?, true),
+        _ => return Err(ApiError::BadRequest("give a file's path or a folder, one of the two".into())),
+    };
+    let now = now_ms();
+    let expires_ms = match &request.expires_at {
+        None => None,
+        Some(text) => {
+            let at = parse_utc(text).map_err(|e| ApiError::BadRequest(format!("expiresAt: {e}")))?;
+            if at <= now || at - now > LINK_TTL_MS_MAX {
+                return Err(ApiError::BadRequest("expiresAt is in the future, at most a year ahead".into()));
+            }
+            Some(at)
+        }
+    };
+    if request.max_downloads.is_some_and(|n| !(1..=MAX_DOWNLOADS_MAX).contains(&n)) {
+        return Err(ApiError::BadRequest(format!("maxDownloads is 1 to {MAX_DOWNLOADS_MAX}")));
+    }
+    access::read(&state, &principal, &namespace_id).await?;
+    if !folder {
+        match state.node.state().file_at(&namespace_id, &path)? {
+            Some((file, _)) if !file.deleted => {}
+            _ => return Err(ApiError::NotFound(format!("no file at {path}"))),
+        }
+    }
+    let password_hash = match request.password {
+        Some(password) => Some(super::login::hash(&state, password).await?),
+        None => None,
+    };
+    let token = format!("rbxl_{}", generate_token().trim_start_matches(crate::auth::TOKEN_PREFIX));
+    let link = Link {
+        id: new_id(),
+        token_hash: hash_token(&token),
+        creator_user_id: principal.user.id.clone(),
+        namespace_id,
+        path,
+        folder,
+        created_ms: now,
+        expires_ms,
+        password_hash,
+        max_downloads: request.max_downloads,
+        downloads: 0,
+    };
+    let command = Command::CreateLink { link: Box::new(link.clone()), links_max: LINKS_PER_USER_MAX };
+    if let Outcome::Rejected(rejection) = state.node.write(command).await? {
+        return Err(rejection.into());
+    }
+    let url = format!("/s/{token}");
+    Ok((StatusCode::CREATED, Json(CreatedLink { link: view(&link, now), token, url })).into_response())
+}
+
+/// `GET /v1/links`: the caller's links, by id.
+pub async fn list(
+    State(state): State<AppState>,
+    principal: Principal,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
+    state.node.read_barrier().await?;
+    let (user_id, after) = (principal.user.id.clone(), query.page_token.clone());
+    let found = read_state(&state, move |sm| Ok(sm.links_page(&user_id, after.as_deref(), limit + 1)?)).await?;
+    let now = now_ms();
+    let links: Vec<LinkView> = found.iter().take(limit).map(|l| view(l, now)).collect();
+    let mut body = serde_json::json!({ "links": links });
+    if found.len() > limit {
+        body["nextPageToken"] = serde_json::json!(found[limit - 1].id);
+    }
+    Ok(Json(body))
+}
+
+/// `DELETE /v1/links/{linkId}`: the link stops working on every node as each applies this.
+pub async fn revoke(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(link_id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let command = Command::RevokeLink { actor_user_id: principal.user.id.clone(), link_id };
+    match state.node.write(command).await? {
+        Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok(StatusCode::NO_CONTENT),
+    }
+}
+
+/// `GET /s/{token}`.
+pub async fn open(
+    State(state): State<AppState>,
+    Path(token): Path<String>,
+    Query(query): Query<PageQuery>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    serve(&state, &token, "", &query, request.headers()).await
+}
+
+/// `GET /s/{token}/{path}`.
+pub async fn open_under(
+    State(state): State<AppState>,
+    Path((token, below)): Path<(String, String)>,
+    Query(query): Query<PageQuery>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    serve(&state, &token, &below, &query, request.headers()).await
+}
+
+fn gone(why: &str) -> ApiError {
+    ApiError::Gone(why.into())
+}
+
+fn no_link() -> ApiError {
+    ApiError::NotFound("no such link".into())
+}
+
+async fn serve(
+    state: &AppState,
+    token: &str,
+    below: &str,
+    query: &PageQuery,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let token_hash = hash_token(token);
+    // A revocation acknowledged anywhere is seen here.
+    state.node.read_barrier().await?;
+    let sm = state.node.state();
+    let link = sm.link(&token_hash)?.ok_or_else(no_link)?;
+    if sm.role(&link.creator_user_id, &link.namespace_id)?.is_none() {
+        return Err(no_link());
+    }
+    if link.expired(now_ms()) {
+        return Err(gone("this link has expired"));
+    }
+    if let Some(stored) = &link.password_hash {
+        if let Some(refused) = check_password(state, &link, stored, headers).await? {
+            return Ok(refused);
+        }
+    }
+    // What the request names: the link's file, or a file or folder under its folder.
+    let target = match (link.folder, below) {
+        (false, "") => Target::File(link.path.clone()),
+        (false, _) => return Err(no_link()),
+        (true, below) => {
+            let joined = format!("{}/{}", link.path.trim_end_matches('/'), below);
+            if below.is_empty() || below.ends_with('/') {
+                Target::Folder(parse_folder(&joined)?, below.to_owned())
+            } else {
+                Target::File(parse_path(&joined)?.as_str().to_owned())
+            }
+        }
+    };
+    match target {
+        Target::File(path) => {
+            let (file, version) = match sm.file_at(&link.namespace_id, &path)? {
+                Some((file, version)) if !file.deleted => (file, version),
+                _ => return Err(ApiError::NotFound(format!("no file at {path} in this link"))),
+            };
+            match state.node.write(Command::CountLinkDownload { token_hash }).await? {
+                Outcome::Rejected(raftbox_storage::Rejection::LimitReached(why)) => return Err(gone(&why)),
+                Outcome::Rejected(rejection) => return Err(rejection.into()),
+                _ => {}
+            }
+            let mut response =
+                super::content::file_response(state, &format!("{}-{}", file.id, version.version), &version);
+            let name = path.rsplit('/').next().unwrap_or("file");
+            if let Ok(disposition) = HeaderValue::try_from(format!("attachment; filename*=UTF-8''{}", encode(name))) {
+                response.headers_mut().insert(header::CONTENT_DISPOSITION, disposition);
+            }
+            Ok(response)
+        }
+        Target::Folder(folder, relative) => listing(state, &link, token, &folder, &relative, query, headers).await,
+    }
+}
+
+enum Target {
+    File(String),
+    /// The folder's path in the namespace, and as the link names it (`""` or `sub/`).
+    Folder(String, String),
+}
+
+/// 401 asking for the link's password, 429 past the tries, or `None`: the password is right.
+async fn check_password(
+    state: &AppState,
+    link: &Link,
+    stored: &str,
+    headers: &HeaderMap,
+) -> Result<Option<Response>, ApiError> {
+    let ask = || {
+        let mut response = ApiError::Unauthenticated("this link asks for a password".into()).into_response();
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"raftbox share link\", charset=\"UTF-8\""),
+        );
+        response
+    };
+    let Some(given) = crate::auth::basic_password(headers) else { return Ok(Some(ask())) };
+    if !state.passwords.link_attempt(&link.id) {
+        return Err(ApiError::RateLimited { retry_after_s: 60 / u64::from(LINK_ATTEMPTS_PER_MINUTE) });
+    }
+    match super::login::verify(state, Some(stored.to_owned()), given).await? {
+        true => Ok(None),
+        false => Ok(Some(ask())),
+    }
+}
+
+/// A folder's entries through a folder link: JSON for `Accept: application/json`, else a page.
+async fn listing(
+    state: &AppState,
+    link: &Link,
+    token: &str,
+    folder: &str,
+    relative: &str,
+    query: &PageQuery,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
+    let prefix = if folder == "/" { "/".to_owned() } else { format!("{folder}/") };
+    if query.page_token.as_deref().is_some_and(|t| !t.starts_with(&prefix)) {
+        return Err(ApiError::BadRequest("pageToken does not belong to this folder".into()));
+    }
+    let (namespace_id, listed, after) = (link.namespace_id.clone(), prefix.clone(), query.page_token.clone());
+    let page = read_state(state, move |sm| {
+        Ok(sm.list_folder(&namespace_id, &listed, after.as_deref(), limit, LISTING_WORK_MAX)?)
+    })
+    .await?;
+    let base = format!("/s/{token}/{}", relative.split('/').map(encode).collect::<Vec<_>>().join("/"));
+    let entries: Vec<serde_json::Value> = page
+        .entries
+        .iter()
+        .filter_map(|entry| match entry {
+            FolderEntry::Folder { name } => {
+                Some(serde_json::json!({ "name": name, "type": "folder", "url": format!("{base}{}/", encode(name)) }))
+            }
+            FolderEntry::File { name, .. } if name == crate::dav::FOLDER_MARKER => None,
+            FolderEntry::File { name, version, .. } => Some(serde_json::json!({
+                "name": name, "type": "file", "size": version.size, "url": format!("{base}{}", encode(name)),
+            })),
+        })
+        .collect();
+    let wants_json = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("application/json"));
+    if wants_json {
+        let mut body = serde_json::json!({ "folder": format!("/{relative}"), "entries": entries });
+        if let Some(next) = &page.next {
+            body["nextPageToken"] = serde_json::json!(next);
+        }
+        return Ok(Json(body).into_response());
+    }
+    let mut html = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title></head><body>\
+         <h1>{title}</h1><ul>",
+        title = escape(&format!("/{relative}"))
+    );
+    for entry in &entries {
+        let (name, url) = (entry["name"].as_str().unwrap_or(""), entry["url"].as_str().unwrap_or(""));
+        let shown = if entry["type"] == "folder" { format!("{name}/") } else { name.to_owned() };
+        html.push_str(&format!("<li><a href=\"{}\">{}</a></li>", escape(url), escape(&shown)));
+    }
+    html.push_str("</ul>");
+    if let Some(next) = &page.next {
+        html.push_str(&format!("<p><a href=\"{}?pageToken={}\">More</a></p>", escape(&base), encode(next)));
+    }
+    html.push_str("</body></html>");
+    let mut response = html.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
+    );
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    Ok(response)
+}
+
+/// Percent-encodes all but RFC 3986's unreserved characters (a path segment, a filename*).
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => out.push(byte as char),
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_encoded_for_urls_and_escaped_for_pages() {
+        assert_eq!(encode("a b/ü?.txt"), "a%20b%2F%C3%BC%3F.txt");
+        assert_eq!(escape("<img src=x onerror='1'>&"), "&lt;img src=x onerror=&#39;1&#39;&gt;&amp;");
+    }
+}
