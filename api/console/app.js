@@ -339,7 +339,7 @@ async function filesPage(params) {
             cell("folder"),
             cell(null),
             cell(null),
-            cell(null),
+            cell(el("button", { type: "button", className: "share-link", onclick: () => makeLink(ns, { folder: target }) }, "Link")),
           ),
         );
       } else if (entry.name !== FOLDER_MARKER) {
@@ -429,6 +429,7 @@ function fileRow(ns, folder, entry, canWrite) {
     });
     actions.append(" ", rename, " ", remove);
   }
+  actions.append(" ", el("button", { type: "button", className: "share-link", onclick: () => makeLink(ns, { path }) }, "Link"));
   return el("tr", { "data-file": entry.name }, nameCell, cell("file"), cell(bytes(entry.size), "num"), cell(entry.version, "num"), cell(actions));
 }
 
@@ -473,6 +474,19 @@ function renameFile(ns, folder, entry, name) {
 
 function deleteFile(ns, path, version) {
   changeFiles("/v1/files/delete", withNamespace(ns, { path, baseVersion: version }), () => `Deleted ${path} (its versions stay in its history)`);
+}
+
+// A share link to a file ({path}) or a folder ({folder}): its URL shown once, to copy.
+async function makeLink(ns, target) {
+  showError("");
+  try {
+    const made = await api("/v1/links", { method: "POST", body: withNamespace(ns, { ...target }) });
+    const url = `${location.origin}${made.url}`;
+    const shown = made.link.folder && made.link.path !== "/" ? `${made.link.path}/` : made.link.path;
+    showNotice(`Share link to ${shown} (shown only now; revoke it under Sharing): ${url}`);
+  } catch (e) {
+    showError(e.message);
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -764,7 +778,38 @@ async function sharingPage() {
   );
   const parts = [el("h2", { text: "Shared folders" }), el("div", { className: "toolbar" }, form), table(["Folder", "Your role", ""], rows, "shares")];
   if (invitationRows.length) parts.push(el("h3", { text: "Invitations" }), table(["Folder", "Role", ""], invitationRows, "invitations"));
+  parts.push(el("h3", { text: "Share links" }), await linksTable());
   return el("div", {}, ...parts);
+}
+
+// The caller's share links (first page), each revocable.
+async function linksTable() {
+  const page = await api("/v1/links");
+  const rows = page.links.map((link) =>
+    el(
+      "tr",
+      { "data-link": link.path },
+      cell(`${link.path}${link.folder && link.path !== "/" ? "/" : ""}`),
+      cell(link.expiresAt),
+      cell(link.maxDownloads ? `${link.downloads} of ${link.maxDownloads}` : link.downloads, "num"),
+      cell(link.passwordProtected ? "yes" : "no"),
+      cell(link.active ? "active" : "ended"),
+      buttonsCell(["revoke-link", "Revoke", () => revokeLink(link.linkId, link.path)]),
+    ),
+  );
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 6, className: "muted", text: "No share links. Make one with Link on a file or a folder." })));
+  return table(["Shares", "Expires", "Downloads", "Password", "State", ""], rows, "links");
+}
+
+async function revokeLink(id, path) {
+  showError("");
+  try {
+    await api(`/v1/links/${encodeURIComponent(id)}`, { method: "DELETE" });
+    await render();
+    showNotice(`Revoked the link to ${path}: it no longer works`);
+  } catch (e) {
+    showError(e.message);
+  }
 }
 
 async function answerInvitation(ns, answer) {

@@ -3,7 +3,8 @@
 //!
 //! - **Formats.** 1: before sharing. 2: shared folders (chunk references per namespace).
 //!   3: format versions themselves and runtime limits ([`crate::Command::SetLimits`]).
-//!   4: passwords ([`crate::Command::SetPassword`]).
+//!   4: passwords ([`crate::Command::SetPassword`]), the block placement fence
+//!   (`RegisterChunk`'s `placed_in`), jobs paused and run now, webhook secrets, share links.
 //! - **The data directory** records the format of the code that last opened it
 //!   ([`crate::keys::meta::FORMAT`], absent before format 3); [`crate::Db::open`] refuses a
 //!   newer one.

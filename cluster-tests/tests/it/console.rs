@@ -382,6 +382,7 @@ async fn everyday(cluster: &Cluster, seed: &Seed) -> Result<()> {
     let big = content(&format!("big {}", seed.value()), 2 * PIECE_BYTES + 123);
     let big_path = files.path().join("big.bin");
     std::fs::write(&big_path, &big)?;
+    let big_copy = big.clone();
     let resumed = content(&format!("resumed {}", seed.value()), PIECE_BYTES + 77);
     let resumed_path = files.path().join("resumed.bin");
     std::fs::write(&resumed_path, &resumed)?;
@@ -399,6 +400,9 @@ async fn everyday(cluster: &Cluster, seed: &Seed) -> Result<()> {
         organize(&browser, &url, &token, &big_path, &resumed_path, &resume_key, &first_piece, &shots).await;
     if result.is_ok() {
         result = share(&browser, &friend, &seed.value().to_string(), &shots).await;
+    }
+    if result.is_ok() {
+        result = share_link(&browser, &http, &url, &big_copy, &shots).await;
     }
     if result.is_err() {
         let _ = browser.screenshot(&shots.join("failure.png")).await;
@@ -514,4 +518,35 @@ async fn share(browser: &Browser, friend: &str, salt: &str, shots: &std::path::P
     browser.click(&browser.wait_for("#members-back", "All shared folders", PAGE_WAIT).await?).await?;
     browser.wait_for(&format!("#shares tr[data-share='{folder}']"), "owner", PAGE_WAIT).await?;
     browser.screenshot(&shots.join("9b-shared-folders.png")).await
+}
+
+/// A share link to big.bin made in the console: it serves the file to anyone (no token);
+/// revoked under Sharing, it answers 404.
+async fn share_link(
+    browser: &Browser,
+    http: &reqwest::Client,
+    url: &str,
+    big: &[u8],
+    shots: &std::path::Path,
+) -> Result<()> {
+    browser.click(&browser.wait_for("#nav-files", "Files", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("tr[data-folder='inbox'] button", "inbox/", PAGE_WAIT).await?).await?;
+    browser.click(&browser.wait_for("tr[data-file='big.bin'] button.share-link", "Link", PAGE_WAIT).await?).await?;
+    let notice = browser.wait_for("#notice", "Share link to /inbox/big.bin", PAGE_WAIT).await?;
+    let text = browser.text(&notice).await?;
+    let link = text.rsplit(' ').next().context("the link's URL in the notice")?.to_owned();
+    ensure!(link.starts_with(url) && link.contains("/s/"), "the link shown: {text}");
+    let fetched = http.get(&link).send().await?;
+    ensure!(fetched.status().as_u16() == 200, "GET the link: {}", fetched.status());
+    ensure!(fetched.bytes().await? == big, "the link serves other bytes than big.bin");
+    browser.screenshot(&shots.join("10-share-link.png")).await?;
+    browser.click(&browser.wait_for("#nav-sharing", "Sharing", PAGE_WAIT).await?).await?;
+    let row = "#links tr[data-link='/inbox/big.bin']";
+    browser.wait_for(row, "active", PAGE_WAIT).await?;
+    browser.screenshot(&shots.join("10b-links.png")).await?;
+    browser.click(&browser.wait_for(&format!("{row} button.revoke-link"), "Revoke", PAGE_WAIT).await?).await?;
+    browser.wait_for("#notice", "Revoked the link to /inbox/big.bin", PAGE_WAIT).await?;
+    let gone = http.get(&link).send().await?.status().as_u16();
+    ensure!(gone == 404, "a revoked link answered {gone}");
+    Ok(())
 }
