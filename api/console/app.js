@@ -556,16 +556,52 @@ async function uploadFiles(ns, folder, files) {
   }
 }
 
+// CRC-32 of a piece's bytes: what a resumed upload checks the file's pieces against, so a
+// different file of the same name, size and time never reuses another's pieces.
+const CRC_TABLE = (() => {
+  const table = new Uint32Array(256);
+  for (let n = 0; n < 256; n += 1) {
+    let c = n;
+    for (let k = 0; k < 8; k += 1) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    table[n] = c >>> 0;
+  }
+  return table;
+})();
+
+async function crc32(blob) {
+  const bytes = new Uint8Array(await blob.arrayBuffer());
+  let crc = 0xffffffff;
+  for (let i = 0; i < bytes.length; i += 1) crc = CRC_TABLE[(crc ^ bytes[i]) & 0xff] ^ (crc >>> 8);
+  return (crc ^ 0xffffffff) >>> 0;
+}
+
+const UPLOAD_KEY_PREFIX = "raftbox.upload:";
+
+// The pieces of `file` an earlier upload stored, as long as the file's bytes still match
+// them (checked piece by piece); none else.
+async function storedPieces(key, file) {
+  let record;
+  try {
+    record = JSON.parse(localStorage.getItem(key) || "null");
+  } catch (_) {
+    record = null;
+  }
+  if (!record || !Array.isArray(record.pieces)) return [];
+  const kept = [];
+  for (const [i, piece] of record.pieces.entries()) {
+    const start = i * PIECE_BYTES;
+    if (!piece || typeof piece.hash !== "string" || piece.crc !== (await crc32(file.slice(start, start + PIECE_BYTES)))) break;
+    kept.push(piece);
+  }
+  return kept;
+}
+
 async function uploadOne(ns, folder, file, box, fresh = false) {
   const path = `${folder}${file.name}`;
-  const key = `raftbox.upload:${ns || ""}:${path}:${file.size}:${file.lastModified}`;
-  let stored = [];
-  try {
-    stored = fresh ? [] : JSON.parse(localStorage.getItem(key) || "[]");
-  } catch (_) {
-    stored = [];
-  }
-  if (!Array.isArray(stored)) stored = [];
+  // Whose upload of what: the user, the namespace, the path, and the file's size and time.
+  const key = `${UPLOAD_KEY_PREFIX}${currentUserId}:${ns || ""}:${path}:${file.size}:${file.lastModified}`;
+  const pieceList = fresh ? [] : await storedPieces(key, file);
+  const stored = pieceList.map((p) => p.hash);
   const resumedAt = stored.length;
   const pieces = Math.ceil(file.size / PIECE_BYTES);
   const bar = el("progress", { max: Math.max(file.size, 1), value: Math.min(resumedAt * PIECE_BYTES, file.size) });
@@ -581,8 +617,11 @@ async function uploadOne(ns, folder, file, box, fresh = false) {
   show(Math.min(resumedAt * PIECE_BYTES, file.size));
   for (let i = stored.length; i < pieces; i += 1) {
     const start = i * PIECE_BYTES;
-    stored.push(await postBlockWithRetries(file.slice(start, start + PIECE_BYTES), (loaded) => show(start + loaded)));
-    localStorage.setItem(key, JSON.stringify(stored));
+    const piece = file.slice(start, start + PIECE_BYTES);
+    const hash = await postBlockWithRetries(piece, (loaded) => show(start + loaded));
+    stored.push(hash);
+    pieceList.push({ hash, crc: await crc32(piece) });
+    localStorage.setItem(key, JSON.stringify({ pieces: pieceList }));
   }
   let base = 0;
   try {
@@ -1036,8 +1075,12 @@ async function runsPage(jobId) {
 // ---------------------------------------------------------------------------------------
 // Login
 
+// The logged-in user's id (what uploads remember their pieces under).
+let currentUserId = "";
+
 async function whoAmI() {
   const me = await api("/v1/me");
+  currentUserId = me.userId;
   byId("who-name").textContent = `${me.name} (${me.userId})`;
   // What the user stores, against their quota (an admin has none).
   const quota = me.quotaBytes === undefined ? "" : ` of ${bytes(me.quotaBytes)}`;
@@ -1086,6 +1129,11 @@ async function logInWithPassword(event) {
 
 function logOut() {
   sessionStorage.removeItem(TOKEN_KEY);
+  // What this browser remembers of unfinished uploads goes with the session.
+  for (const key of Object.keys(localStorage)) {
+    if (key.startsWith(UPLOAD_KEY_PREFIX)) localStorage.removeItem(key);
+  }
+  currentUserId = "";
   namespacesCache = null;
   byId("who-name").textContent = "";
   showNotice("");

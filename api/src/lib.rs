@@ -31,7 +31,7 @@ pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
 pub mod runtime_limits;
-mod spool;
+pub mod spool;
 pub mod webhooks;
 
 use std::future::Future;
@@ -74,6 +74,8 @@ pub struct Shared {
     pub dav_locks: dav::Locks,
     /// Password hashing places and login attempt limits.
     pub passwords: routes::login::Passwords,
+    /// The whole-file uploads spooling on this node.
+    pub spools: spool::Spools,
 }
 
 impl std::ops::Deref for AppState {
@@ -113,6 +115,7 @@ impl AppState {
             limits,
             dav_locks,
             passwords: routes::login::Passwords::default(),
+            spools: spool::Spools::default(),
         }))
     }
 }

@@ -617,6 +617,7 @@ mod ops {
 
     #[utoipa::path(post, path = "/v1/me/webhook-secret", tag = "me", request_body(content = crate::routes::accounts::RotateRequest, description = "Optional."), responses(
         (status = 201, description = "A new secret; the one before it still signs for `keepPreviousHours`.", body = crate::routes::accounts::WebhookSecretView),
+        (status = 409, description = "A secret before the current one still signs (rotate after it stops, or with `keepPreviousHours` 0).", body = Problem, content_type = "application/problem+json"),
     ))]
     fn rotate_webhook_secret() {}
 
@@ -864,6 +865,7 @@ mod ops {
 
     #[utoipa::path(post, path = "/v1/links", tag = "sharing", request_body = crate::routes::links::CreateRequest, responses(
         (status = 201, description = "The link, with its token (shown only now) and its path `/s/{token}`.", body = crate::routes::links::CreatedLink),
+        (status = 403, description = "A viewer cannot share a folder's files by link.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "A namespace the caller cannot read, or no file at `path`.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The caller has the most links allowed (1,000).", body = Problem, content_type = "application/problem+json"),
     ))]

@@ -20,6 +20,54 @@ pub const PUT_BYTES_MAX: u64 = 64 << 30;
 
 /// Blocks cut and waiting to be stored, at most: the cutter runs ahead of the stores by this.
 const CUT_AHEAD_BLOCKS: usize = 2;
+/// Uploads spooling at once on a node, and per user (more are refused with 503).
+pub const SPOOLS_MAX: usize = 32;
+pub const SPOOLS_PER_USER_MAX: usize = 4;
+/// Bytes spooled between two looks at the disk's health.
+const DISK_CHECK_BYTES: u64 = 64 << 20;
+
+/// The uploads spooling on this node, in all and per user.
+#[derive(Default)]
+pub struct Spools {
+    by_user: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One upload's place among [`Spools`], given back when dropped.
+struct Place {
+    state: AppState,
+    user_id: String,
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut by_user = self.state.spools.by_user.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = by_user.get_mut(&self.user_id) {
+            *count -= 1;
+            if *count == 0 {
+                by_user.remove(&self.user_id);
+            }
+        }
+    }
+}
+
+impl Spools {
+    fn take(state: &AppState, user_id: &str) -> Result<Place, ApiError> {
+        let mut by_user = state.spools.by_user.lock().unwrap_or_else(|e| e.into_inner());
+        if by_user.values().sum::<usize>() >= SPOOLS_MAX {
+            return Err(ApiError::Unavailable(format!(
+                "this node takes {SPOOLS_MAX} uploads at once, the most it takes; try again shortly"
+            )));
+        }
+        let mine = by_user.entry(user_id.to_owned()).or_insert(0);
+        if *mine >= SPOOLS_PER_USER_MAX {
+            return Err(ApiError::Unavailable(format!(
+                "you have {SPOOLS_PER_USER_MAX} uploads running on this node, the most at once; finish one first"
+            )));
+        }
+        *mine += 1;
+        Ok(Place { state: state.clone(), user_id: user_id.to_owned() })
+    }
+}
 
 /// A request body being spooled.
 pub(crate) struct Spool {
@@ -27,6 +75,8 @@ pub(crate) struct Spool {
     written: u64,
     /// What it may take: the caller's quota (507 beyond), or [`PUT_BYTES_MAX`].
     bytes_max: u64,
+    /// Its place among the node's uploads, and the node whose disk it fills.
+    place: Place,
 }
 
 fn too_large() -> ApiError {
@@ -55,19 +105,31 @@ impl Spool {
         }
         let bytes_max = match principal.user.admin {
             true => PUT_BYTES_MAX,
-            false => PUT_BYTES_MAX.min(state.limits.get().quotas.stored_bytes_per_user),
+            false => {
+                let quota = state.limits.get().quotas.stored_bytes_per_user;
+                let stored = state.node.state().stored_bytes(&principal.user.id)?;
+                if stored >= quota {
+                    return Err(ApiError::QuotaExceeded(format!(
+                        "you store {stored} bytes, your whole quota ({quota} bytes)"
+                    )));
+                }
+                PUT_BYTES_MAX.min(quota)
+            }
         };
         if declared.is_some_and(|size| size > bytes_max) {
             return Err(over_quota(bytes_max));
         }
-        let file = tokio::task::spawn_blocking(tempfile::tempfile)
+        let place = Spools::take(state, &principal.user.id)?;
+        // On the data disk, which the disk-full alarm watches (not /tmp, maybe memory).
+        let dir = state.node.blocks().store().temp_dir();
+        let file = tokio::task::spawn_blocking(move || tempfile::tempfile_in(dir))
             .await
             .map_err(|e| ApiError::Internal(format!("open a spool file: {e}")))?
             .map_err(|e| {
                 tracing::warn!(error = %e, "no temporary file to spool an upload");
                 ApiError::Unavailable("this node has no room to take the upload now; try again".into())
             })?;
-        Ok(Spool { file: Some(tokio::fs::File::from_std(file)), written: 0, bytes_max })
+        Ok(Spool { file: Some(tokio::fs::File::from_std(file)), written: 0, bytes_max, place })
     }
 
     /// Bytes spooled so far.
@@ -78,7 +140,14 @@ impl Spool {
     /// Spools the next piece of the body.
     pub(crate) async fn append(&mut self, bytes: &[u8]) -> Result<(), ApiError> {
         let file = self.file.as_mut().ok_or_else(|| ApiError::Internal("the spool was already stored".into()))?;
+        let before = self.written;
         self.written += bytes.len() as u64;
+        if before / DISK_CHECK_BYTES != self.written / DISK_CHECK_BYTES {
+            let disk = self.place.state.node.disk();
+            if disk.full {
+                return Err(ApiError::Unavailable(disk.refusal()));
+            }
+        }
         if self.written > PUT_BYTES_MAX {
             return Err(too_large());
         }

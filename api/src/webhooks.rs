@@ -79,12 +79,13 @@ pub async fn ensure_secret(
     if let Some(secret) = node.state().webhook_secret(user_id)? {
         return Ok(Some(secret));
     }
+    // Below the format no one has a secret: nothing to wait for.
+    if node.cluster_format() < SECRETS_FORMAT {
+        return Ok(None);
+    }
     node.read_barrier().await?;
     if let Some(secret) = node.state().webhook_secret(user_id)? {
         return Ok(Some(secret));
-    }
-    if node.cluster_format() < SECRETS_FORMAT {
-        return Ok(None);
     }
     let secret = raftbox_storage::records::SecretText(new_secret());
     let command =

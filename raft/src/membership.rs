@@ -131,7 +131,15 @@ pub(crate) async fn change_on_leader(
             }
             add(raft, peers, cluster_format, *id, info, deadline).await
         }
-        MembershipChange::Remove { id } => remove(raft, peers, *id, deadline).await,
+        MembershipChange::Remove { id } => {
+            // Serialized with additions (and other removals): the fill below is judged on
+            // the voters of one configuration, which must still be the one the removal
+            // changes.
+            let _gate = tokio::time::timeout_at(deadline, cluster_format.gate.lock())
+                .await
+                .map_err(|_| MembershipError::Unavailable("another membership change is running; try again".into()))?;
+            remove(raft, peers, *id, deadline).await
+        }
     }
 }
 
@@ -254,8 +262,16 @@ async fn remove(
         if members.iter().filter(|m| m.voter).count() == 1 {
             return Err(MembershipError::Invalid(format!("node {id} is the last voter; a cluster needs one")));
         }
+        let config = raft.metrics().borrow().membership_config.log_id().clone();
         if let Err(why) = blocks_on_remaining_majority(raft, peers, &members, id, deadline).await {
             return Err(MembershipError::Unavailable(format!("node {id} not removed yet: {why}")));
+        }
+        // The voters filled must be the ones the removal leaves (a change by a leader before
+        // this one may have landed meanwhile).
+        if raft.metrics().borrow().membership_config.log_id() != &config {
+            return Err(MembershipError::Unavailable(format!(
+                "node {id} not removed yet: the members changed while blocks were filled in; try again"
+            )));
         }
         ChangeMembers::RemoveVoters([id].into())
     } else {
@@ -340,7 +356,16 @@ async fn blocks_filled(
     deadline: Instant,
 ) -> Result<(), String> {
     let applied_index = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
-    fill_on(peers, id, info, applied_index, deadline).await
+    fill_on(peers, id, info, applied_index, deadline, Older::CountsAsFilled).await
+}
+
+/// How [`fill_on`] counts a node of a version without `FillBlocks`.
+#[derive(Clone, Copy)]
+enum Older {
+    /// As before the call existed (a learner is promoted).
+    CountsAsFilled,
+    /// As not filled (a removal must know the blocks are there): upgrade it first.
+    NotFilled,
 }
 
 /// Before voter `removed` goes: has a majority of the voters that remain fetch every indexed
@@ -357,8 +382,9 @@ async fn blocks_on_remaining_majority(
 ) -> Result<(), String> {
     let applied_index = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
     let remaining: Vec<&Member> = members.iter().filter(|m| m.voter && m.id != removed).collect();
-    let fills =
-        remaining.iter().map(|m| async move { (m.id, fill_on(peers, m.id, &m.info, applied_index, deadline).await) });
+    let fills = remaining
+        .iter()
+        .map(|m| async move { (m.id, fill_on(peers, m.id, &m.info, applied_index, deadline, Older::NotFilled).await) });
     let results = futures::future::join_all(fills).await;
     let filled = results.iter().filter(|(_, result)| result.is_ok()).count();
     if filled > remaining.len() / 2 {
@@ -381,6 +407,7 @@ async fn fill_on(
     info: &NodeInfo,
     applied_index: u64,
     deadline: Instant,
+    older: Older,
 ) -> Result<(), String> {
     let mut client = peers.client(&info.grpc_addr).map_err(|e| e.to_string())?;
     let mut request = tonic::Request::new(FillBlocksRequest { applied_index });
@@ -388,8 +415,13 @@ async fn fill_on(
     let report = match tokio::time::timeout_at(deadline, client.fill_blocks(request)).await {
         Err(_) => return Err("no answer before the deadline".into()),
         Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
-            tracing::warn!(node = id, "the node cannot fill in blocks (an older version); counted as filled");
-            return Ok(());
+            return match older {
+                Older::CountsAsFilled => {
+                    tracing::warn!(node = id, "the node cannot fill in blocks (an older version); counted as filled");
+                    Ok(())
+                }
+                Older::NotFilled => Err("it runs a version that cannot fill in blocks: upgrade it first".into()),
+            };
         }
         Ok(Err(status)) => return Err(status.message().to_owned()),
         Ok(Ok(reply)) => reply.into_inner(),

@@ -231,6 +231,11 @@ impl BlockStore {
         self.root.join(&hex[..2]).join(hex)
     }
 
+    /// A directory on the block store's disk for temporary files (emptied at open).
+    pub fn temp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
     pub fn has(&self, hash: &BlockHash) -> bool {
         self.path(hash).is_file()
     }

@@ -320,6 +320,7 @@ pub(crate) fn cancel(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, Storage
     end_run(txn, &before, RunStatus::Failed, "the job was cancelled during the run")?;
     let mut job = before.clone();
     job.status = JobStatus::Cancelled;
+    job.paused = false;
     job.next_run_at_ms = None;
     job.lease_owner = None;
     job.lease_expires_ms = None;
@@ -365,18 +366,26 @@ pub(crate) fn resume(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, Storage
     let mut job = before.clone();
     job.paused = false;
     job.updated_ms = now;
-    if let (JobStatus::Scheduled, Some(at)) = (job.status, job.next_run_at_ms) {
+    // A retry of a fire begun before the pause, or a one-off job's only fire, stays due at
+    // its time (due now if that passed; its fire keeps its identity). A recurring job's next
+    // fire is its first scheduled time from now on: the fires missed while paused are skipped.
+    if let (JobStatus::Scheduled, Some(at), 0) = (job.status, job.next_run_at_ms, job.attempts) {
         if at < now {
-            job.next_run_at_ms = match &job.schedule {
-                // A retry of a fire begun before the pause, or a one-off job's only fire.
-                _ if job.attempts > 0 => Some(now),
-                Schedule::Once { .. } => Some(now),
-                Schedule::Cron(cron) => cron.next_after(now.saturating_sub(1)),
+            match &job.schedule {
+                Schedule::Once { .. } => {}
+                Schedule::Cron(cron) => match cron.next_after(now.saturating_sub(1)) {
+                    Some(next) => job.next_run_at_ms = Some(next),
+                    // No fire left: the job ends, as after its last fire.
+                    None => {
+                        job.status = JobStatus::Succeeded;
+                        job.next_run_at_ms = None;
+                    }
+                },
                 Schedule::Interval { every_ms } => {
                     let every = (*every_ms).max(1);
-                    Some(at.saturating_add((now - at).div_ceil(every).saturating_mul(every)))
+                    job.next_run_at_ms = Some(at.saturating_add((now - at).div_ceil(every).saturating_mul(every)));
                 }
-            };
+            }
         }
     }
     store(txn, Some(&before), &job)?;
@@ -394,6 +403,11 @@ pub(crate) fn run_now(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, Storag
     }
     if before.status != JobStatus::Scheduled {
         return refused(format!("job {job_id} is running now"));
+    }
+    if before.next_run_at_ms.is_some_and(|at| at <= txn.now_ms) {
+        // Due already: it fires as it is (a one-off job's fire keeps its time, so it is not
+        // made twice).
+        return Ok(Outcome::Done);
     }
     let mut job = before.clone();
     job.next_run_at_ms = Some(txn.now_ms);
@@ -560,6 +574,8 @@ fn end_fire(job: &mut Job, now: u64, succeeded: bool) {
     job.scheduled_for_ms = None;
     job.last_fire_attempts = job.attempts;
     job.attempts = 0;
+    // An ended job is not paused: nothing of it waits for a resume.
+    job.paused &= !job.status.is_final();
 }
 
 fn stale(job: &Job, fence: u64) -> Option<Outcome> {
@@ -578,6 +594,10 @@ pub(crate) fn start(
     let Some(before) = load(txn, job_id)? else { return Ok(not_found(job_id)) };
     if let Some(rejected) = stale(&before, fence) {
         return Ok(rejected);
+    }
+    if before.paused && before.status == JobStatus::Claimed {
+        // Paused between its claim and its start: it starts once resumed (the lease runs out).
+        return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} is paused"))));
     }
     if before.status == JobStatus::Running {
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("job {job_id} already runs under fence {fence}"))));

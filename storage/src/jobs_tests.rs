@@ -526,7 +526,39 @@ fn a_one_off_job_missed_while_paused_runs_at_the_resume() {
     assert!(claim(&sm, 2_000, "w").is_empty());
     at(&sm, 3_000, Command::ResumeJob { job_id: "j".into() });
     let claimed = claim(&sm, 3_000, "w");
-    assert_eq!((claimed.len(), claimed[0].scheduled_for_ms), (1, Some(3_000)));
+    // Its one fire, with its own time: once it ends, the job is done (not due again).
+    assert_eq!((claimed.len(), claimed[0].scheduled_for_ms), (1, Some(1_000)));
+    start(&sm, 3_001, "j", 1, "w");
+    at(&sm, 3_002, report("j", 1, RunStatus::Succeeded, 0));
+    let done = sm.job("j").expect("read").expect("job");
+    assert_eq!((done.status, done.next_run_at_ms, done.paused), (JobStatus::Succeeded, None, false));
+    assert!(claim(&sm, 10_000, "w").is_empty(), "a one-off job fired twice");
+    assert_eq!(sm.job_runs("j", None, 10).expect("runs").len(), 1);
+}
+
+#[test]
+fn run_now_of_an_overdue_one_off_job_fires_it_once() {
+    let (_dir, sm) = open();
+    at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Once { run_at_ms: 1_000 }, 0))));
+    assert_eq!(at(&sm, 2_000, Command::RunJobNow { job_id: "j".into() }), Outcome::Done);
+    let claimed = claim(&sm, 2_000, "w");
+    assert_eq!(claimed[0].scheduled_for_ms, Some(1_000));
+    start(&sm, 2_001, "j", 1, "w");
+    at(&sm, 2_002, report("j", 1, RunStatus::Succeeded, 0));
+    assert_eq!(sm.job("j").expect("read").expect("job").status, JobStatus::Succeeded);
+    assert!(claim(&sm, 10_000, "w").is_empty(), "a one-off job fired twice");
+}
+
+#[test]
+fn a_job_paused_between_its_claim_and_its_start_does_not_start() {
+    let (_dir, sm) = open();
+    at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Once { run_at_ms: 10 }, 1))));
+    claim(&sm, 10, "w");
+    at(&sm, 11, Command::PauseJob { job_id: "j".into() });
+    assert!(matches!(start(&sm, 12, "j", 1, "w"), Outcome::Rejected(Rejection::Conflict(_))));
+    assert!(claim(&sm, 5_000, "w2").is_empty(), "the expired lease of a paused job is held");
+    at(&sm, 6_000, Command::ResumeJob { job_id: "j".into() });
+    assert_eq!(claim(&sm, 6_000, "w2").len(), 1);
 }
 
 #[test]

@@ -49,11 +49,15 @@ impl Link {
     }
 }
 
-/// Records `link` for its creator, if they may read its namespace and have fewer than
-/// `links_max` links.
+/// Records `link` for its creator, if they may change its namespace (a viewer may not open
+/// it to everyone) and have fewer than `links_max` links.
 pub(crate) fn create(txn: &mut Txn<'_>, link: &Link, links_max: u32) -> Result<Outcome, StorageError> {
-    if sharing::role(txn, &link.creator_user_id, &link.namespace_id)?.is_none() {
-        return Ok(Outcome::Rejected(Rejection::NotFound(format!("namespace {}", link.namespace_id))));
+    match sharing::role(txn, &link.creator_user_id, &link.namespace_id)? {
+        None => return Ok(Outcome::Rejected(Rejection::NotFound(format!("namespace {}", link.namespace_id)))),
+        Some(crate::records::Role::Viewer) => {
+            return Ok(Outcome::Rejected(Rejection::Forbidden("a viewer cannot share by link".into())))
+        }
+        Some(_) => {}
     }
     if txn.get_raw(&keys::link(&link.token_hash))?.is_some() {
         return Ok(Outcome::Rejected(Rejection::Conflict("a link with this token exists".into())));

@@ -260,6 +260,8 @@ pub async fn webhook_secret(
     State(state): State<AppState>,
     principal: Principal,
 ) -> Result<Json<WebhookSecretView>, ApiError> {
+    // The secret as of now (a rotation through another node an instant ago included).
+    state.node.read_barrier().await?;
     let secret = crate::webhooks::ensure_secret(&state.node, &principal.user.id).await?.ok_or_else(|| {
         ApiError::Unavailable(format!(
             "webhook secrets come with data format {}, which the cluster has not reached yet",
@@ -279,7 +281,9 @@ pub(crate) struct RotateRequest {
 }
 
 /// `POST /v1/me/webhook-secret`: a new secret (201); the one before it still signs for
-/// `keepPreviousHours`.
+/// `keepPreviousHours`. While a secret before it still signs, a rotation that keeps one is
+/// refused (409): the secret receivers hold would stop at once (a retried rotation, or two in
+/// a row); `keepPreviousHours: 0` rotates anyway, stopping every older secret now.
 pub async fn rotate_webhook_secret(
     State(state): State<AppState>,
     principal: Principal,
@@ -289,6 +293,19 @@ pub async fn rotate_webhook_secret(
     let hours = request.keep_previous_hours.unwrap_or(KEEP_PREVIOUS_HOURS_DEFAULT);
     if hours > KEEP_PREVIOUS_HOURS_MAX {
         return Err(ApiError::BadRequest(format!("keepPreviousHours is at most {KEEP_PREVIOUS_HOURS_MAX}")));
+    }
+    if hours > 0 {
+        state.node.read_barrier().await?;
+        let now = now_ms();
+        if let Some(current) = state.node.state().webhook_secret(&principal.user.id)? {
+            if current.previous.is_some() && now < current.previous_until_ms {
+                return Err(ApiError::Conflict(format!(
+                    "the secret before this one still signs until {}: rotate after that, or with keepPreviousHours 0 \
+                     to stop every older secret now",
+                    format_utc(current.previous_until_ms)
+                )));
+            }
+        }
     }
     let command = Command::SetWebhookSecret {
         user_id: principal.user.id.clone(),

@@ -44,6 +44,10 @@ pub struct ContentQuery {
     mtime: Option<String>,
 }
 
+/// How long a whole-file PUT may send nothing before it is ended (its place among the node's
+/// uploads goes back).
+pub const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -75,7 +79,11 @@ pub async fn put(
     let declared = declared_length(request.headers());
     let mut spool = Spool::open(&state, &principal, declared).await?;
     let mut body = request.into_body().into_data_stream();
-    while let Some(piece) = body.next().await {
+    loop {
+        let next = tokio::time::timeout(BODY_IDLE, body.next()).await.map_err(|_| {
+            ApiError::BadRequest(format!("no byte of the body came for {} s; nothing was stored", BODY_IDLE.as_secs()))
+        })?;
+        let Some(piece) = next else { break };
         let piece = piece.map_err(|e| ApiError::BadRequest(format!("read the body: {e}")))?;
         spool.append(&piece).await?;
     }

@@ -2,7 +2,7 @@
 //!
 //! | route | what |
 //! |---|---|
-//! | `POST /v1/links` | a link to a file (`path`) or a folder (`folder`) the caller can read, with `expiresAt`, `password`, `maxDownloads` if wanted: 201 with its token, shown once |
+//! | `POST /v1/links` | a link to a file (`path`) or a folder (`folder`) the caller may change (a viewer may not), with `expiresAt`, `password`, `maxDownloads` if wanted: 201 with its token, shown once |
 //! | `GET /v1/links` | the caller's links (never their tokens), paged |
 //! | `DELETE /v1/links/{linkId}` | revokes one: 204 |
 //! | `GET /s/{token}` | no account: the file, or the folder's listing (HTML, or JSON for `Accept: application/json`) |
@@ -10,10 +10,11 @@
 //!
 //! A token is 256 random bits; the cluster keeps only its hash. A link answers 404 once
 //! revoked, or once its creator can no longer read the namespace, and 410 once expired or its
-//! downloads are used up (each file sent counts, through the log, so the limit holds across
-//! nodes). A password is asked with HTTP Basic authentication (any user name), checked with
-//! argon2id in the node's password places, at most `LINK_ATTEMPTS_PER_MINUTE` tries a minute
-//! per link.
+//! downloads are used up (with a limit, each file a GET sends counts, through the log, so the
+//! limit holds across nodes). A password is asked with HTTP Basic authentication (any user
+//! name), checked with argon2id in the node's password places, at most
+//! `LINK_ATTEMPTS_PER_MINUTE` tries a minute per link (and the login limit per address); a
+//! right one is remembered for a while, as WebDAV's.
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, Request, State};
@@ -139,7 +140,10 @@ pub async fn create(State(state): State<AppState>, principal: Principal, body: B
     if request.max_downloads.is_some_and(|n| !(1..=MAX_DOWNLOADS_MAX).contains(&n)) {
         return Err(ApiError::BadRequest(format!("maxDownloads is 1 to {MAX_DOWNLOADS_MAX}")));
     }
-    access::read(&state, &principal, &namespace_id).await?;
+    // Publishing is a change: a viewer of a shared folder may not open it to everyone.
+    if access::read(&state, &principal, &namespace_id).await? == raftbox_storage::records::Role::Viewer {
+        return Err(ApiError::Forbidden("a viewer cannot share a folder's files by link; an editor can".into()));
+    }
     if !folder {
         match state.node.state().file_at(&namespace_id, &path)? {
             Some((file, _)) if !file.deleted => {}
@@ -211,7 +215,8 @@ pub async fn open(
     Query(query): Query<PageQuery>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    serve(&state, &token, "", &query, request.headers()).await
+    let (parts, _) = request.into_parts();
+    serve(&state, &token, "", &query, &parts).await
 }
 
 /// `GET /s/{token}/{path}`.
@@ -221,7 +226,13 @@ pub async fn open_under(
     Query(query): Query<PageQuery>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    serve(&state, &token, &below, &query, request.headers()).await
+    let (parts, _) = request.into_parts();
+    serve(&state, &token, &below, &query, &parts).await
+}
+
+/// The caller's address, for the per-IP limit of password tries.
+fn peer(request: &axum::http::request::Parts) -> Option<String> {
+    request.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip().to_string())
 }
 
 fn gone(why: &str) -> ApiError {
@@ -237,8 +248,9 @@ async fn serve(
     token: &str,
     below: &str,
     query: &PageQuery,
-    headers: &HeaderMap,
+    request: &axum::http::request::Parts,
 ) -> Result<Response, ApiError> {
+    let (method, headers) = (&request.method, &request.headers);
     let token_hash = hash_token(token);
     // A revocation acknowledged anywhere is seen here.
     state.node.read_barrier().await?;
@@ -251,7 +263,7 @@ async fn serve(
         return Err(gone("this link has expired"));
     }
     if let Some(stored) = &link.password_hash {
-        if let Some(refused) = check_password(state, &link, stored, headers).await? {
+        if let Some(refused) = check_password(state, &link, stored, headers, peer(request)).await? {
             return Ok(refused);
         }
     }
@@ -274,10 +286,14 @@ async fn serve(
                 Some((file, version)) if !file.deleted => (file, version),
                 _ => return Err(ApiError::NotFound(format!("no file at {path} in this link"))),
             };
-            match state.node.write(Command::CountLinkDownload { token_hash }).await? {
-                Outcome::Rejected(raftbox_storage::Rejection::LimitReached(why)) => return Err(gone(&why)),
-                Outcome::Rejected(rejection) => return Err(rejection.into()),
-                _ => {}
+            // Counted only where a limit needs the count, and only for a GET: a HEAD (a link
+            // preview) sends nothing.
+            if link.max_downloads.is_some() && *method == axum::http::Method::GET {
+                match state.node.write(Command::CountLinkDownload { token_hash }).await? {
+                    Outcome::Rejected(raftbox_storage::Rejection::LimitReached(why)) => return Err(gone(&why)),
+                    Outcome::Rejected(rejection) => return Err(rejection.into()),
+                    _ => {}
+                }
             }
             let mut response =
                 super::content::file_response(state, &format!("{}-{}", file.id, version.version), &version);
@@ -303,6 +319,7 @@ async fn check_password(
     link: &Link,
     stored: &str,
     headers: &HeaderMap,
+    peer: Option<String>,
 ) -> Result<Option<Response>, ApiError> {
     let ask = || {
         let mut response = ApiError::Unauthenticated("this link asks for a password".into()).into_response();
@@ -313,11 +330,19 @@ async fn check_password(
         response
     };
     let Some(given) = crate::auth::basic_password(headers) else { return Ok(Some(ask())) };
-    if !state.passwords.link_attempt(&link.id) {
+    // A browser sends the password with every request: one right lately is taken as checked.
+    let remembered = state.passwords.checked_key(&link.id, &given, stored);
+    if state.passwords.checked_lately(&remembered) {
+        return Ok(None);
+    }
+    if !state.passwords.link_attempt(&link.id, peer) {
         return Err(ApiError::RateLimited { retry_after_s: 60 / u64::from(LINK_ATTEMPTS_PER_MINUTE) });
     }
     match super::login::verify(state, Some(stored.to_owned()), given).await? {
-        true => Ok(None),
+        true => {
+            state.passwords.remember_checked(remembered);
+            Ok(None)
+        }
         false => Ok(Some(ask())),
     }
 }

@@ -101,9 +101,31 @@ impl Passwords {
 
     /// Whether a password try at share link `link_id` is allowed now (at most
     /// [`super::links::LINK_ATTEMPTS_PER_MINUTE`] a minute per link, with logins' names).
-    pub(super) fn link_attempt(&self, link_id: &str) -> bool {
+    pub(super) fn link_attempt(&self, link_id: &str, peer: Option<String>) -> bool {
         self.tidy();
-        self.per_name.check_key(&format!("\u{0}link:{link_id}")).is_ok()
+        let by_ip = peer.is_none_or(|ip| self.per_ip.check_key(&ip).is_ok());
+        by_ip && self.per_name.check_key(&format!("\u{0}link:{link_id}")).is_ok()
+    }
+
+    /// What a check of `secret` for `who` against `stored` is remembered by.
+    pub(super) fn checked_key(&self, who: &str, secret: &str, stored: &str) -> [u8; 32] {
+        *blake3::hash(format!("{who}\0{secret}\0{stored}").as_bytes()).as_bytes()
+    }
+
+    /// Whether the check `key` names succeeded within [`CHECKED_FOR`].
+    pub(super) fn checked_lately(&self, key: &[u8; 32]) -> bool {
+        let fresh = |at: &std::time::Instant| at.elapsed() < CHECKED_FOR;
+        self.checked.lock().map(|checked| checked.get(key).is_some_and(fresh)).unwrap_or(false)
+    }
+
+    /// Remembers a check that succeeded.
+    pub(super) fn remember_checked(&self, key: [u8; 32]) {
+        if let Ok(mut checked) = self.checked.lock() {
+            if checked.len() >= CHECKED_MAX {
+                checked.clear();
+            }
+            checked.insert(key, std::time::Instant::now());
+        }
     }
 
     /// Forgets idle attempt counts (called now and then, so the tables stay small).
@@ -113,8 +135,8 @@ impl Passwords {
     }
 }
 
-/// How long a password checked for WebDAV's Basic authentication is taken as checked on
-/// this node (the hash is part of what is remembered, so a changed password is checked
+/// How long a password checked for WebDAV's Basic authentication (or a share link's) is
+/// taken as checked on this node (the hash is part of what is remembered, so a changed password is checked
 /// again at once): a client sends it with every request, and argon2 is made to be slow.
 const CHECKED_FOR: Duration = Duration::from_secs(300);
 /// Checked passwords remembered at once, at most (forgotten all together beyond).
@@ -139,22 +161,15 @@ pub async fn from_headers_or_password(
         Some(user) => sm.password_hash(&user.id)?,
         None => None,
     };
-    let key = *blake3::hash(format!("{name}\0{secret}\0{}", stored.as_deref().unwrap_or("")).as_bytes()).as_bytes();
-    let fresh = |at: &std::time::Instant| at.elapsed() < CHECKED_FOR;
-    let known = stored.is_some()
-        && state.passwords.checked.lock().map(|checked| checked.get(&key).is_some_and(fresh)).unwrap_or(false);
+    let key = state.passwords.checked_key(&name, &secret, stored.as_deref().unwrap_or(""));
+    let known = stored.is_some() && state.passwords.checked_lately(&key);
     if !known {
         // Each check is an attempt, limited per name as logins are; a remembered one is not.
         state.passwords.per_name.check_key(&name).map_err(|_| ApiError::RateLimited { retry_after_s: 6 })?;
         if !verify(state, stored, secret).await? {
             return Err(wrong());
         }
-        if let Ok(mut checked) = state.passwords.checked.lock() {
-            if checked.len() >= CHECKED_MAX {
-                checked.clear();
-            }
-            checked.insert(key, std::time::Instant::now());
-        }
+        state.passwords.remember_checked(key);
     }
     let user = user.ok_or_else(wrong)?;
     Ok(Principal {

@@ -148,7 +148,14 @@ async fn a_link_stops_when_its_creator_loses_access() {
         node.call("POST", &format!("/v1/namespaces/{team}/accept"), Some(&bob), Some("{}")).await.0,
         StatusCode::NO_CONTENT
     );
-    // A viewer may share what they can read.
+    // A viewer may not open the folder to everyone; an editor may.
+    let (status, refused) = link(&node, &bob, json!({ "path": "/plan.txt", "namespaceId": team })).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    let editor = json!({ "userId": bob_id, "role": "editor" }).to_string();
+    assert_eq!(
+        node.call("PUT", &format!("/v1/namespaces/{team}/acl"), Some(&owner), Some(&editor)).await.0,
+        StatusCode::NO_CONTENT
+    );
     let (status, made) = link(&node, &bob, json!({ "path": "/plan.txt", "namespaceId": team })).await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
     let url = made["url"].as_str().expect("url").to_owned();

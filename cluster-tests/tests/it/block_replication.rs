@@ -141,9 +141,12 @@ async fn removal(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     let Outcome::Ok(members) = cluster_members(&http, &url, &admin).await? else { anyhow::bail!("list the members") };
     ensure!(members.to_string().contains("\"id\":1"), "node 1 is no longer a member: {members}");
 
-    // Node 3 back: the removal has it fetch every block first, so both voters left hold them.
+    // Node 3 back: once its replicator's start round has fetched every block, they are lost
+    // again; the removal has it fetch them first, so both voters left hold them.
     cluster.start_node(3)?;
     cluster.wait_ready(Duration::from_secs(30)).await?;
+    wait_for_blocks(cluster, 3, &all).await?;
+    ensure!(cluster.lose_block_files(3)? >= all.len(), "node 3 held the blocks");
     let removed = remove_member(&http, &url, &admin, 1).await?;
     ensure!(removed.is_ok(), "remove node 1: {removed:?}");
     let held = cluster.block_files(3)?;

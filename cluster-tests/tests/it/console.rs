@@ -363,6 +363,18 @@ async fn content_at(http: &reqwest::Client, url: &str, token: &str, path: &str) 
     }
 }
 
+/// CRC-32 (IEEE), as the console checks a resumed upload's pieces with.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = 0xffff_ffff_u32;
+    for byte in bytes {
+        crc ^= u32::from(*byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 { 0xedb8_8320 ^ (crc >> 1) } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
 /// The console's upload piece, as `api/console/app.js` cuts them.
 const PIECE_BYTES: usize = 4 * 1024 * 1024;
 
@@ -371,7 +383,7 @@ async fn everyday(cluster: &Cluster, seed: &Seed) -> Result<()> {
     let url = cluster.http_url(1);
     let name = format!("everyday-{}", seed.value());
     let friend = format!("friend-{}", seed.value());
-    let (_, token) = new_user(cluster, 1, &name, "browser").await?;
+    let (user_id, token) = new_user(cluster, 1, &name, "browser").await?;
     new_user(cluster, 1, &friend, "friend").await?;
     let me = get(&http, &format!("{url}/v1/me"), &token).await?;
     let personal = me["namespaceId"].as_str().context("namespaceId")?.to_owned();
@@ -392,12 +404,13 @@ async fn everyday(cluster: &Cluster, seed: &Seed) -> Result<()> {
         .open(&resumed_path)?
         .set_modified(std::time::UNIX_EPOCH + Duration::from_millis(modified_ms))?;
     let first_piece = put_block(&http, &url, &token, &resumed[..PIECE_BYTES]).await?;
-    let resume_key = format!("raftbox.upload:{personal}:/inbox/resumed.bin:{}:{modified_ms}", resumed.len());
+    let resume_key = format!("raftbox.upload:{user_id}:{personal}:/inbox/resumed.bin:{}:{modified_ms}", resumed.len());
+    let resume_record = json!({ "pieces": [{ "hash": first_piece, "crc": crc32(&resumed[..PIECE_BYTES]) }] });
 
     let shots = screenshot_dir_named("everyday")?;
     let browser = Browser::start(1280, 900).await?;
     let mut result =
-        organize(&browser, &url, &token, &big_path, &resumed_path, &resume_key, &first_piece, &shots).await;
+        organize(&browser, &url, &token, &big_path, &resumed_path, &resume_key, &resume_record, &shots).await;
     if result.is_ok() {
         result = share(&browser, &friend, &seed.value().to_string(), &shots).await;
     }
@@ -431,7 +444,7 @@ async fn organize(
     big: &std::path::Path,
     resumed: &std::path::Path,
     resume_key: &str,
-    first_piece: &str,
+    resume_record: &Value,
     shots: &std::path::Path,
 ) -> Result<()> {
     browser.goto(&format!("{url}/#/files")).await?;
@@ -457,7 +470,7 @@ async fn organize(
 
     // An upload that failed after its first piece: chosen again, it goes on from the second.
     let set =
-        format!("localStorage.setItem({}, JSON.stringify([{}])); return null;", json!(resume_key), json!(first_piece));
+        format!("localStorage.setItem({}, {}); return null;", json!(resume_key), json!(resume_record.to_string()));
     browser.script(&set).await?;
     let picker = browser.wait_for("#upload-input", "", PAGE_WAIT).await?;
     browser.type_into(&picker, &resumed.display().to_string()).await?;
