@@ -434,15 +434,21 @@ function fileRow(ns, folder, entry, canWrite) {
 }
 
 // A change of files, then the page drawn again and what happened said.
-async function changeFiles(path, body, done) {
+// A change (`work`, an API call), then the page drawn again and `done(answer)` said; an
+// error shown instead.
+async function act(work, done) {
   showError("");
   try {
-    const answer = await api(path, { method: "POST", body });
+    const answer = await work();
     await render();
     showNotice(done(answer));
   } catch (e) {
     showError(e.message);
   }
+}
+
+function changeFiles(path, body, done) {
+  return act(() => api(path, { method: "POST", body }), done);
 }
 
 function validName(name) {
@@ -840,27 +846,21 @@ async function linksTable() {
   return table(["Shares", "Expires", "Downloads", "Password", "State", ""], rows, "links");
 }
 
-async function revokeLink(id, path) {
-  showError("");
-  try {
-    await api(`/v1/links/${encodeURIComponent(id)}`, { method: "DELETE" });
-    await render();
-    showNotice(`Revoked the link to ${path}: it no longer works`);
-  } catch (e) {
-    showError(e.message);
-  }
+function revokeLink(id, path) {
+  return act(
+    () => api(`/v1/links/${encodeURIComponent(id)}`, { method: "DELETE" }),
+    () => `Revoked the link to ${path}: it no longer works`,
+  );
 }
 
-async function answerInvitation(ns, answer) {
-  showError("");
-  try {
-    await api(`/v1/namespaces/${encodeURIComponent(ns)}/${answer}`, { method: "POST", body: {} });
-    namespacesCache = null;
-    await render();
-    showNotice(answer === "accept" ? "Invitation accepted: the folder is in your list" : "Invitation declined");
-  } catch (e) {
-    showError(e.message);
-  }
+function answerInvitation(ns, answer) {
+  return act(
+    async () => {
+      await api(`/v1/namespaces/${encodeURIComponent(ns)}/${answer}`, { method: "POST", body: {} });
+      namespacesCache = null;
+    },
+    () => (answer === "accept" ? "Invitation accepted: the folder is in your list" : "Invitation declined"),
+  );
 }
 
 async function membersPage(ns) {
@@ -906,15 +906,8 @@ async function membersPage(ns) {
   return el("div", {}, ...parts);
 }
 
-async function revokeMember(ns, target, who) {
-  showError("");
-  try {
-    await api(`/v1/namespaces/${encodeURIComponent(ns)}/acl/${target}`, { method: "DELETE" });
-    await render();
-    showNotice(`Removed ${who}`);
-  } catch (e) {
-    showError(e.message);
-  }
+function revokeMember(ns, target, who) {
+  return act(() => api(`/v1/namespaces/${encodeURIComponent(ns)}/acl/${target}`, { method: "DELETE" }), () => `Removed ${who}`);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -985,16 +978,8 @@ const FINAL_STATUSES = ["SUCCEEDED", "FAILED", "CANCELLED"];
 // Pause or resume, and run now: the buttons a job that has not ended offers.
 function jobMethods(job) {
   if (FINAL_STATUSES.includes(job.status)) return [];
-  const call = (verb, done) => async () => {
-    showError("");
-    try {
-      await api(`/v1/jobs/${encodeURIComponent(job.jobId)}:${verb}`, { method: "POST", body: {} });
-      await render();
-      showNotice(done);
-    } catch (e) {
-      showError(e.message);
-    }
-  };
+  const call = (verb, done) => () =>
+    act(() => api(`/v1/jobs/${encodeURIComponent(job.jobId)}:${verb}`, { method: "POST", body: {} }), () => done);
   const buttons = [
     job.paused
       ? el("button", { type: "button", id: "job-resume", onclick: call("resume", "Resumed: the next fire is its next scheduled time") }, "Resume")

@@ -178,13 +178,7 @@ impl TestNode {
         path: &str,
         headers: &[(&str, &str)],
     ) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
-        let mut request = self.client.get(format!("{}{}", self.url, path));
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let response = request.send().await.expect("send");
-        let (status, headers) = (response.status(), response.headers().clone());
-        (status, headers, response.bytes().await.expect("body").to_vec())
+        self.send_raw("GET", path, None, headers, None).await
     }
 
     /// A request with a raw body of `content_type`; the answer's body raw.
@@ -196,15 +190,7 @@ impl TestNode {
         content_type: &str,
         body: Vec<u8>,
     ) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
-        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request =
-            self.client.request(method, format!("{}{}", self.url, path)).header("content-type", content_type);
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.body(body).send().await.expect("send");
-        let (status, headers) = (response.status(), response.headers().clone());
-        (status, headers, response.bytes().await.expect("body").to_vec())
+        self.send_raw(method, path, token, &[("content-type", content_type)], Some(body)).await
     }
 
     async fn call_typed(
@@ -215,16 +201,34 @@ impl TestNode {
         content_type: &str,
         body: Vec<u8>,
     ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let (status, headers, raw) = self.call_raw(method, path, token, content_type, body).await;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// One request as given; the answer's body raw.
+    async fn send_raw(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
         let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
-        let mut request =
-            self.client.request(method, format!("{}{}", self.url, path)).header("content-type", content_type);
+        let mut request = self.client.request(method, format!("{}{}", self.url, path));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
-        let response = request.body(body).send().await.expect("send");
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        let response = request.send().await.expect("send");
         let (status, headers) = (response.status(), response.headers().clone());
-        let text = response.text().await.expect("body");
-        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (status, headers, response.bytes().await.expect("body").to_vec())
     }
 
     pub async fn create_user(&self, name: &str) -> Value {
