@@ -4,7 +4,56 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use raftbox_raft::{MembershipError, WriteError};
 use raftbox_storage::{Rejection, StorageError};
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+
+/// An RFC 9457 problem: the body of every error answer (`application/problem+json`).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Problem {
+    /// A slug: `bad-request`, `unauthenticated`, `forbidden`, `not-found`, `conflict`,
+    /// `stale-fence`, `cursor-reset`, `missing-chunks`, `hash-mismatch`, `rate-limited`, …
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// `missing-chunks`: the chunks to upload first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<Vec<String>>,
+    /// A commit's `conflict`: the file's current version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<u64>,
+    /// A commit's `conflict`: where the caller's content was kept, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conflicted_copy: Option<ConflictedCopy>,
+}
+
+/// Where a commit that lost a race kept the caller's content.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConflictedCopy {
+    pub path: String,
+    pub file_id: String,
+    pub version: u64,
+}
+
+impl Problem {
+    fn new(status: StatusCode, slug: &str, title: &str, detail: String) -> Problem {
+        Problem {
+            kind: slug.to_string(),
+            title: title.to_string(),
+            status: status.as_u16(),
+            detail,
+            missing: None,
+            current_version: None,
+            conflicted_copy: None,
+        }
+    }
+
+    fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
 
 /// Seconds a client is asked to wait after a 503.
 pub const RETRY_AFTER_UNAVAILABLE_S: u64 = 1;
@@ -29,6 +78,11 @@ pub enum ApiError {
     /// What was asked for is gone for good (an expired or used-up share link): 410.
     #[error("{0}")]
     Gone(String),
+    /// Well-formed, and as the API description says, but not to be done as asked: a rule
+    /// that joins fields or depends on the state or the time (a one-off job in the past, a
+    /// block whose bytes are not its hash): 422.
+    #[error("{0}")]
+    Unprocessable(String),
     #[error("{0}")]
     HashMismatch(String),
     #[error("this cursor can no longer be served; sync again from cursor 0")]
@@ -38,7 +92,7 @@ pub enum ApiError {
     #[error("some chunks are not stored; upload them first")]
     MissingChunks(Vec<String>),
     #[error("the file changed since baseVersion; your content was kept as a conflicted copy")]
-    CommitConflict { current_version: u64, conflicted_copy: Option<serde_json::Value> },
+    CommitConflict { current_version: u64, conflicted_copy: Option<ConflictedCopy> },
     #[error("a request with this Idempotency-Key is still in progress")]
     IdempotencyInProgress { retry_after_s: u64 },
     #[error("this Idempotency-Key was used with a different request body")]
@@ -64,6 +118,7 @@ impl ApiError {
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
             ApiError::Gone(_) => (StatusCode::GONE, "gone", "Gone"),
+            ApiError::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", "Unprocessable"),
             ApiError::QuotaExceeded(_) => {
                 (StatusCode::INSUFFICIENT_STORAGE, "quota-exceeded", "Storage quota exceeded")
             }
@@ -138,16 +193,16 @@ impl IntoResponse for ApiError {
         if status.is_server_error() && !matches!(self, ApiError::QuotaExceeded(_)) {
             tracing::warn!(status = status.as_u16(), error = %self, "request failed");
         }
-        let mut body = json!({ "type": slug, "title": title, "status": status.as_u16(), "detail": self.to_string() });
+        let mut body = Problem::new(status, slug, title, self.to_string());
         match &self {
-            ApiError::MissingChunks(missing) => body["missing"] = json!(missing),
+            ApiError::MissingChunks(missing) => body.missing = Some(missing.clone()),
             ApiError::CommitConflict { current_version, conflicted_copy } => {
-                body["currentVersion"] = json!(current_version);
-                body["conflictedCopy"] = json!(conflicted_copy);
+                body.current_version = Some(*current_version);
+                body.conflicted_copy = conflicted_copy.clone();
             }
             _ => {}
         }
-        let mut response = (status, body.to_string()).into_response();
+        let mut response = (status, body.to_json()).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         let retry_after_s = match self {
@@ -200,8 +255,8 @@ pub async fn problems_everywhere(request: axum::extract::Request, next: axum::mi
         s if s.is_server_error() => "internal",
         _ => "bad-request",
     };
-    let body = json!({ "type": slug, "title": status.canonical_reason().unwrap_or("Error"), "status": status.as_u16(), "detail": detail });
-    let mut response = (status, body.to_string()).into_response();
+    let body = Problem::new(status, slug, status.canonical_reason().unwrap_or("Error"), detail);
+    let mut response = (status, body.to_json()).into_response();
     let headers = response.headers_mut();
     for (name, value) in parts.headers.iter().filter(|(name, _)| *name == header::ALLOW || *name == header::RETRY_AFTER)
     {

@@ -65,8 +65,8 @@ impl Success {
     }
 
     /// A replay answers `body` instead (see [`Success::replay_body`]).
-    pub fn replayed_as(mut self, body: serde_json::Value) -> Success {
-        self.replay_body = Some(body);
+    pub fn replayed_as(mut self, body: impl serde::Serialize) -> Success {
+        self.replay_body = Some(serde_json::to_value(body).unwrap_or_default());
         self
     }
 
@@ -88,11 +88,44 @@ pub struct Keyed {
 
 /// Validates an `Idempotency-Key` header value.
 pub fn parse_key(value: &HeaderValue) -> Result<String, ApiError> {
-    let key = value.to_str().map_err(|_| ApiError::BadRequest("Idempotency-Key must be visible ASCII".into()))?;
-    if key.is_empty() || key.chars().count() > KEY_CHARS_MAX {
-        return Err(ApiError::BadRequest(format!("Idempotency-Key must be 1 to {KEY_CHARS_MAX} characters")));
+    // As `schema::IdempotencyKey` states it (HTTP trims the spaces around a value).
+    let bytes = value.as_bytes();
+    let visible = bytes.iter().all(|b| (b' '..=b'~').contains(b));
+    if bytes.is_empty() || bytes.len() > KEY_CHARS_MAX || !visible {
+        return Err(ApiError::BadRequest(format!(
+            "Idempotency-Key must be 1 to {KEY_CHARS_MAX} visible ASCII characters"
+        )));
     }
-    Ok(key.to_string())
+    let key = String::from_utf8_lossy(bytes);
+    Ok(key.into_owned())
+}
+
+/// A keyed route describes its optional `Idempotency-Key` header (`params(Keyed)`).
+impl utoipa::IntoParams for Keyed {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![header_param(
+            "Idempotency-Key",
+            "Repeating a request with the same key and body answers the first answer again.",
+            utoipa::openapi::Ref::from_schema_name("IdempotencyKey"),
+        )]
+    }
+}
+
+/// An optional header parameter of schema `schema`.
+pub(crate) fn header_param(
+    name: &str,
+    description: &str,
+    schema: utoipa::openapi::Ref,
+) -> utoipa::openapi::path::Parameter {
+    utoipa::openapi::path::ParameterBuilder::new()
+        .name(name)
+        .parameter_in(utoipa::openapi::path::ParameterIn::Header)
+        .required(utoipa::openapi::Required::False)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
 }
 
 impl FromRequest<AppState> for Keyed {

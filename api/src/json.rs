@@ -21,7 +21,43 @@ pub fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
             "the JSON body nests {depth} levels deep; at most {JSON_DEPTH_MAX} are accepted"
         )));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
+    // Every body is an object (or `null` where a body is optional): serde would otherwise
+    // take an array for a struct, its fields by position.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::BadRequest("the JSON body is an object, not an array".into()));
+    }
+    let bad = |e: serde_json::Error| ApiError::BadRequest(format!("invalid JSON body: {e}"));
+    match serde_json::from_slice(body) {
+        Ok(parsed) => Ok(parsed),
+        // JSON has one number type: `7.0` is the integer 7 (as JSON Schema's `integer` says),
+        // which serde takes only as written `7`. Read again with such numbers made integers,
+        // only on this rare path (a commit's 100,000 chunks are read straight, above).
+        Err(first) => {
+            let mut value: serde_json::Value = serde_json::from_slice(body).map_err(bad)?;
+            if !integral_floats_to_integers(&mut value) {
+                return Err(bad(first));
+            }
+            serde_json::from_value(value).map_err(bad)
+        }
+    }
+}
+
+/// Makes every float with no fraction an integer (within ±2^53, exact in an f64); whether
+/// any changed.
+fn integral_floats_to_integers(value: &mut serde_json::Value) -> bool {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match value {
+        serde_json::Value::Number(n) if !n.is_i64() && !n.is_u64() => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() <= EXACT => {
+                *value = if f < 0.0 { serde_json::Value::from(f as i64) } else { serde_json::Value::from(f as u64) };
+                true
+            }
+            _ => false,
+        },
+        serde_json::Value::Array(items) => items.iter_mut().fold(false, |any, v| integral_floats_to_integers(v) | any),
+        serde_json::Value::Object(map) => map.values_mut().fold(false, |any, v| integral_floats_to_integers(v) | any),
+        _ => false,
+    }
 }
 
 /// Length limit of user and token names, in characters.

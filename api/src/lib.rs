@@ -31,6 +31,7 @@ pub mod openapi;
 pub mod ratelimit;
 pub mod routes;
 pub mod runtime_limits;
+pub mod schema;
 pub mod spool;
 pub mod webhooks;
 

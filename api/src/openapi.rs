@@ -1,8 +1,9 @@
 //! The OpenAPI 3.1 description of the HTTP API, served on `GET /v1/openapi.json`.
 //!
-//! Generated with utoipa: the request and response types of the handlers derive `ToSchema`
-//! (`IntoParams` for queries) where they are named types; the answers a handler builds with
-//! `json!` are described by the `*View` types below. One `#[utoipa::path]` per route declares
+//! Generated with utoipa from the handlers' own request and answer types, which derive
+//! `ToSchema` (`IntoParams` for queries): each wire shape is defined once, beside its
+//! handler, and the sync client and the benchmark read answers with the same types. One
+//! `#[utoipa::path]` per route declares
 //! its parameters, body and the statuses particular to it; [`Common`] adds the statuses every
 //! route shares (problem+json: 429 rate-limited, 500, 503 unavailable or timed out; 401 where
 //! a token is needed; 400 and 413 where the request carries parameters or a body).
@@ -15,15 +16,22 @@ use std::sync::OnceLock;
 
 use axum::http::header;
 use axum::response::IntoResponse;
-use serde::Serialize;
 use serde_json::Value;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
-use raftbox_storage::jobs::{JobStatus, RunStatus};
-
+use crate::error::Problem;
+use crate::routes::accounts::{TokenCreated, TokenList, TokenRevoked};
+use crate::routes::files::{FileCommitted, FileHistory, FileView, FolderListing};
+use crate::routes::jobs::{JobCreated, JobList, JobView, RunList};
+use crate::routes::links::{LinkFolder, LinkList};
+use crate::routes::probes::{Health, Ready};
+use crate::routes::sharing::{
+    AclView, GroupDetail, GroupList, GroupView, InvitationList, NamespaceList, NamespaceView,
+};
+use crate::routes::sync::NotifyAnswer;
 use crate::routes::{accounts, blocks, cluster, files, jobs, probes, sync};
 
 /// The description as JSON, built once.
@@ -40,402 +48,6 @@ pub fn document() -> Value {
 /// `GET /v1/openapi.json` (no token needed).
 pub async fn serve() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], document_json())
-}
-
-/// `mtime` as sent: an RFC 3339 timestamp or integer Unix milliseconds.
-pub fn timestamp_or_ms() -> utoipa::openapi::schema::Schema {
-    use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
-    let text = ObjectBuilder::new().schema_type(Type::String).description(Some("RFC 3339 timestamp"));
-    let ms = ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0)).description(Some("Unix milliseconds"));
-    OneOfBuilder::new().item(text).item(ms).into()
-}
-
-/// An RFC 9457 problem: every error answer (`application/problem+json`).
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct Problem {
-    /// A slug: `bad-request`, `unauthenticated`, `forbidden`, `not-found`, `conflict`,
-    /// `stale-fence`, `cursor-reset`, `missing-chunks`, `hash-mismatch`, `rate-limited`, …
-    #[serde(rename = "type")]
-    kind: String,
-    title: String,
-    status: u16,
-    detail: String,
-    /// `missing-chunks`: the chunks to upload first.
-    #[schema(required = false)]
-    missing: Vec<String>,
-    /// A commit's `conflict`: the file's current version.
-    #[schema(required = false)]
-    current_version: u64,
-    /// A commit's `conflict`: where the caller's content was kept, if it was.
-    #[schema(required = false)]
-    conflicted_copy: Option<ConflictedCopy>,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct ConflictedCopy {
-    path: String,
-    file_id: String,
-    version: u64,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct Health {
-    status: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct Ready {
-    ready: bool,
-    leader_id: u64,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct TokenList {
-    tokens: Vec<accounts::TokenView>,
-    /// Present when more may follow: the `pageToken` of the next page.
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-/// A replay of a token creation under its `Idempotency-Key`: the secret is shown once only.
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct TokenReplayed {
-    token_id: String,
-    token_shown_once: bool,
-}
-
-/// A new token (the first answer) or its replay.
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(untagged)]
-pub enum TokenCreation {
-    Created(accounts::TokenCreated),
-    Replayed(TokenReplayed),
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct TokenRevoked {
-    token_id: String,
-    revoked: bool,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct FileView {
-    file_id: String,
-    namespace_id: String,
-    path: String,
-    version: u64,
-    chunks: Vec<String>,
-    size: u64,
-    mtime: String,
-    executable: bool,
-}
-
-/// A committed version; `unchanged` (200) when the content equalled the current version.
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct FileCommitted {
-    file_id: String,
-    version: u64,
-    #[schema(required = false)]
-    unchanged: bool,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct FileHistory {
-    file_id: String,
-    path: String,
-    versions: Vec<files::VersionView>,
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-/// A folder entry: a file (`fileId`, `version`, `size`) or a subfolder.
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct FolderEntry {
-    name: String,
-    #[serde(rename = "type")]
-    #[schema(pattern = "^(file|folder)$")]
-    kind: String,
-    #[schema(required = false)]
-    file_id: String,
-    #[schema(required = false)]
-    version: u64,
-    #[schema(required = false)]
-    size: u64,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct FolderListing {
-    path: String,
-    entries: Vec<FolderEntry>,
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct JobCreated {
-    job_id: String,
-    next_run_at: String,
-    status: JobStatus,
-}
-
-/// A schedule as a client writes it: `{runAt}`, `{cron, timezone}` or `{everyMs}`.
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct ScheduleView {
-    #[schema(required = false)]
-    run_at: String,
-    #[schema(required = false)]
-    cron: String,
-    #[schema(required = false)]
-    timezone: String,
-    #[schema(required = false)]
-    every_ms: u64,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct JobView {
-    job_id: String,
-    owner_id: String,
-    tenant_id: String,
-    #[serde(rename = "type")]
-    job_type: String,
-    target: String,
-    payload: Value,
-    schedule: ScheduleView,
-    /// `ONCE`, `CRON` or `INTERVAL`.
-    schedule_kind: String,
-    cron_expr: String,
-    timezone: String,
-    max_retries: u32,
-    timeout_seconds: u64,
-    retry_backoff_ms: u64,
-    status: JobStatus,
-    /// Paused (`:pause`): no fire or retry starts until `:resume`.
-    paused: bool,
-    next_run_at: Option<String>,
-    attempts: u32,
-    fence_token: u64,
-    lease_owner: Option<String>,
-    lease_expires_at: Option<String>,
-    created_at: String,
-    updated_at: String,
-    last_error: Option<String>,
-}
-
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[allow(dead_code)]
-pub struct LinkList {
-    links: Vec<crate::routes::links::LinkView>,
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
-#[allow(dead_code)]
-pub struct LinkFolder {
-    /// The folder, as the link names it.
-    folder: String,
-    /// `{name, type: "file"|"folder", size?, url}`: `url` is the entry's path under `/s/`.
-    entries: Vec<Value>,
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct JobList {
-    jobs: Vec<JobView>,
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-/// What an attempt produced: `{httpStatus, excerpt}` for a webhook, `{excerpt}` for a task.
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct RunResultView {
-    #[schema(required = false)]
-    http_status: u16,
-    excerpt: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct RunView {
-    run_id: String,
-    job_id: String,
-    scheduled_for: String,
-    started_at: String,
-    finished_at: Option<String>,
-    status: RunStatus,
-    attempt: u32,
-    worker_id: String,
-    fence_token: u64,
-    result: Option<RunResultView>,
-    error: Option<String>,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct RunList {
-    runs: Vec<RunView>,
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct NotifyAnswer {
-    /// Whether anything is newer than the cursor (`false`: the wait timed out).
-    changes: bool,
-}
-
-/// A namespace the caller can reach, with the caller's role in it.
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct NamespaceView {
-    namespace_id: String,
-    /// `user` (personal) or `shared_folder`.
-    kind: String,
-    name: String,
-    /// `viewer`, `editor` or `owner`.
-    role: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct NamespaceList {
-    namespaces: Vec<NamespaceView>,
-    /// Present when more may follow: the `pageToken` of the next page.
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-/// An access entry: a user (`userId`, `userName`) or a group (`groupId`, `groupName`).
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct AclEntry {
-    #[schema(required = false)]
-    user_id: String,
-    #[schema(required = false)]
-    user_name: Option<String>,
-    #[schema(required = false)]
-    group_id: String,
-    #[schema(required = false)]
-    group_name: Option<String>,
-    role: String,
-    /// An invitation not yet accepted (it grants nothing); absent when accepted.
-    #[schema(required = false)]
-    pending: bool,
-}
-
-/// A shared folder the caller is invited to.
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct InvitationView {
-    namespace_id: String,
-    name: String,
-    /// The role accepting gives: `viewer`, `editor` or `owner`.
-    role: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct InvitationList {
-    invitations: Vec<InvitationView>,
-    /// Present when more may follow: the `pageToken` of the next page.
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct AclView {
-    namespace_id: String,
-    kind: String,
-    name: String,
-    entries: Vec<AclEntry>,
-    /// Present when more may follow: the `pageToken` of the next page.
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupView {
-    group_id: String,
-    name: String,
-    /// Present when more may follow: the `pageToken` of the next page.
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupList {
-    groups: Vec<GroupView>,
-    /// Present when more may follow: the `pageToken` of the next page.
-    #[schema(required = false)]
-    next_page_token: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupMember {
-    user_id: String,
-    name: String,
-}
-
-#[derive(Serialize, ToSchema)]
-#[allow(dead_code)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupDetail {
-    group_id: String,
-    name: String,
-    members: Vec<GroupMember>,
 }
 
 /// The description of every route (the route table is `crate::routes::router`).
@@ -464,7 +76,12 @@ pub struct GroupDetail {
         ops::my_invitations,
         ops::create_group, ops::list_groups, ops::get_group, ops::add_group_member, ops::remove_group_member,
     ),
-    components(schemas(Problem)),
+    components(schemas(
+        Problem, crate::routes::sync::NotifyMessage, crate::schema::IdempotencyKey, crate::schema::DeviceName,
+        crate::schema::BlockHash, crate::schema::FilePath, crate::schema::FolderPath, crate::schema::LinkFolderPath,
+        crate::schema::DisplayName, crate::schema::Cursor, crate::schema::SeqPageToken, crate::schema::JobPageToken,
+        crate::schema::Mtime, crate::schema::UtcTimestamp, crate::schema::JobType, crate::schema::Schedule, crate::schema::SchedulePatch,
+    )),
     modifiers(&Common),
     tags(
         (name = "console", description = "The web console's static files (HTML, JavaScript, CSS); no token needed."),
@@ -518,6 +135,10 @@ fn add_common(path: &str, operation: &mut Operation) {
     }
     if operation.request_body.is_some() {
         add("413", "Payload too large.");
+    }
+    let keyed = operation.parameters.iter().flatten().any(|p| p.name == "Idempotency-Key");
+    if keyed {
+        add("422", "The `Idempotency-Key` was used with another body.");
     }
     if !open {
         add("401", "Unauthenticated: missing, unknown or expired token.");
@@ -615,7 +236,7 @@ mod ops {
     ))]
     fn webhook_secret() {}
 
-    #[utoipa::path(post, path = "/v1/me/webhook-secret", tag = "me", request_body(content = crate::routes::accounts::RotateRequest, description = "Optional."), responses(
+    #[utoipa::path(post, path = "/v1/me/webhook-secret", tag = "me", request_body(content = Option<crate::routes::accounts::RotateRequest>, description = "Optional (no body, or `null`: the defaults)."), responses(
         (status = 201, description = "A new secret; the one before it still signs for `keepPreviousHours`.", body = crate::routes::accounts::WebhookSecretView),
         (status = 409, description = "A secret before the current one still signs (rotate after it stops, or with `keepPreviousHours` 0).", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -670,7 +291,7 @@ mod ops {
     ))]
     fn backup() {}
 
-    #[utoipa::path(get, path = "/v1/admin/blocks/{hash}", tag = "admin", params(("hash" = String, Path, description = "Block hash (64 lowercase hex)", pattern = "^[0-9a-f]{64}$")), responses(
+    #[utoipa::path(get, path = "/v1/admin/blocks/{hash}", tag = "admin", params(("hash" = crate::schema::BlockHash, Path)), responses(
         (status = 200, description = "The block's bytes (for a backup's blocks).", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 400, description = "Not a block hash.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
@@ -678,11 +299,10 @@ mod ops {
     ))]
     fn backup_block() {}
 
-    #[utoipa::path(post, path = "/v1/admin/users", tag = "admin", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/admin/users", tag = "admin", request_body = accounts::NameRequest, params(crate::idempotency::Keyed), responses(
         (status = 201, description = "The user and its personal namespace.", body = accounts::UserCreated),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A user of that name exists, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn create_user() {}
 
@@ -693,12 +313,11 @@ mod ops {
     ))]
     fn get_user() {}
 
-    #[utoipa::path(post, path = "/v1/admin/users/{user_id}/tokens", tag = "admin", request_body = accounts::TokenRequest, params(("user_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
-        (status = 201, description = "The token (its secret in this answer only).", body = TokenCreation),
+    #[utoipa::path(post, path = "/v1/admin/users/{user_id}/tokens", tag = "admin", request_body = accounts::TokenRequest, params(("user_id" = String, Path), crate::idempotency::Keyed), responses(
+        (status = 201, description = "The token (its secret in this answer only).", body = TokenCreated),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn create_token() {}
 
@@ -733,13 +352,13 @@ mod ops {
     ))]
     fn blocks_status() {}
 
-    #[utoipa::path(get, path = "/v1/blocks/{hash}", tag = "blocks", params(("hash" = String, Path, description = "BLAKE3, 64 lowercase hex characters")), responses(
+    #[utoipa::path(get, path = "/v1/blocks/{hash}", tag = "blocks", params(("hash" = crate::schema::BlockHash, Path)), responses(
         (status = 200, description = "The block's bytes.", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 404, description = "No such block, or the caller may not read it.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn get_block() {}
 
-    #[utoipa::path(put, path = "/v1/blocks/{hash}", tag = "blocks", params(("hash" = String, Path, description = "BLAKE3, 64 lowercase hex characters")),
+    #[utoipa::path(put, path = "/v1/blocks/{hash}", tag = "blocks", params(("hash" = crate::schema::BlockHash, Path)),
         request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "At most 8 MiB."), responses(
         (status = 201, description = "Durable on a majority and indexed."),
         (status = 422, description = "The body does not hash to `hash`.", body = Problem, content_type = "application/problem+json"),
@@ -761,17 +380,17 @@ mod ops {
     ))]
     fn get_file() {}
 
-    #[utoipa::path(post, path = "/v1/files/commit", tag = "files", request_body = files::CommitRequest, params(("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies"), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/files/commit", tag = "files", request_body = files::CommitRequest, params(files::DeviceHeader, crate::idempotency::Keyed), responses(
         (status = 200, description = "Unchanged: the content equals the current version.", body = FileCommitted),
         (status = 201, description = "A new version.", body = FileCommitted),
         (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "A namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The file changed since baseVersion (content kept as a conflicted copy), or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Chunks not stored yet (`missing`), or the key was used with another body.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Chunks not stored yet (`missing`), a deletion with chunks, an `mtime` before 1970, or the `Idempotency-Key` was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn commit_file() {}
 
-    #[utoipa::path(put, path = "/v1/files/content", tag = "files", params(crate::routes::content::ContentQuery, ("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies")),
+    #[utoipa::path(put, path = "/v1/files/content", tag = "files", params(crate::routes::content::ContentQuery, files::DeviceHeader),
         request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The whole file (at most 64 GiB, and the caller's quota)."), responses(
         (status = 200, description = "Unchanged: the content equals the current version.", body = FileCommitted),
         (status = 201, description = "A new version: the body was cut into blocks, stored on a majority and committed.", body = FileCommitted),
@@ -780,66 +399,64 @@ mod ops {
         (status = 409, description = "The file changed since baseVersion (the upload was kept as a conflicted copy).", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Larger than one upload may be.", body = Problem, content_type = "application/problem+json"),
         (status = 507, description = "Larger than the caller's storage quota allows (`quota-exceeded`).", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An `mtime` before 1970.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn put_file_content() {}
 
-    #[utoipa::path(get, path = "/v1/files/content", tag = "files", params(crate::routes::content::ContentQuery), responses(
+    #[utoipa::path(get, path = "/v1/files/content", tag = "files", params(files::PathQuery), responses(
         (status = 200, description = "The current version's bytes.", body = Vec<u8>, content_type = "application/octet-stream"),
         (status = 404, description = "No live file there, or a namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn get_file_content() {}
 
-    #[utoipa::path(get, path = "/v1/files/history", tag = "files", params(files::PathQuery), responses(
+    #[utoipa::path(get, path = "/v1/files/history", tag = "files", params(files::HistoryQuery), responses(
         (status = 200, description = "Every kept version, newest first.", body = FileHistory),
         (status = 404, description = "No file there.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn file_history() {}
 
-    #[utoipa::path(post, path = "/v1/files/restore", tag = "files", request_body = files::RestoreRequest, params(("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies"), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/files/restore", tag = "files", request_body = files::RestoreRequest, params(files::DeviceHeader, crate::idempotency::Keyed), responses(
         (status = 200, description = "Unchanged.", body = FileCommitted),
         (status = 201, description = "A new version with the old content.", body = FileCommitted),
         (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such file or version.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Conflict, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn restore_file() {}
 
-    #[utoipa::path(post, path = "/v1/files/delete", tag = "files", request_body = files::DeleteRequest, params(("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies"), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/files/delete", tag = "files", request_body = files::DeleteRequest, params(files::DeviceHeader, crate::idempotency::Keyed), responses(
         (status = 200, description = "Already deleted.", body = FileCommitted),
         (status = 201, description = "A tombstone version.", body = FileCommitted),
         (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such file.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The file changed since baseVersion, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn delete_file() {}
 
-    #[utoipa::path(post, path = "/v1/files/move", tag = "files", request_body = files::MoveRequest, params(("X-Device-Id" = Option<String>, Header, description = "Device named in conflicted copies"), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/files/move", tag = "files", request_body = files::MoveRequest, params(files::DeviceHeader, crate::idempotency::Keyed), responses(
         (status = 200, description = "Unchanged.", body = FileCommitted),
         (status = 201, description = "The new version at `to`.", body = FileCommitted),
         (status = 403, description = "A viewer cannot change files.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No file at `from`.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`from` changed since baseVersion or `to` is taken, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn move_file() {}
 
-    #[utoipa::path(get, path = "/v1/files/list", tag = "files", params(files::PathQuery), responses(
+    #[utoipa::path(get, path = "/v1/files/list", tag = "files", params(files::FolderQuery), responses(
         (status = 200, description = "Files and subfolders directly in the folder, by name.", body = FolderListing),
         (status = 404, description = "A namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn list_folder() {}
 
-    #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = jobs::CreateRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = jobs::CreateRequest, params(crate::idempotency::Keyed), responses(
         (status = 201, description = "Scheduled.", body = JobCreated),
         (status = 403, description = "A limit of non-admins' jobs.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Too many active jobs, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A schedule or target the server cannot take: a cron expression or time zone it does not know, a schedule that never fires or fires more often than `[job_limits] min_cron_interval_s` allows, a `runAt` before 1970, a webhook target the node may not call, or the `Idempotency-Key` was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn create_job() {}
 
-    #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(crate::routes::PageQuery), responses((status = 200, description = "The caller's jobs.", body = JobList)))]
+    #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(jobs::JobsQuery), responses((status = 200, description = "The caller's jobs.", body = JobList)))]
     fn list_jobs() {}
 
     #[utoipa::path(get, path = "/v1/jobs/{job_id}", tag = "jobs", params(("job_id" = String, Path)), responses(
@@ -853,11 +470,12 @@ mod ops {
         (status = 403, description = "A limit of non-admins' jobs.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such job of the caller's.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The job is final.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A schedule or target the server cannot take (as for `POST /v1/jobs`).", body = Problem, content_type = "application/problem+json"),
     ))]
     fn patch_job() {}
 
     #[utoipa::path(delete, path = "/v1/jobs/{job_id}", tag = "jobs", params(("job_id" = String, Path)), responses(
-        (status = 200, description = "The cancelled job.", body = JobView),
+        (status = 200, description = "The cancelled job: no fire starts any more; the job stays readable, `CANCELLED`, with its runs.", body = JobView),
         (status = 404, description = "No such job of the caller's.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The job is final.", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -868,6 +486,7 @@ mod ops {
         (status = 403, description = "A viewer cannot share a folder's files by link.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "A namespace the caller cannot read, or no file at `path`.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The caller has the most links allowed (1,000).", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Neither or both of `path` and `folder`, or an `expiresAt` not within the coming year.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn create_link() {}
 
@@ -900,14 +519,14 @@ mod ops {
 
     #[utoipa::path(post, path = "/v1/jobs/{job_id}", tag = "jobs", operation_id = "job_method",
         params(("job_id" = String, Path, description = "The job id and a method: `{id}:pause` (no new fire or retry starts; a run in progress ends as it would), `{id}:resume` (fires missed meanwhile are not made up; a one-off job whose time passed runs now) or `{id}:run` (one fire now, fenced and recorded; the schedule goes on).", pattern = "^[0-9A-Za-z_-]+:(pause|resume|run)$"),
-            ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+            crate::idempotency::Keyed), responses(
         (status = 200, description = "The job after the change.", body = JobView),
         (status = 404, description = "No such job of the caller's, or no such method.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The job is final; or, for `:run`, paused or running now.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn job_method() {}
 
-    #[utoipa::path(get, path = "/v1/jobs/{job_id}/runs", tag = "jobs", params(("job_id" = String, Path), crate::routes::PageQuery), responses(
+    #[utoipa::path(get, path = "/v1/jobs/{job_id}/runs", tag = "jobs", params(("job_id" = String, Path), jobs::RunsQuery), responses(
         (status = 200, description = "The job's runs, newest first.", body = RunList),
         (status = 404, description = "No such job of the caller's.", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -937,17 +556,21 @@ mod ops {
     ))]
     fn notify_post() {}
 
-    #[utoipa::path(get, path = "/v1/notify/ws", tag = "sync", responses(
-        (status = 101, description = "A WebSocket: `{\"type\":\"namespace_changed\",\"namespaceId\":…}` per change."),
+    #[utoipa::path(get, path = "/v1/notify/ws", tag = "sync", params(
+            ("Connection" = String, Header, description = "The WebSocket handshake (RFC 6455).", pattern = "^[Uu]pgrade$"),
+            ("Upgrade" = String, Header, pattern = "^[Ww]eb[Ss]ocket$"),
+            ("Sec-WebSocket-Version" = String, Header, pattern = "^13$"),
+            ("Sec-WebSocket-Key" = String, Header, description = "16 random bytes, base64 (RFC 6455)."),
+        ), responses(
+        (status = 101, description = "A WebSocket: a `NotifyMessage` per change."),
         (status = 400, description = "Not a WebSocket upgrade request.", body = Problem, content_type = "application/problem+json"),
         (status = 426, description = "The connection cannot be upgraded.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn notify_ws() {}
 
-    #[utoipa::path(post, path = "/v1/namespaces", tag = "sharing", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/namespaces", tag = "sharing", request_body = accounts::NameRequest, params(crate::idempotency::Keyed), responses(
         (status = 201, description = "The new shared folder, owned by the caller.", body = NamespaceView),
         (status = 409, description = "The caller has created `[quotas] folders_per_user` folders, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn create_namespace() {}
 
@@ -974,12 +597,12 @@ mod ops {
     ))]
     fn get_acl() {}
 
-    #[utoipa::path(put, path = "/v1/namespaces/{namespace_id}/acl", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), request_body = crate::routes::sharing::GrantRequest, responses(
+    #[utoipa::path(put, path = "/v1/namespaces/{namespace_id}/acl", tag = "sharing", params(("namespace_id" = String, Path), crate::idempotency::Keyed), request_body = crate::routes::sharing::GrantRequest, responses(
         (status = 204, description = "Invited (a new entry naming someone else is pending until they accept), or the role changed."),
         (status = 403, description = "Not its owner.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such namespace, user or group.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Not allowed on this namespace, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not exactly one of `userId`, `userName`, `groupId`, `groupName`, or the `Idempotency-Key` was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn grant() {}
 
@@ -999,30 +622,29 @@ mod ops {
     ))]
     fn revoke_group() {}
 
-    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/leave", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/leave", tag = "sharing", params(("namespace_id" = String, Path), crate::idempotency::Keyed), responses(
         (status = 204, description = "The caller left the shared folder."),
         (status = 403, description = "Not allowed.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such namespace the caller is in.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The owner cannot leave, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn leave() {}
 
-    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/accept", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), request_body(content = Option<crate::routes::sharing::InvitationRequest>, description = "Empty for the caller's own invitation; a group's (admin) by `groupId` or `groupName`."), responses(
+    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/accept", tag = "sharing", params(("namespace_id" = String, Path), crate::idempotency::Keyed), request_body(content = Option<crate::routes::sharing::InvitationRequest>, description = "Empty for the caller's own invitation; a group's (admin) by `groupId` or `groupName`."), responses(
         (status = 204, description = "Accepted (or accepted already): the folder is the grantee's."),
         (status = 403, description = "Not the invited user, or a group's invitation and not an admin.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such invitation.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Both `groupId` and `groupName`, or the `Idempotency-Key` was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn accept_invitation() {}
 
-    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/decline", tag = "sharing", params(("namespace_id" = String, Path), ("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), request_body(content = Option<crate::routes::sharing::InvitationRequest>, description = "Empty for the caller's own invitation; a group's (admin) by `groupId` or `groupName`."), responses(
+    #[utoipa::path(post, path = "/v1/namespaces/{namespace_id}/decline", tag = "sharing", params(("namespace_id" = String, Path), crate::idempotency::Keyed), request_body(content = Option<crate::routes::sharing::InvitationRequest>, description = "Empty for the caller's own invitation; a group's (admin) by `groupId` or `groupName`."), responses(
         (status = 204, description = "Declined: the invitation is gone."),
         (status = 403, description = "Not the invited user, or a group's invitation and not an admin.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such pending invitation.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Both `groupId` and `groupName`, or the `Idempotency-Key` was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn decline_invitation() {}
 
@@ -1031,11 +653,10 @@ mod ops {
     ))]
     fn my_invitations() {}
 
-    #[utoipa::path(post, path = "/v1/admin/groups", tag = "admin", request_body = accounts::NameRequest, params(("Idempotency-Key" = Option<String>, Header, description = "Idempotency key")), responses(
+    #[utoipa::path(post, path = "/v1/admin/groups", tag = "admin", request_body = accounts::NameRequest, params(crate::idempotency::Keyed), responses(
         (status = 201, description = "The new group.", body = GroupView),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A group of that name exists, or a request with this key is in progress.", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "The key was used with another body.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn create_group() {}
 

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use raftbox_api::routes::files::CommitRequest;
+use raftbox_api::routes::sync::SyncPage;
 use serde_json::json;
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -209,8 +211,17 @@ async fn client_loop(
     tally
 }
 
-fn commit_body(prefix: &str, seq: u64, chunk: &str) -> serde_json::Value {
-    json!({ "path": format!("/bench/{prefix}/{seq}"), "chunks": [chunk], "baseVersion": 0, "size": 1, "mtime": 0 })
+fn commit_body(prefix: &str, seq: u64, chunk: &str) -> CommitRequest {
+    CommitRequest {
+        path: format!("/bench/{prefix}/{seq}"),
+        chunks: chunk.parse().into_iter().collect(),
+        base_version: 0,
+        size: 1,
+        mtime: serde_json::Value::from(0),
+        namespace_id: None,
+        deleted: false,
+        executable: false,
+    }
 }
 
 /// A block no other client sends: pseudo-random bytes seeded by the client and sequence.
@@ -311,8 +322,8 @@ async fn sync_all(
         if response.status().as_u16() != 200 {
             bail!("sync: {}", response.status());
         }
-        // Decoded into the fields a device keeps, as a client would (not a generic tree).
-        let page: SyncPage = serde_json::from_slice(&response.bytes().await?)?;
+        // Decoded into the API's own type, as the sync client decodes it (not a generic tree).
+        let page: SyncPage<'static> = serde_json::from_slice(&response.bytes().await?)?;
         changes += page.changes.len();
         pages += 1;
         cursor = page.cursor;
@@ -320,29 +331,6 @@ async fn sync_all(
             return Ok((changes, pages));
         }
     }
-}
-
-/// One `GET /v1/sync` answer, as a syncing device reads it.
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct SyncPage {
-    changes: Vec<SyncChange>,
-    cursor: String,
-    has_more: bool,
-}
-
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[allow(dead_code, reason = "decoded as a device would; the benchmark only counts them")]
-struct SyncChange {
-    namespace_id: String,
-    path: Option<String>,
-    file_id: Option<String>,
-    version: Option<u64>,
-    #[serde(default)]
-    chunks: Vec<String>,
-    #[serde(default)]
-    deleted: bool,
 }
 
 fn now_ms() -> u64 {

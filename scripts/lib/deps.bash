@@ -79,8 +79,9 @@ deps_install() {
     fi
     if [[ $what == test ]]; then
         # Python packages the tests run, pinned (module, then pip requirement): ci_fuse.py's
-        # FUSE binding (a fusepy fork for libfuse 3; it overrides some of its methods) and
-        # the Standard Webhooks reference library that verifies webhook signatures.
+        # FUSE binding (a fusepy fork for libfuse 3; it overrides some of its methods), the
+        # Standard Webhooks reference library that verifies webhook signatures, and
+        # Schemathesis, which fuzzes the API against its OpenAPI description (scripts/fuzz-api).
         local module requirement
         while read -r module requirement; do
             python3 -c "import $module" 2>/dev/null && continue
@@ -90,6 +91,7 @@ deps_install() {
         done <<'PACKAGES'
 mfusepy mfusepy==3.1.1
 standardwebhooks standardwebhooks==1.1.0
+schemathesis schemathesis==4.32.5
 PACKAGES
     fi
     if ! command -v cargo >/dev/null; then

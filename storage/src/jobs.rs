@@ -725,10 +725,10 @@ impl StateMachine {
 
     /// A user's jobs by creation, after `after` (a key from a previous page), at most `limit`.
 
-    pub fn jobs_of(&self, owner: &str, after: Option<&Job>, limit: usize) -> Result<Vec<Job>, StorageError> {
+    pub fn jobs_of(&self, owner: &str, after: Option<(u64, &str)>, limit: usize) -> Result<Vec<Job>, StorageError> {
         let (mut start, end) = keys::job_owner_range(owner);
-        if let Some(after) = after {
-            start = keys::job_owner(owner, after.created_ms, &after.id);
+        if let Some((created_ms, job_id)) = after {
+            start = keys::job_owner(owner, created_ms, job_id);
             start.push(0);
         }
         let mut out = Vec::new();

@@ -225,19 +225,29 @@ fn day(text: &str) -> Result<u32, String> {
 
 /// Parses an RFC 3339 UTC timestamp (`…Z` or `+00:00`) into Unix ms.
 pub fn parse_utc(text: &str) -> Result<u64, String> {
+    u64::try_from(parse_utc_signed(text)?).map_err(|_| format!("{text:?} is before 1970"))
+}
+
+/// Parses an RFC 3339 UTC timestamp into Unix ms, negative before 1970.
+pub fn parse_utc_signed(text: &str) -> Result<i64, String> {
     let parsed =
         DateTime::parse_from_rfc3339(text).map_err(|e| format!("{text:?} is not an RFC 3339 timestamp: {e}"))?;
     if parsed.offset().local_minus_utc() != 0 {
         return Err(format!("{text:?} must be in UTC (Z)"));
     }
-    u64::try_from(parsed.timestamp_millis()).map_err(|_| format!("{text:?} is before 1970"))
+    Ok(parsed.timestamp_millis())
 }
 
 /// Parses an RFC 3339 timestamp with any offset into Unix ms.
 pub fn parse_timestamp(text: &str) -> Result<u64, String> {
+    u64::try_from(parse_signed_ms(text)?).map_err(|_| format!("{text:?} is before 1970"))
+}
+
+/// Parses an RFC 3339 timestamp with any offset into Unix ms, negative before 1970.
+pub fn parse_signed_ms(text: &str) -> Result<i64, String> {
     let parsed =
         DateTime::parse_from_rfc3339(text).map_err(|e| format!("{text:?} is not an RFC 3339 timestamp: {e}"))?;
-    u64::try_from(parsed.timestamp_millis()).map_err(|_| format!("{text:?} is before 1970"))
+    Ok(parsed.timestamp_millis())
 }
 
 /// Formats Unix ms as RFC 3339 UTC with milliseconds.

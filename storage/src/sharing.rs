@@ -310,7 +310,8 @@ fn folder_role(
         return Ok(Err(not_found()));
     };
     if namespace.kind == NamespaceKind::Personal {
-        return Ok(Err(Outcome::Rejected(Rejection::Invalid(format!("a personal namespace cannot be {done}")))));
+        // A state the request cannot change, not a malformed request: 409.
+        return Ok(Err(Outcome::Rejected(Rejection::Conflict(format!("a personal namespace cannot be {done}")))));
     }
     Ok(Ok(actor_role))
 }

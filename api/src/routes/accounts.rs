@@ -19,7 +19,8 @@ use crate::{json, ApiError, AppState};
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct NameRequest {
-    name: String,
+    #[schema(value_type = crate::schema::DisplayName)]
+    pub(crate) name: String,
 }
 
 /// Longest token lifetime a client may ask for: 10 years.
@@ -28,34 +29,51 @@ pub const TOKEN_LIFETIME_S_MAX: u64 = 10 * 365 * 24 * 3600;
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct TokenRequest {
+    #[schema(value_type = crate::schema::DisplayName)]
     name: String,
     /// Seconds until the token stops working; absent: it never expires.
+    #[schema(minimum = 1, maximum = 315_360_000)]
     expires_in_s: Option<u64>,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenView {
-    token_id: String,
-    name: String,
-    created_at: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    expires_at: Option<String>,
+    pub token_id: String,
+    pub name: String,
+    pub created_at: String,
+    /// When the token stops working; absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub expires_at: Option<String>,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+super::page! {
+    /// A page of a user's tokens (never their secrets).
+    TokenList { tokens: TokenView }
+}
+
+/// A revoked token.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRevoked {
+    pub token_id: String,
+    pub revoked: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UserCreated {
-    user_id: String,
-    namespace_id: String,
+    pub user_id: String,
+    pub namespace_id: String,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UserView {
-    user_id: String,
-    name: String,
-    namespace_id: String,
+    pub user_id: String,
+    pub name: String,
+    pub namespace_id: String,
 }
 
 impl From<User> for UserView {
@@ -64,11 +82,20 @@ impl From<User> for UserView {
     }
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+/// A new token. Its secret is in the first answer only: a replay under the same
+/// `Idempotency-Key` has no `token` and says `"tokenShownOnce": true`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TokenCreated {
-    token: String,
-    token_id: String,
+    pub token_id: String,
+    /// The secret (`rbx_…`): give it as `Authorization: Bearer`. Absent on a replay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub token: Option<String>,
+    /// A replay: the secret was shown once, in the first answer.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
+    pub token_shown_once: bool,
 }
 
 /// `POST /v1/admin/users` (idempotency-keyed).
@@ -120,25 +147,24 @@ pub async fn create_token(
     let (token, token_id) = (generate_token(), new_id());
     let command =
         Command::CreateToken { token_id: token_id.clone(), user_id, name, token_hash: hash_token(&token), expires_ms };
-    let replay = serde_json::json!({ "tokenId": token_id, "tokenShownOnce": true });
-    keyed
-        .write(&state, &principal, command, Success::created(TokenCreated { token, token_id }).replayed_as(replay))
-        .await
+    let replay = TokenCreated { token_id: token_id.clone(), token: None, token_shown_once: true };
+    let created = TokenCreated { token_id, token: Some(token), token_shown_once: false };
+    keyed.write(&state, &principal, command, Success::created(created).replayed_as(replay)).await
 }
 
 /// The caller as `GET /v1/me` shows them: who they are and what they store.
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct MeView {
-    user_id: String,
-    name: String,
-    namespace_id: String,
+    pub user_id: String,
+    pub name: String,
+    pub namespace_id: String,
     /// Bytes of the blocks the caller uploaded, each counted once.
-    stored_bytes: u64,
+    pub stored_bytes: u64,
     /// The most the caller may store (`[quotas] stored_bytes_per_user`); absent for an admin.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(required = false)]
-    quota_bytes: Option<u64>,
+    pub quota_bytes: Option<u64>,
 }
 
 /// The caller. Authentication already read the user after a read barrier where needed; the
@@ -151,7 +177,7 @@ pub async fn me(State(state): State<AppState>, principal: Principal) -> Result<J
 }
 
 /// A user's tokens as the API shows them (never their secrets).
-async fn token_views(state: &AppState, user_id: String, query: PageQuery) -> Result<Json<serde_json::Value>, ApiError> {
+async fn token_views(state: &AppState, user_id: String, query: PageQuery) -> Result<Json<TokenList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     let after = query.page_token;
     let found = read_state(state, move |sm| Ok(sm.tokens_page(&user_id, after.as_deref(), limit + 1)?)).await?;
@@ -165,19 +191,16 @@ async fn token_views(state: &AppState, user_id: String, query: PageQuery) -> Res
             expires_at: t.expires_ms.map(format_utc),
         })
         .collect();
-    let mut body = serde_json::json!({ "tokens": tokens });
-    if found.len() > limit {
-        body["nextPageToken"] = serde_json::json!(found[limit - 1].id);
-    }
-    Ok(Json(body))
+    let next_page_token = (found.len() > limit).then(|| found[limit - 1].id.clone());
+    Ok(Json(TokenList { tokens, next_page_token }))
 }
 
 /// Revokes `user_id`'s token `token_id`: it stops working on every node as each applies the
 /// revocation (within a heartbeat of the answer).
-async fn revoke(state: &AppState, user_id: String, token_id: String) -> Result<Json<serde_json::Value>, ApiError> {
+async fn revoke(state: &AppState, user_id: String, token_id: String) -> Result<Json<TokenRevoked>, ApiError> {
     match state.node.write(Command::RevokeToken { user_id, token_id: token_id.clone() }).await? {
         raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
-        _ => Ok(Json(serde_json::json!({ "tokenId": token_id, "revoked": true }))),
+        _ => Ok(Json(TokenRevoked { token_id, revoked: true })),
     }
 }
 
@@ -187,7 +210,7 @@ pub async fn list_tokens(
     principal: Principal,
     Path(user_id): Path<String>,
     Query(query): Query<PageQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<TokenList>, ApiError> {
     principal.require_admin()?;
     state.node.read_barrier().await?;
     state.node.state().user(&user_id)?.ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
@@ -199,7 +222,7 @@ pub async fn revoke_token(
     State(state): State<AppState>,
     principal: Principal,
     Path((user_id, token_id)): Path<(String, String)>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<TokenRevoked>, ApiError> {
     principal.require_admin()?;
     revoke(&state, user_id, token_id).await
 }
@@ -209,7 +232,7 @@ pub async fn my_tokens(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<PageQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<TokenList>, ApiError> {
     state.node.read_barrier().await?;
     token_views(&state, principal.user.id.clone(), query).await
 }
@@ -220,21 +243,22 @@ pub async fn revoke_my_token(
     State(state): State<AppState>,
     principal: Principal,
     Path(token_id): Path<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<TokenRevoked>, ApiError> {
     revoke(&state, principal.user.id, token_id).await
 }
 
 /// The caller's webhook signing secret, as `GET` and `POST /v1/me/webhook-secret` answer.
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WebhookSecretView {
     /// `whsec_` and the base64 of the HMAC-SHA256 key: give it to a Standard Webhooks
     /// library to verify the `webhook-signature` of this user's webhook calls.
-    secret: String,
-    created_at: String,
+    pub secret: String,
+    pub created_at: String,
     /// Until when the secret before this one still signs too (after a rotation).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    previous_valid_until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub previous_valid_until: Option<String>,
 }
 
 /// Hours the previous secret goes on signing after a rotation, by default and at most.
@@ -289,7 +313,10 @@ pub async fn rotate_webhook_secret(
     principal: Principal,
     body: axum::body::Bytes,
 ) -> Result<(axum::http::StatusCode, Json<WebhookSecretView>), ApiError> {
-    let request: RotateRequest = if body.is_empty() { RotateRequest::default() } else { json::parse(&body)? };
+    // No body, or JSON `null`: the defaults.
+    let request: Option<RotateRequest> =
+        if body.iter().all(u8::is_ascii_whitespace) { None } else { json::parse(&body)? };
+    let request = request.unwrap_or_default();
     let hours = request.keep_previous_hours.unwrap_or(KEEP_PREVIOUS_HOURS_DEFAULT);
     if hours > KEEP_PREVIOUS_HOURS_MAX {
         return Err(ApiError::BadRequest(format!("keepPreviousHours is at most {KEEP_PREVIOUS_HOURS_MAX}")));

@@ -38,6 +38,7 @@ pub(crate) fn parse_hash(text: &str) -> Result<BlockHash, ApiError> {
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StatusRequest {
+    #[schema(value_type = Vec<crate::schema::BlockHash>, max_items = 10_000)]
     hashes: Vec<String>,
 }
 

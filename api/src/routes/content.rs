@@ -33,14 +33,15 @@ use crate::{ApiError, AppState};
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ContentQuery {
-    /// The file's path: starts with `/`, no empty, `.` or `..` components.
+    #[param(value_type = crate::schema::FilePath)]
     path: String,
     /// Default: the caller's personal namespace.
     namespace_id: Option<String>,
-    /// PUT only: the version this content replaces (0: a new file). Default: the version
-    /// current when the upload began.
+    /// The version this content replaces (0: a new file). Default: the version current
+    /// when the upload began.
     base_version: Option<u64>,
-    /// PUT only: the modification time, RFC 3339 or Unix milliseconds. Default: now.
+    /// The modification time. Default: now.
+    #[param(value_type = Option<crate::schema::Mtime>)]
     mtime: Option<String>,
 }
 
@@ -63,10 +64,11 @@ pub async fn put(
     let namespace_id = access::resolve(&principal, query.namespace_id.as_deref());
     let mtime_ms = match &query.mtime {
         None => now_ms(),
-        Some(text) => match text.parse::<u64>() {
-            Ok(ms) => ms,
-            Err(_) => parse_mtime(&serde_json::Value::String(text.clone()))?,
-        },
+        Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+            let ms = text.parse::<u64>().map_or(serde_json::Value::Null, serde_json::Value::from);
+            parse_mtime(&ms)?
+        }
+        Some(text) => parse_mtime(&serde_json::Value::String(text.clone()))?,
     };
     let device = device(request.headers(), &principal)?;
     // Refused before a byte of the body is taken: a namespace the caller may not change.
@@ -114,11 +116,8 @@ pub async fn put(
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
-    Query(query): Query<ContentQuery>,
+    Query(query): Query<super::files::PathQuery>,
 ) -> Result<Response, ApiError> {
-    if query.base_version.is_some() || query.mtime.is_some() {
-        return Err(ApiError::BadRequest("baseVersion and mtime are for PUT".into()));
-    }
     let namespace_id = access::resolve(&principal, query.namespace_id.as_deref());
     let path = parse_path(&query.path)?;
     access::read(&state, &principal, &namespace_id).await?;
@@ -180,6 +179,10 @@ pub async fn post_block(
     request: Request,
 ) -> Result<(StatusCode, Json<BlockStored>), ApiError> {
     let block = super::blocks::receive(request).await?.hashed();
+    if block.is_empty() {
+        // No file needs one: an empty file has no blocks.
+        return Err(ApiError::BadRequest("a block has at least one byte".into()));
+    }
     let hash = block.hash().to_hex();
     super::blocks::store(&state, &caller, block).await?;
     Ok((StatusCode::CREATED, Json(BlockStored { hash })))

@@ -20,17 +20,17 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::command::{FileCommit, FileMove};
-use raftbox_storage::files::FolderEntry;
+use raftbox_storage::files::{FolderEntry, FolderPage};
 use raftbox_storage::paths::FilePath;
 use raftbox_storage::records::{FileRecord, VersionRecord};
-use raftbox_storage::schedule::{format_utc, parse_timestamp};
+use raftbox_storage::schedule::{format_utc, parse_signed_ms};
 use raftbox_storage::{Command, Outcome};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use super::{new_id, page_limit, read_state, LISTING_WORK_MAX, PAGE_DEFAULT, PAGE_MAX};
 use crate::access;
 use crate::auth::Principal;
+use crate::error::ConflictedCopy;
 use crate::idempotency::Keyed;
 use crate::{json, ApiError, AppState};
 
@@ -41,6 +41,22 @@ pub const FILE_CHUNKS_MAX: usize = 100_000;
 
 pub(crate) fn parse_path(text: &str) -> Result<FilePath, ApiError> {
     FilePath::parse(text).map_err(|e| ApiError::BadRequest(format!("path {text:?}: {e}")))
+}
+
+/// The optional `X-Device-Id` header of the routes that may make a conflicted copy
+/// (`params(DeviceHeader)`), read by [`device`].
+pub struct DeviceHeader;
+
+impl utoipa::IntoParams for DeviceHeader {
+    fn into_params(
+        _: impl Fn() -> Option<utoipa::openapi::path::ParameterIn>,
+    ) -> Vec<utoipa::openapi::path::Parameter> {
+        vec![crate::idempotency::header_param(
+            "X-Device-Id",
+            "The device named in conflicted copies; default: the token's name.",
+            utoipa::openapi::Ref::from_schema_name("DeviceName"),
+        )]
+    }
 }
 
 /// The device named in conflicted copies: `X-Device-Id`, else the token's name (which the
@@ -64,12 +80,23 @@ pub(crate) fn device(headers: &HeaderMap, principal: &Principal) -> Result<Strin
 /// A modification time as sent: an RFC 3339 timestamp (the spec's form) or integer Unix
 /// milliseconds. Answers always carry the RFC 3339 UTC form with milliseconds.
 pub(crate) fn parse_mtime(value: &serde_json::Value) -> Result<u64, ApiError> {
-    let bad = || ApiError::BadRequest("mtime is an RFC 3339 timestamp or Unix milliseconds".into());
+    let bad = || {
+        ApiError::BadRequest(format!(
+            "mtime is an RFC 3339 timestamp or Unix milliseconds (0 to {})",
+            crate::schema::MTIME_MS_MAX
+        ))
+    };
     match value {
-        serde_json::Value::Number(n) => n.as_u64().ok_or_else(bad),
-        serde_json::Value::String(text) => {
-            parse_timestamp(text).map_err(|e| ApiError::BadRequest(format!("mtime: {e}")))
-        }
+        // `1.7e12` is an integer to JSON Schema too: any number without a fraction.
+        serde_json::Value::Number(n) => n
+            .as_u64()
+            .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64))
+            .filter(|ms| *ms <= crate::schema::MTIME_MS_MAX)
+            .ok_or_else(bad),
+        serde_json::Value::String(text) => match parse_signed_ms(text) {
+            Err(e) => Err(ApiError::BadRequest(format!("mtime: {e}"))),
+            Ok(ms) => u64::try_from(ms).map_err(|_| ApiError::Unprocessable(format!("mtime {text:?} is before 1970"))),
+        },
         _ => Err(bad()),
     }
 }
@@ -99,39 +126,57 @@ pub(crate) fn empty_commit(
     }
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(crate) struct CommitRequest {
-    path: String,
+pub struct CommitRequest {
+    #[schema(value_type = crate::schema::FilePath)]
+    pub path: String,
     /// Decoded as they are read (no string per chunk: a commit may name 100,000).
-    #[schema(value_type = Vec<String>)]
-    chunks: Vec<BlockHash>,
-    base_version: u64,
-    size: u64,
-    /// Modification time: an RFC 3339 timestamp, or Unix milliseconds.
-    #[schema(schema_with = crate::openapi::timestamp_or_ms)]
-    mtime: serde_json::Value,
-    namespace_id: Option<String>,
+    #[schema(value_type = Vec<crate::schema::BlockHash>, max_items = 100_000)]
+    pub chunks: Vec<BlockHash>,
+    pub base_version: u64,
+    pub size: u64,
+    #[schema(value_type = crate::schema::Mtime)]
+    pub mtime: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_id: Option<String>,
+    /// A tombstone: then `chunks` is empty (else 422).
     #[serde(default)]
-    deleted: bool,
+    pub deleted: bool,
     /// The file is executable (its owner's execute bit); default false.
     #[serde(default)]
-    executable: bool,
+    pub executable: bool,
+}
+
+/// A committed version (201), or the current one when the content equalled it (200,
+/// `unchanged`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FileCommitted {
+    pub file_id: String,
+    pub version: u64,
+    /// The content equalled the current version: nothing was written; absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
+    pub unchanged: bool,
 }
 
 /// The answer to a commit, from its outcome (also on an idempotent replay).
 pub(crate) fn render_commit(outcome: Outcome) -> Result<Response, ApiError> {
     match outcome {
         Outcome::FileCommitted { file_id, version, unchanged: false } => {
-            Ok((StatusCode::CREATED, Json(json!({ "fileId": file_id, "version": version }))).into_response())
+            Ok((StatusCode::CREATED, Json(FileCommitted { file_id, version, unchanged: false })).into_response())
         }
         Outcome::FileCommitted { file_id, version, unchanged: true } => {
-            Ok(Json(json!({ "fileId": file_id, "version": version, "unchanged": true })).into_response())
+            Ok(Json(FileCommitted { file_id, version, unchanged: true }).into_response())
         }
         Outcome::FileConflict { current_version, copy } => Err(ApiError::CommitConflict {
             current_version,
-            conflicted_copy: copy
-                .map(|c| json!({ "path": c.path.as_str(), "fileId": c.file_id, "version": c.version })),
+            conflicted_copy: copy.map(|c| ConflictedCopy {
+                path: c.path.as_str().to_string(),
+                file_id: c.file_id,
+                version: c.version,
+            }),
         }),
         Outcome::Rejected(rejection) => Err(rejection.into()),
         other => Err(ApiError::Internal(format!("unexpected outcome {other:?}"))),
@@ -211,7 +256,7 @@ pub async fn commit(
             return Err(ApiError::BadRequest(format!("a file has at most {FILE_CHUNKS_MAX} chunks")));
         }
         if request.deleted && !request.chunks.is_empty() {
-            return Err(ApiError::BadRequest("a deletion has no chunks".into()));
+            return Err(ApiError::Unprocessable("a deletion has no chunks".into()));
         }
         let mut request = request;
         let chunks = std::mem::take(&mut request.chunks);
@@ -246,32 +291,126 @@ pub async fn commit(
     propose_commit(&state, &principal, keyed, commit).await
 }
 
+/// A file: `GET /v1/files`, `GET /v1/files/content`.
 #[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
 #[into_params(parameter_in = Query)]
 pub struct PathQuery {
+    #[param(value_type = crate::schema::FilePath)]
+    pub(crate) path: String,
+    /// Default: the caller's personal namespace.
+    pub(crate) namespace_id: Option<String>,
+}
+
+/// A file's versions, a page of them: `GET /v1/files/history`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct HistoryQuery {
+    #[param(value_type = crate::schema::FilePath)]
     path: String,
+    /// Default: the caller's personal namespace.
     namespace_id: Option<String>,
-    limit: Option<usize>,
+    /// Versions per page: default 100, at most 1,000 (a larger one is cut to 1,000).
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
+    limit: Option<u32>,
+    #[param(value_type = Option<crate::schema::SeqPageToken>)]
     page_token: Option<String>,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+/// A folder, a page of its entries: `GET /v1/files/list`.
+#[derive(Deserialize, utoipa::IntoParams)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct VersionView {
-    version: u64,
-    chunks: Vec<String>,
-    size: u64,
-    mtime: String,
+#[into_params(parameter_in = Query)]
+pub struct FolderQuery {
+    #[param(value_type = crate::schema::FolderPath)]
+    path: String,
+    /// Default: the caller's personal namespace.
+    namespace_id: Option<String>,
+    /// Entries per page: default 100, at most 1,000 (a larger one is cut to 1,000).
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
+    limit: Option<u32>,
+    /// The `nextPageToken` of the page before: the page goes on after it, in the folder's
+    /// order (any text is a place in that order).
+    page_token: Option<String>,
+}
+
+/// One kept version of a file.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionView {
+    pub version: u64,
+    /// The content's blocks, in order (BLAKE3, hex).
+    pub chunks: Vec<String>,
+    pub size: u64,
+    /// RFC 3339.
+    pub mtime: String,
     /// The file is executable; absent when not.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schema(required = false)]
-    executable: bool,
-    device: String,
-    created_at: String,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub executable: bool,
+    pub device: String,
+    pub created_at: String,
+    /// A tombstone (the file was deleted); absent when not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schema(required = false)]
-    deleted: bool,
+    pub deleted: bool,
+}
+
+/// A file's current version.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FileView {
+    pub file_id: String,
+    pub namespace_id: String,
+    pub path: String,
+    pub version: u64,
+    pub chunks: Vec<String>,
+    pub size: u64,
+    /// RFC 3339.
+    pub mtime: String,
+    pub executable: bool,
+}
+
+/// A file's kept versions, newest first.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FileHistory {
+    pub file_id: String,
+    pub path: String,
+    pub versions: Vec<VersionView>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub next_page_token: Option<String>,
+}
+
+/// An entry of a folder: a file or a subfolder.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum FolderEntryView {
+    #[serde(rename_all = "camelCase")]
+    File {
+        name: String,
+        file_id: String,
+        version: u64,
+        size: u64,
+    },
+    Folder {
+        name: String,
+    },
+}
+
+/// The files and subfolders directly in a folder, by name.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FolderListing {
+    pub path: String,
+    pub entries: Vec<FolderEntryView>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub next_page_token: Option<String>,
 }
 
 impl From<&VersionRecord> for VersionView {
@@ -308,20 +447,26 @@ pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<PathQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<FileView>, ApiError> {
     let (file, version) = live_file(&state, &principal, &query).await?;
     let view = VersionView::from(&version);
-    Ok(Json(json!({
-        "fileId": file.id, "namespaceId": file.namespace_id, "path": file.path.as_str(), "version": view.version,
-        "chunks": view.chunks, "size": view.size, "mtime": view.mtime, "executable": view.executable,
-    })))
+    Ok(Json(FileView {
+        path: file.path.as_str().to_string(),
+        file_id: file.id,
+        namespace_id: file.namespace_id,
+        version: view.version,
+        chunks: view.chunks,
+        size: view.size,
+        mtime: view.mtime,
+        executable: view.executable,
+    }))
 }
 
 pub async fn history(
     State(state): State<AppState>,
     principal: Principal,
-    Query(query): Query<PathQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+    Query(query): Query<HistoryQuery>,
+) -> Result<Json<FileHistory>, ApiError> {
     let namespace_id = access::resolve(&principal, query.namespace_id.as_deref());
     let path = parse_path(&query.path)?;
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
@@ -335,22 +480,24 @@ pub async fn history(
             .file_at(&namespace_id, path.as_str())?
             .ok_or_else(|| ApiError::NotFound(format!("no file at {path}")))?;
         let versions = sm.versions_page(&file.id, below, limit + 1)?;
-        let page: Vec<VersionView> = versions.iter().take(limit).map(VersionView::from).collect();
-        let mut body = json!({ "fileId": file.id, "path": file.path.as_str(), "versions": page });
-        if versions.len() > limit {
-            body["nextPageToken"] = json!(versions[limit - 1].version.to_string());
-        }
-        Ok(Json(body))
+        Ok(Json(FileHistory {
+            path: file.path.as_str().to_string(),
+            file_id: file.id,
+            versions: versions.iter().take(limit).map(VersionView::from).collect(),
+            next_page_token: (versions.len() > limit).then(|| versions[limit - 1].version.to_string()),
+        }))
     })
     .await
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(crate) struct RestoreRequest {
-    path: String,
-    version: u64,
-    namespace_id: Option<String>,
+pub struct RestoreRequest {
+    #[schema(value_type = crate::schema::FilePath)]
+    pub path: String,
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_id: Option<String>,
 }
 
 /// A new version with the content of an old one (based on the current version).
@@ -387,12 +534,14 @@ pub async fn restore(
     propose_commit(&state, &principal, keyed, commit).await
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(crate) struct DeleteRequest {
-    path: String,
-    base_version: u64,
-    namespace_id: Option<String>,
+pub struct DeleteRequest {
+    #[schema(value_type = crate::schema::FilePath)]
+    pub path: String,
+    pub base_version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_id: Option<String>,
 }
 
 /// A tombstone version (it syncs as `deleted: true`); same conflict rules as a commit.
@@ -417,13 +566,16 @@ pub async fn delete(
     propose_commit(&state, &principal, keyed, commit).await
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(crate) struct MoveRequest {
-    from: String,
-    to: String,
-    base_version: u64,
-    namespace_id: Option<String>,
+pub struct MoveRequest {
+    #[schema(value_type = crate::schema::FilePath)]
+    pub from: String,
+    #[schema(value_type = crate::schema::FilePath)]
+    pub to: String,
+    pub base_version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_id: Option<String>,
 }
 
 /// Moves (renames) a file; 409 if `from` changed since `baseVersion` or `to` is taken.
@@ -446,12 +598,23 @@ pub async fn move_file(
     keyed.write_with(&state, &principal, Command::MoveFile(Box::new(request)), render_commit).await
 }
 
+/// Where a listing of `folder` goes on after `token`: any text is a place in the folder's
+/// order. `None` when it is past the folder's end (an empty page); `Some(None)` before its
+/// start.
+pub(crate) fn folder_position<'t>(folder: &str, token: Option<&'t str>) -> Option<Option<&'t str>> {
+    match token {
+        Some(token) if token.starts_with(folder) => Some(Some(token)),
+        Some(token) if token > folder => None,
+        _ => Some(None),
+    }
+}
+
 /// Files and subfolders directly in a folder (`path` ends with `/`), by name.
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
-    Query(query): Query<PathQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+    Query(query): Query<FolderQuery>,
+) -> Result<Json<FolderListing>, ApiError> {
     let namespace_id = access::resolve(&principal, query.namespace_id.as_deref());
     let folder = query.path.as_str();
     if folder != "/" && (!folder.ends_with('/') || FilePath::parse(&folder[..folder.len() - 1]).is_err()) {
@@ -459,27 +622,23 @@ pub async fn list(
     }
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     access::read(&state, &principal, &namespace_id).await?;
-    if query.page_token.as_deref().is_some_and(|token| !token.starts_with(folder)) {
-        return Err(ApiError::BadRequest("pageToken does not belong to this folder".into()));
-    }
-    let (folder, after) = (folder.to_string(), query.page_token.clone());
+    let (folder, token) = (folder.to_string(), query.page_token.clone());
     read_state(&state, move |sm| {
-        let page = sm.list_folder(&namespace_id, &folder, after.as_deref(), limit, LISTING_WORK_MAX)?;
-        let entries: Vec<serde_json::Value> = page
+        let page = match folder_position(&folder, token.as_deref()) {
+            Some(after) => sm.list_folder(&namespace_id, &folder, after, limit, LISTING_WORK_MAX)?,
+            None => FolderPage::default(),
+        };
+        let entries = page
             .entries
-            .iter()
+            .into_iter()
             .map(|entry| match entry {
-                FolderEntry::Folder { name } => json!({ "name": name, "type": "folder" }),
-                FolderEntry::File { name, file, version } => json!({
-                    "name": name, "type": "file", "fileId": file.id, "version": file.current_version, "size": version.size
-                }),
+                FolderEntry::Folder { name } => FolderEntryView::Folder { name },
+                FolderEntry::File { name, file, version } => {
+                    FolderEntryView::File { name, file_id: file.id, version: file.current_version, size: version.size }
+                }
             })
             .collect();
-        let mut body = json!({ "path": folder, "entries": entries });
-        if let Some(next) = page.next {
-            body["nextPageToken"] = json!(next);
-        }
-        Ok(Json(body))
+        Ok(Json(FolderListing { path: folder, entries, next_page_token: page.next }))
     })
     .await
 }

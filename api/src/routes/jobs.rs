@@ -7,12 +7,13 @@ use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raftbox_storage::jobs::{Job, JobPatch, JobRun, JobSpec, Schedule};
-use raftbox_storage::schedule::{format_utc, parse_utc, CronSchedule};
+use raftbox_storage::jobs::{JobStatus, RunStatus};
+use raftbox_storage::schedule::{format_utc, parse_utc_signed, CronSchedule};
 use raftbox_storage::Command;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use super::{new_id, page_limit, PageQuery, PAGE_DEFAULT, PAGE_MAX};
+use super::{new_id, page_limit, PAGE_DEFAULT, PAGE_MAX};
 use crate::auth::Principal;
 use crate::idempotency::{Keyed, Success};
 use crate::{json, ApiError, AppState};
@@ -31,7 +32,9 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+/// A schedule as a client writes it: `{runAt}` (once) or `{cron, timezone}`. A cron
+/// expression or time zone the server does not know, or a schedule that never fires, is 422.
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct ScheduleRequest {
     run_at: Option<String>,
@@ -68,7 +71,7 @@ fn check_limits(state: &AppState, principal: &Principal, schedule: &Schedule, fi
     if let Schedule::Cron(cron) = schedule {
         let min_ms = limits.min_cron_interval_s.saturating_mul(1_000);
         if shortest_interval_ms(cron, first).is_some_and(|gap| gap < min_ms) {
-            return Err(ApiError::BadRequest(format!(
+            return Err(ApiError::Unprocessable(format!(
                 "schedule {:?} fires more often than once every {} s, the shortest interval allowed",
                 cron.expr, limits.min_cron_interval_s
             )));
@@ -81,13 +84,15 @@ fn check_limits(state: &AppState, principal: &Principal, schedule: &Schedule, fi
 fn parse_schedule(request: &ScheduleRequest, now: u64) -> Result<(Schedule, u64), ApiError> {
     match (&request.run_at, &request.cron, &request.timezone) {
         (Some(run_at), None, None) => {
-            let at = parse_utc(run_at).map_err(|e| ApiError::BadRequest(format!("schedule.runAt: {e}")))?;
+            let at = parse_utc_signed(run_at).map_err(|e| ApiError::BadRequest(format!("schedule.runAt: {e}")))?;
+            let at = u64::try_from(at)
+                .map_err(|_| ApiError::Unprocessable(format!("schedule.runAt {run_at:?} is before 1970")))?;
             Ok((Schedule::Once { run_at_ms: at }, at))
         }
         (None, Some(expr), Some(tz)) => {
-            let cron = CronSchedule::parse(expr, tz).map_err(|e| ApiError::BadRequest(format!("schedule: {e}")))?;
+            let cron = CronSchedule::parse(expr, tz).map_err(|e| ApiError::Unprocessable(format!("schedule: {e}")))?;
             let next =
-                cron.next_after(now).ok_or_else(|| ApiError::BadRequest("the cron schedule never fires".into()))?;
+                cron.next_after(now).ok_or_else(|| ApiError::Unprocessable("the cron schedule never fires".into()))?;
             Ok((Schedule::Cron(cron), next))
         }
         (None, Some(_), None) => Err(ApiError::BadRequest("schedule.timezone is required with cron".into())),
@@ -102,7 +107,8 @@ async fn check_target(state: &AppState, job_type: &str, target: &str) -> Result<
         return Err(ApiError::BadRequest(format!("target is at most {TARGET_CHARS_MAX} characters")));
     }
     if job_type == "webhook" {
-        state.config.webhooks.check(target).await.map_err(ApiError::BadRequest)?;
+        // Whether the node may call it depends on its configuration and on DNS: 422.
+        state.config.webhooks.check(target).await.map_err(ApiError::Unprocessable)?;
     }
     Ok(())
 }
@@ -112,7 +118,7 @@ fn check_payload(payload: &Value) -> Result<(), ApiError> {
         return Err(ApiError::BadRequest("payload is a JSON object".into()));
     }
     if payload.to_string().len() > PAYLOAD_BYTES_MAX {
-        return Err(ApiError::BadRequest(format!("payload is at most {PAYLOAD_BYTES_MAX} bytes")));
+        return Err(ApiError::PayloadTooLarge(format!("payload is at most {PAYLOAD_BYTES_MAX} bytes")));
     }
     Ok(())
 }
@@ -129,12 +135,25 @@ fn check_retries(max_retries: i64) -> Result<u32, ApiError> {
 #[schema(as = JobCreateRequest)]
 pub(crate) struct CreateRequest {
     #[serde(rename = "type")]
+    #[schema(value_type = crate::schema::JobType)]
     job_type: String,
+    /// A webhook's URL (`http://` or `https://`, to a host the node's `[webhooks]` rule
+    /// allows, else 422); unused by the built-in types.
+    #[schema(max_length = 2048)]
     target: Option<String>,
+    /// Given to the job (a webhook's body); at most 64 KiB as JSON (else 413).
+    #[schema(value_type = Object)]
     payload: Value,
+    #[schema(value_type = crate::schema::Schedule)]
     schedule: ScheduleRequest,
+    /// Retries after a failed attempt.
+    #[schema(minimum = 0, maximum = 100)]
     max_retries: i64,
+    /// Seconds an attempt may take: default 30.
+    #[schema(minimum = 1, maximum = 900)]
     timeout_seconds: Option<u64>,
+    /// The first retry's delay, doubling each retry: default 1,000.
+    #[schema(minimum = 1, maximum = 3_600_000)]
     retry_backoff_ms: Option<u64>,
 }
 
@@ -176,8 +195,11 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
         crate::webhooks::ensure_secret(&state.node, &principal.user.id).await?;
     }
     let job = Job::scheduled(spec, Some(next_run_at));
-    let success =
-        Success::created(json!({ "jobId": job.id, "nextRunAt": format_utc(next_run_at), "status": "SCHEDULED" }));
+    let success = Success::created(JobCreated {
+        job_id: job.id.clone(),
+        next_run_at: format_utc(next_run_at),
+        status: JobStatus::Scheduled,
+    });
     // A non-admin's quota of jobs that may still run is checked in apply, in log order.
     let command = if principal.user.admin {
         Command::CreateJob(Box::new(job))
@@ -189,6 +211,125 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
     keyed.write(&state, &principal, command, success).await
 }
 
+/// A new job.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobCreated {
+    pub job_id: String,
+    pub next_run_at: String,
+    pub status: JobStatus,
+}
+
+/// A schedule as a client writes it: `{runAt}`, `{cron, timezone}` or `{everyMs}`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum ScheduleView {
+    #[serde(rename_all = "camelCase")]
+    Once {
+        run_at: String,
+    },
+    Cron {
+        cron: String,
+        timezone: String,
+    },
+    #[serde(rename_all = "camelCase")]
+    Interval {
+        every_ms: u64,
+    },
+}
+
+impl From<&Schedule> for ScheduleView {
+    fn from(schedule: &Schedule) -> ScheduleView {
+        match schedule {
+            Schedule::Once { run_at_ms } => ScheduleView::Once { run_at: format_utc(*run_at_ms) },
+            Schedule::Cron(cron) => ScheduleView::Cron { cron: cron.expr.clone(), timezone: cron.timezone.clone() },
+            Schedule::Interval { every_ms } => ScheduleView::Interval { every_ms: *every_ms },
+        }
+    }
+}
+
+/// How a job is scheduled.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ScheduleKind {
+    Once,
+    Cron,
+    Interval,
+}
+
+/// A job as the API shows it.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobView {
+    pub job_id: String,
+    pub owner_id: String,
+    pub tenant_id: String,
+    #[serde(rename = "type")]
+    pub job_type: String,
+    pub target: String,
+    pub payload: Value,
+    pub schedule: ScheduleView,
+    pub schedule_kind: ScheduleKind,
+    /// The cron expression; empty unless `CRON`.
+    pub cron_expr: String,
+    /// The cron schedule's time zone; `UTC` for `INTERVAL`, empty for `ONCE`.
+    pub timezone: String,
+    pub max_retries: u32,
+    pub timeout_seconds: u64,
+    pub retry_backoff_ms: u64,
+    pub status: JobStatus,
+    /// Paused (`:pause`): no fire or retry starts until `:resume`.
+    pub paused: bool,
+    pub next_run_at: Option<String>,
+    /// Attempts of the current fire or, between fires, of the last one.
+    pub attempts: u32,
+    pub fence_token: u64,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub last_error: Option<String>,
+}
+
+super::page! {
+    /// A page of the caller's jobs, oldest first.
+    JobList { jobs: JobView }
+}
+
+/// What an attempt produced: `{httpStatus, excerpt}` for a webhook (the first
+/// `RESULT_EXCERPT_BYTES_MAX` bytes of the response body), `{excerpt}` for a built-in task.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunResultView {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub http_status: Option<u16>,
+    pub excerpt: String,
+}
+
+/// One attempt of a job.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunView {
+    pub run_id: String,
+    pub job_id: String,
+    pub scheduled_for: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub status: RunStatus,
+    pub attempt: u32,
+    pub worker_id: String,
+    pub fence_token: u64,
+    /// `null` while running or when the attempt produced nothing.
+    pub result: Option<RunResultView>,
+    pub error: Option<String>,
+}
+
+super::page! {
+    /// A page of a job's runs, newest first.
+    RunList { runs: RunView }
+}
+
 /// The job if the caller may see it (owner or admin), after a read barrier; else 404.
 async fn visible_job(state: &AppState, principal: &Principal, job_id: &str) -> Result<Job, ApiError> {
     state.node.read_barrier().await?;
@@ -198,40 +339,46 @@ async fn visible_job(state: &AppState, principal: &Principal, job_id: &str) -> R
     }
 }
 
-/// The schedule as a client writes it (`{runAt}` or `{cron, timezone}`).
-fn schedule_json(schedule: &Schedule) -> Value {
-    match schedule {
-        Schedule::Once { run_at_ms } => json!({ "runAt": format_utc(*run_at_ms) }),
-        Schedule::Cron(cron) => json!({ "cron": cron.expr, "timezone": cron.timezone }),
-        Schedule::Interval { every_ms } => json!({ "everyMs": every_ms }),
-    }
-}
-
 /// A job as the API shows it; `attempts` as the state machine's `job_attempts` counts them.
-fn view(state: &AppState, job: &Job) -> Result<Value, ApiError> {
+fn view(state: &AppState, job: &Job) -> Result<JobView, ApiError> {
     let attempts = state.node.state().job_attempts(job)?;
     let (kind, cron_expr, timezone) = match &job.schedule {
-        Schedule::Once { .. } => ("ONCE", "", ""),
-        Schedule::Cron(cron) => ("CRON", cron.expr.as_str(), cron.timezone.as_str()),
-        Schedule::Interval { .. } => ("INTERVAL", "", "UTC"),
+        Schedule::Once { .. } => (ScheduleKind::Once, "", ""),
+        Schedule::Cron(cron) => (ScheduleKind::Cron, cron.expr.as_str(), cron.timezone.as_str()),
+        Schedule::Interval { .. } => (ScheduleKind::Interval, "", "UTC"),
     };
-    Ok(json!({
-        "jobId": job.id, "ownerId": job.owner_user_id, "tenantId": job.owner_user_id, "type": job.job_type,
-        "target": job.target, "payload": job.payload, "schedule": schedule_json(&job.schedule),
-        "scheduleKind": kind, "cronExpr": cron_expr, "timezone": timezone,
-        "maxRetries": job.max_retries, "timeoutSeconds": job.timeout_s, "retryBackoffMs": job.retry_backoff_ms,
-        "status": job.status, "paused": job.paused, "nextRunAt": job.next_run_at_ms.map(format_utc),
-        "attempts": attempts,
-        "fenceToken": job.fence, "leaseOwner": job.lease_owner, "leaseExpiresAt": job.lease_expires_ms.map(format_utc),
-        "createdAt": format_utc(job.created_ms), "updatedAt": format_utc(job.updated_ms), "lastError": job.last_error,
-    }))
+    Ok(JobView {
+        job_id: job.id.clone(),
+        owner_id: job.owner_user_id.clone(),
+        tenant_id: job.owner_user_id.clone(),
+        job_type: job.job_type.clone(),
+        target: job.target.clone(),
+        payload: job.payload.clone(),
+        schedule: ScheduleView::from(&job.schedule),
+        schedule_kind: kind,
+        cron_expr: cron_expr.to_string(),
+        timezone: timezone.to_string(),
+        max_retries: job.max_retries,
+        timeout_seconds: job.timeout_s,
+        retry_backoff_ms: job.retry_backoff_ms,
+        status: job.status,
+        paused: job.paused,
+        next_run_at: job.next_run_at_ms.map(format_utc),
+        attempts,
+        fence_token: job.fence,
+        lease_owner: job.lease_owner.clone(),
+        lease_expires_at: job.lease_expires_ms.map(format_utc),
+        created_at: format_utc(job.created_ms),
+        updated_at: format_utc(job.updated_ms),
+        last_error: job.last_error.clone(),
+    })
 }
 
 pub async fn get(
     State(state): State<AppState>,
     principal: Principal,
     Path(job_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobView>, ApiError> {
     Ok(Json(view(&state, &visible_job(&state, &principal, &job_id).await?)?))
 }
 
@@ -242,9 +389,14 @@ pub(crate) struct PatchRequest {
     /// Merged into the current schedule (RFC 7396): `{"timezone": "…"}` keeps the cron
     /// expression and `{"cron": "…"}` the timezone. A patch naming the other kind's key
     /// (`runAt` for a cron job, `cron` for a one-off job) replaces the schedule instead.
+    #[schema(value_type = Option<crate::schema::SchedulePatch>)]
     schedule: Option<Value>,
+    /// Merged into the payload (RFC 7396).
+    #[schema(value_type = Option<Object>)]
     payload: Option<Value>,
+    #[schema(max_length = 2048)]
     target: Option<String>,
+    #[schema(minimum = 0, maximum = 100)]
     max_retries: Option<i64>,
 }
 
@@ -269,7 +421,7 @@ pub async fn patch(
     principal: Principal,
     Path(job_id): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobView>, ApiError> {
     let request: PatchRequest = json::parse(&body)?;
     let job = visible_job(&state, &principal, &job_id).await?;
     if job.status.is_final() {
@@ -294,11 +446,21 @@ pub async fn patch(
             Schedule::Once { .. } => changes.get("cron").is_some_and(|v| !v.is_null()),
             _ => changes.get("runAt").is_some_and(|v| !v.is_null()),
         };
-        let mut merged = if switches_kind { json!({}) } else { schedule_json(&job.schedule) };
+        let mut merged = if switches_kind {
+            Value::Object(serde_json::Map::new())
+        } else {
+            serde_json::to_value(ScheduleView::from(&job.schedule)).unwrap_or_default()
+        };
         merge(&mut merged, changes);
+        // What the merge makes of the job's schedule depends on the job: 422 when it is no
+        // schedule (the patch itself is as described).
+        let unprocessable = |e: ApiError| match e {
+            ApiError::BadRequest(detail) => ApiError::Unprocessable(detail),
+            other => other,
+        };
         let merged: ScheduleRequest = serde_json::from_value(merged)
-            .map_err(|e| ApiError::BadRequest(format!("schedule after the merge: {e}")))?;
-        let (schedule, next) = parse_schedule(&merged, now_ms())?;
+            .map_err(|e| ApiError::Unprocessable(format!("schedule after the merge: {e}")))?;
+        let (schedule, next) = parse_schedule(&merged, now_ms()).map_err(unprocessable)?;
         check_limits(&state, &principal, &schedule, next)?;
         patch.schedule = Some(schedule);
         patch.next_run_at_ms = Some(next);
@@ -313,7 +475,7 @@ pub async fn cancel(
     State(state): State<AppState>,
     principal: Principal,
     Path(job_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobView>, ApiError> {
     visible_job(&state, &principal, &job_id).await?;
     match state.node.write(Command::CancelJob { job_id: job_id.clone() }).await? {
         raftbox_storage::Outcome::Rejected(rejection) => Err(rejection.into()),
@@ -355,19 +517,44 @@ pub async fn action(
     Ok(response)
 }
 
-/// A run as returned. `result` is `{httpStatus, excerpt}` for a webhook (the first
-/// `RESULT_EXCERPT_BYTES_MAX` bytes of the response body) and `{excerpt}` for a built-in
-/// task; `null` while running or when the attempt produced nothing.
-fn run_view(run: &JobRun) -> Value {
-    let result = run.result.as_ref().map(|r| match r.http_status {
-        Some(status) => json!({ "httpStatus": status, "excerpt": r.excerpt }),
-        None => json!({ "excerpt": r.excerpt }),
-    });
-    json!({
-        "runId": run.run_id, "jobId": run.job_id, "scheduledFor": format_utc(run.scheduled_for_ms),
-        "startedAt": format_utc(run.started_ms), "finishedAt": run.finished_ms.map(format_utc), "status": run.status,
-        "attempt": run.attempt, "workerId": run.worker_id, "fenceToken": run.fence, "result": result, "error": run.error,
-    })
+fn run_view(run: &JobRun) -> RunView {
+    RunView {
+        run_id: run.run_id.clone(),
+        job_id: run.job_id.clone(),
+        scheduled_for: format_utc(run.scheduled_for_ms),
+        started_at: format_utc(run.started_ms),
+        finished_at: run.finished_ms.map(format_utc),
+        status: run.status,
+        attempt: run.attempt,
+        worker_id: run.worker_id.clone(),
+        fence_token: run.fence,
+        result: run.result.as_ref().map(|r| RunResultView { http_status: r.http_status, excerpt: r.excerpt.clone() }),
+        error: run.error.clone(),
+    }
+}
+
+/// A page of the caller's jobs: `GET /v1/jobs`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct JobsQuery {
+    /// Jobs per page: default 100, at most 1,000 (a larger one is cut to 1,000).
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
+    limit: Option<u32>,
+    #[param(value_type = Option<crate::schema::JobPageToken>)]
+    page_token: Option<String>,
+}
+
+/// A page of a job's runs: `GET /v1/jobs/{id}/runs`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+pub struct RunsQuery {
+    /// Runs per page: default 100, at most 1,000 (a larger one is cut to 1,000).
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
+    limit: Option<u32>,
+    #[param(value_type = Option<crate::schema::SeqPageToken>)]
+    page_token: Option<String>,
 }
 
 /// Runs of a job, newest first.
@@ -375,43 +562,42 @@ pub async fn runs(
     State(state): State<AppState>,
     principal: Principal,
     Path(job_id): Path<String>,
-    Query(query): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+    Query(query): Query<RunsQuery>,
+) -> Result<Json<RunList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     let before = query
         .page_token
         .as_deref()
         .map(|t| t.parse::<u64>())
         .transpose()
-        .map_err(|_| ApiError::BadRequest("bad pageToken".into()))?;
+        .map_err(|_| ApiError::BadRequest("pageToken is a sequence number".into()))?;
     visible_job(&state, &principal, &job_id).await?;
     let runs = state.node.state().job_runs(&job_id, before, limit + 1)?;
-    let mut body = json!({ "runs": runs.iter().take(limit).map(run_view).collect::<Vec<_>>() });
-    if runs.len() > limit {
-        body["nextPageToken"] = json!(runs[limit - 1].seq.to_string());
-    }
-    Ok(Json(body))
+    Ok(Json(RunList {
+        runs: runs.iter().take(limit).map(run_view).collect(),
+        next_page_token: (runs.len() > limit).then(|| runs[limit - 1].seq.to_string()),
+    }))
 }
 
 /// The caller's jobs, oldest first.
 pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
-    Query(query): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+    Query(query): Query<JobsQuery>,
+) -> Result<Json<JobList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    state.node.read_barrier().await?;
     let after = match &query.page_token {
-        Some(id) => {
-            Some(visible_job(&state, &principal, id).await.map_err(|_| ApiError::BadRequest("bad pageToken".into()))?)
-        }
         None => None,
+        Some(token) => {
+            let bad = || ApiError::BadRequest("pageToken is {createdMs}:{jobId}".into());
+            let (created_ms, job_id) = token.split_once(':').ok_or_else(bad)?;
+            Some((created_ms.parse::<u64>().map_err(|_| bad())?, job_id))
+        }
     };
-    let jobs = state.node.state().jobs_of(&principal.user.id, after.as_ref(), limit + 1)?;
+    state.node.read_barrier().await?;
+    let jobs = state.node.state().jobs_of(&principal.user.id, after, limit + 1)?;
     let views = jobs.iter().take(limit).map(|job| view(&state, job)).collect::<Result<Vec<_>, _>>()?;
-    let mut body = json!({ "jobs": views });
-    if jobs.len() > limit {
-        body["nextPageToken"] = json!(jobs[limit - 1].id);
-    }
-    Ok(Json(body))
+    let next_page_token =
+        (jobs.len() > limit).then(|| format!("{}:{}", jobs[limit - 1].created_ms, jobs[limit - 1].id));
+    Ok(Json(JobList { jobs: views, next_page_token }))
 }

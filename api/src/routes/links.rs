@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raftbox_storage::files::FolderEntry;
 use raftbox_storage::links::Link;
-use raftbox_storage::schedule::{format_utc, parse_utc};
+use raftbox_storage::schedule::{format_utc, parse_utc_signed};
 use raftbox_storage::{Command, Outcome};
 use serde::{Deserialize, Serialize};
 
@@ -45,15 +45,19 @@ pub const LINK_ATTEMPTS_PER_MINUTE: u32 = 10;
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct CreateRequest {
-    /// The file to share (give this or `folder`).
+    /// The file to share (give this or `folder`, not both: 422).
+    #[schema(value_type = Option<crate::schema::FilePath>)]
     path: Option<String>,
     /// The folder to share, everything under it (`/` for the whole namespace).
+    #[schema(value_type = Option<crate::schema::LinkFolderPath>)]
     folder: Option<String>,
     /// Default: the caller's personal namespace.
     namespace_id: Option<String>,
-    /// When the link stops working: RFC 3339 UTC, in the future, at most a year ahead.
+    /// When the link stops working: in the future, at most a year ahead (else 422).
+    #[schema(value_type = Option<crate::schema::UtcTimestamp>)]
     expires_at: Option<String>,
-    /// A password the link asks for (8 to 1,024 bytes).
+    /// A password the link asks for.
+    #[schema(min_length = 8, max_length = 1024)]
     password: Option<String>,
     /// Files the link may send, in all (1 to 1,000,000).
     #[schema(minimum = 1, maximum = 1_000_000)]
@@ -61,32 +65,58 @@ pub(crate) struct CreateRequest {
 }
 
 /// A link as its creator sees it.
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LinkView {
-    link_id: String,
-    namespace_id: String,
+    pub link_id: String,
+    pub namespace_id: String,
     /// The file, or the folder, shared.
-    path: String,
-    folder: bool,
-    created_at: String,
-    expires_at: Option<String>,
-    max_downloads: Option<u64>,
-    downloads: u64,
-    password_protected: bool,
+    pub path: String,
+    pub folder: bool,
+    pub created_at: String,
+    pub expires_at: Option<String>,
+    pub max_downloads: Option<u64>,
+    pub downloads: u64,
+    pub password_protected: bool,
     /// Still serving: not expired and downloads left (a creator who lost access to the
     /// namespace also stops it, which this does not show).
-    active: bool,
+    pub active: bool,
 }
 
 /// A new link: its token (shown only now), where it answers, and the link.
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CreatedLink {
-    token: String,
+    pub token: String,
     /// The link's path on any node: `/s/{token}`.
-    url: String,
-    link: LinkView,
+    pub url: String,
+    pub link: LinkView,
+}
+
+super::page! {
+    /// A page of the caller's links (never their tokens).
+    LinkList { links: LinkView }
+}
+
+/// An entry of a folder shared by a link; `url` is its path under `/s/`.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum LinkEntry {
+    File { name: String, size: u64, url: String },
+    Folder { name: String, url: String },
+}
+
+/// A folder shared by a link, as JSON (`Accept: application/json`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkFolder {
+    /// The folder, as the link names it.
+    pub folder: String,
+    pub entries: Vec<LinkEntry>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub next_page_token: Option<String>,
 }
 
 fn now_ms() -> u64 {
@@ -124,15 +154,16 @@ pub async fn create(State(state): State<AppState>, principal: Principal, body: B
     let (path, folder) = match (&request.path, &request.folder) {
         (Some(path), None) => (parse_path(path)?.as_str().to_owned(), false),
         (None, Some(folder)) => (parse_folder(folder)?, true),
-        _ => return Err(ApiError::BadRequest("give a file's path or a folder, one of the two".into())),
+        _ => return Err(ApiError::Unprocessable("give a file's path or a folder, one of the two".into())),
     };
     let now = now_ms();
     let expires_ms = match &request.expires_at {
         None => None,
         Some(text) => {
-            let at = parse_utc(text).map_err(|e| ApiError::BadRequest(format!("expiresAt: {e}")))?;
+            let at = parse_utc_signed(text).map_err(|e| ApiError::BadRequest(format!("expiresAt: {e}")))?;
+            let at = u64::try_from(at).unwrap_or(0);
             if at <= now || at - now > LINK_TTL_MS_MAX {
-                return Err(ApiError::BadRequest("expiresAt is in the future, at most a year ahead".into()));
+                return Err(ApiError::Unprocessable("expiresAt is in the future, at most a year ahead".into()));
             }
             Some(at)
         }
@@ -181,18 +212,14 @@ pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<PageQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LinkList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
     let (user_id, after) = (principal.user.id.clone(), query.page_token.clone());
     let found = read_state(&state, move |sm| Ok(sm.links_page(&user_id, after.as_deref(), limit + 1)?)).await?;
     let now = now_ms();
-    let links: Vec<LinkView> = found.iter().take(limit).map(|l| view(l, now)).collect();
-    let mut body = serde_json::json!({ "links": links });
-    if found.len() > limit {
-        body["nextPageToken"] = serde_json::json!(found[limit - 1].id);
-    }
-    Ok(Json(body))
+    let links = found.iter().take(limit).map(|l| view(l, now)).collect();
+    Ok(Json(LinkList { links, next_page_token: (found.len() > limit).then(|| found[limit - 1].id.clone()) }))
 }
 
 /// `DELETE /v1/links/{linkId}`: the link stops working on every node as each applies this.
@@ -359,26 +386,22 @@ async fn listing(
 ) -> Result<Response, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     let prefix = if folder == "/" { "/".to_owned() } else { format!("{folder}/") };
-    if query.page_token.as_deref().is_some_and(|t| !t.starts_with(&prefix)) {
-        return Err(ApiError::BadRequest("pageToken does not belong to this folder".into()));
-    }
     let (namespace_id, listed, after) = (link.namespace_id.clone(), prefix.clone(), query.page_token.clone());
-    let page = read_state(state, move |sm| {
-        Ok(sm.list_folder(&namespace_id, &listed, after.as_deref(), limit, LISTING_WORK_MAX)?)
+    let page = read_state(state, move |sm| match super::files::folder_position(&listed, after.as_deref()) {
+        Some(after) => Ok(sm.list_folder(&namespace_id, &listed, after, limit, LISTING_WORK_MAX)?),
+        None => Ok(raftbox_storage::files::FolderPage::default()),
     })
     .await?;
     let base = format!("/s/{token}/{}", relative.split('/').map(encode).collect::<Vec<_>>().join("/"));
-    let entries: Vec<serde_json::Value> = page
+    let entries: Vec<LinkEntry> = page
         .entries
-        .iter()
+        .into_iter()
         .filter_map(|entry| match entry {
-            FolderEntry::Folder { name } => {
-                Some(serde_json::json!({ "name": name, "type": "folder", "url": format!("{base}{}/", encode(name)) }))
-            }
+            FolderEntry::Folder { name } => Some(LinkEntry::Folder { url: format!("{base}{}/", encode(&name)), name }),
             FolderEntry::File { name, .. } if name == crate::dav::FOLDER_MARKER => None,
-            FolderEntry::File { name, version, .. } => Some(serde_json::json!({
-                "name": name, "type": "file", "size": version.size, "url": format!("{base}{}", encode(name)),
-            })),
+            FolderEntry::File { name, version, .. } => {
+                Some(LinkEntry::File { url: format!("{base}{}", encode(&name)), name, size: version.size })
+            }
         })
         .collect();
     let wants_json = headers
@@ -386,10 +409,7 @@ async fn listing(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|accept| accept.contains("application/json"));
     if wants_json {
-        let mut body = serde_json::json!({ "folder": format!("/{relative}"), "entries": entries });
-        if let Some(next) = &page.next {
-            body["nextPageToken"] = serde_json::json!(next);
-        }
+        let body = LinkFolder { folder: format!("/{relative}"), entries, next_page_token: page.next };
         return Ok(Json(body).into_response());
     }
     let mut html = format!(
@@ -398,8 +418,10 @@ async fn listing(
         title = escape(&format!("/{relative}"))
     );
     for entry in &entries {
-        let (name, url) = (entry["name"].as_str().unwrap_or(""), entry["url"].as_str().unwrap_or(""));
-        let shown = if entry["type"] == "folder" { format!("{name}/") } else { name.to_owned() };
+        let (url, shown) = match entry {
+            LinkEntry::Folder { name, url } => (url, format!("{name}/")),
+            LinkEntry::File { name, url, .. } => (url, name.clone()),
+        };
         html.push_str(&format!("<li><a href=\"{}\">{}</a></li>", escape(url), escape(&shown)));
     }
     html.push_str("</ul>");

@@ -38,9 +38,10 @@ use super::new_id;
 use crate::auth::{generate_token, hash_token, now_ms, Principal};
 use crate::{json, ApiError, AppState};
 
-/// Bytes of a password, at least and at most.
-pub const PASSWORD_BYTES_MIN: usize = 8;
-pub const PASSWORD_BYTES_MAX: usize = 1024;
+/// Characters of a password, at least and at most (as the API description's
+/// `minLength`/`maxLength` count them).
+pub const PASSWORD_CHARS_MIN: usize = 8;
+pub const PASSWORD_CHARS_MAX: usize = 1024;
 /// How long a session token from `POST /v1/login` works.
 pub const SESSION_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Password hashes computed at once on one node.
@@ -182,8 +183,11 @@ pub async fn from_headers_or_password(
 }
 
 fn check_password_shape(password: &str) -> Result<(), ApiError> {
-    if password.len() < PASSWORD_BYTES_MIN || password.len() > PASSWORD_BYTES_MAX {
-        return Err(ApiError::BadRequest(format!("a password is {PASSWORD_BYTES_MIN} to {PASSWORD_BYTES_MAX} bytes")));
+    let chars = password.chars().count();
+    if !(PASSWORD_CHARS_MIN..=PASSWORD_CHARS_MAX).contains(&chars) {
+        return Err(ApiError::BadRequest(format!(
+            "a password is {PASSWORD_CHARS_MIN} to {PASSWORD_CHARS_MAX} characters"
+        )));
     }
     Ok(())
 }
@@ -252,7 +256,7 @@ pub async fn login(State(state): State<AppState>, request: Request) -> Result<Re
     }
     state.passwords.per_name.check_key(&request.name).map_err(|_| limited())?;
     state.passwords.tidy();
-    if request.password.len() > PASSWORD_BYTES_MAX {
+    if request.password.chars().count() > PASSWORD_CHARS_MAX {
         return Err(wrong());
     }
     let sm = state.node.state();

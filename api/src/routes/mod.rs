@@ -1,16 +1,16 @@
 //! The handlers, one module per area, and the route table.
 
-pub(crate) mod accounts;
+pub mod accounts;
 pub(crate) mod backup;
-pub(crate) mod blocks;
-pub(crate) mod cluster;
-pub(crate) mod content;
-pub(crate) mod files;
-pub(crate) mod jobs;
-pub(crate) mod links;
+pub mod blocks;
+pub mod cluster;
+pub mod content;
+pub mod files;
+pub mod jobs;
+pub mod links;
 pub mod login;
-pub(crate) mod probes;
-pub(crate) mod sharing;
+pub mod probes;
+pub mod sharing;
 pub mod sync;
 
 use axum::extract::DefaultBodyLimit;
@@ -32,11 +32,31 @@ pub const LISTING_WORK_MAX: usize = 10_000;
 #[serde(rename_all = "camelCase")]
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
-    /// Entries per page: default 100, at most 1,000.
-    pub(crate) limit: Option<usize>,
-    /// Where to go on from: the `nextPageToken` of the page before.
+    /// Entries per page: default 100, at most 1,000 (a larger one is cut to 1,000).
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
+    pub(crate) limit: Option<u32>,
+    /// The `nextPageToken` of the page before: the page goes on after it, in the list's
+    /// order (any text is a place in that order).
     pub(crate) page_token: Option<String>,
 }
+
+/// A page of a list, as every list answers: its entries under `$field`, and
+/// `nextPageToken` when more may follow.
+macro_rules! page {
+    ($(#[$doc:meta])* $name:ident { $field:ident: $item:ty }) => {
+        $(#[$doc])*
+        #[derive(Debug, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+        #[serde(rename_all = "camelCase")]
+        pub struct $name {
+            pub $field: Vec<$item>,
+            /// Present when more may follow: the `pageToken` of the next page.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            #[schema(required = false)]
+            pub next_page_token: Option<String>,
+        }
+    };
+}
+pub(crate) use page;
 
 /// Runs a read of the local state off the async workers: a long read never holds a worker,
 /// and the request's deadline still holds while it runs.
@@ -51,8 +71,8 @@ pub(crate) async fn read_state<T: Send + 'static>(
 }
 
 /// A requested page size: absent → `default`, 0 → 400, above `max` → `max`.
-pub(crate) fn page_limit(requested: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
-    match requested.unwrap_or(default) {
+pub(crate) fn page_limit(requested: Option<u32>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match requested.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)) {
         0 => Err(ApiError::BadRequest("limit must be positive".into())),
         n => Ok(n.min(max)),
     }

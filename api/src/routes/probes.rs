@@ -4,19 +4,33 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::Serialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use super::cluster::{member_views, MemberView};
 use crate::{ApiError, AppState};
 
+/// `GET /healthz`: the process is up (`status` is `ok`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Health {
+    #[schema(pattern = "^ok$")]
+    pub status: String,
+}
+
+/// `GET /readyz`: a member of a cluster with a leader, its clock in step.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Ready {
+    pub ready: bool,
+    pub leader_id: u64,
+}
+
 /// Process is up.
-pub async fn healthz() -> Json<Value> {
-    Json(json!({ "status": "ok" }))
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok".into() })
 }
 
 /// Member of a cluster that has a leader, with a clock that agrees with the cluster's.
-pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<Ready>, ApiError> {
     let status = state.node.status();
     let disk = state.node.disk();
     if disk.full {
@@ -34,7 +48,7 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Value>, ApiErr
         None => return Err(ApiError::Unavailable("this node's clock is not confirmed by the cluster yet".into())),
     }
     match status.leader_id {
-        Some(leader) if status.member => Ok(Json(json!({ "ready": true, "leaderId": leader }))),
+        Some(leader) if status.member => Ok(Json(Ready { ready: true, leader_id: leader })),
         _ => Err(ApiError::Unavailable("not a member of a cluster with a leader".into())),
     }
 }

@@ -30,26 +30,131 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use raftbox_storage::records::{Grantee, NamespaceKind, Role};
 use raftbox_storage::{Command, Outcome};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
+use super::accounts::NameRequest;
 use super::{new_id, page_limit, read_state, PageQuery, PAGE_DEFAULT, PAGE_MAX};
 use crate::access;
 use crate::auth::Principal;
 use crate::idempotency::{Keyed, Success};
 use crate::{json, ApiError, AppState};
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NameRequest {
-    name: String,
+/// What a namespace is, on the wire: `user` (personal) or `shared_folder`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = NamespaceKind)]
+pub enum Kind {
+    User,
+    SharedFolder,
 }
 
-fn kind(kind: NamespaceKind) -> &'static str {
-    match kind {
-        NamespaceKind::Personal => "user",
-        NamespaceKind::SharedFolder => "shared_folder",
+impl From<NamespaceKind> for Kind {
+    fn from(kind: NamespaceKind) -> Kind {
+        match kind {
+            NamespaceKind::Personal => Kind::User,
+            NamespaceKind::SharedFolder => Kind::SharedFolder,
+        }
     }
+}
+
+/// A namespace the caller can reach, with the caller's role in it.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceView {
+    pub namespace_id: String,
+    pub kind: Kind,
+    pub name: String,
+    pub role: Role,
+}
+
+super::page! {
+    /// A page of the caller's namespaces, personal first.
+    NamespaceList { namespaces: NamespaceView }
+}
+
+/// An access entry: a user's (`userId`, `userName`) or a group's (`groupId`, `groupName`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum AclEntry {
+    #[serde(rename_all = "camelCase")]
+    User {
+        user_id: String,
+        user_name: String,
+        role: Role,
+        /// An invitation not yet accepted (it grants nothing); absent when accepted.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        #[schema(required = false)]
+        pending: bool,
+    },
+    #[serde(rename_all = "camelCase")]
+    Group {
+        group_id: String,
+        group_name: String,
+        role: Role,
+        /// An invitation not yet accepted (it grants nothing); absent when accepted.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        #[schema(required = false)]
+        pending: bool,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AclView {
+    pub namespace_id: String,
+    pub kind: Kind,
+    pub name: String,
+    pub entries: Vec<AclEntry>,
+    /// Present when more may follow: the `pageToken` of the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub next_page_token: Option<String>,
+}
+
+/// A shared folder the caller is invited to, and the role accepting gives.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InvitationView {
+    pub namespace_id: String,
+    pub name: String,
+    pub role: Role,
+}
+
+super::page! {
+    /// A page of the caller's pending invitations.
+    InvitationList { invitations: InvitationView }
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupView {
+    pub group_id: String,
+    pub name: String,
+}
+
+super::page! {
+    /// A page of the groups.
+    GroupList { groups: GroupView }
+}
+
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupMember {
+    pub user_id: String,
+    pub name: String,
+}
+
+/// A group and a page of its members.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupDetail {
+    pub group_id: String,
+    pub name: String,
+    pub members: Vec<GroupMember>,
+    /// Present when more members may follow: the `pageToken` of the next page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(required = false)]
+    pub next_page_token: Option<String>,
 }
 
 /// An answer with no body for a command that succeeded; its rejection as a problem.
@@ -65,7 +170,12 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
     let request: NameRequest = json::parse(&keyed.body)?;
     let name = json::name("name", &request.name)?;
     let namespace_id = new_id();
-    let body = json!({ "namespaceId": namespace_id, "kind": "shared_folder", "name": name, "role": "owner" });
+    let body = NamespaceView {
+        namespace_id: namespace_id.clone(),
+        kind: Kind::SharedFolder,
+        name: name.clone(),
+        role: Role::Owner,
+    };
     let folders_max = (!principal.user.admin).then_some(state.limits.get().quotas.folders_per_user);
     let command =
         Command::CreateSharedFolder { namespace_id, name, owner_user_id: principal.user.id.clone(), folders_max };
@@ -77,27 +187,24 @@ pub async fn list(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<NamespaceList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
     let user_id = principal.user.id.clone();
     let after = query.page_token.clone();
     let found = read_state(&state, move |sm| Ok(sm.namespaces_page(&user_id, after.as_deref(), limit + 1)?)).await?;
-    let namespaces: Vec<Value> = found
-        .iter()
+    let next_page_token = (found.len() > limit).then(|| found[limit - 1].namespace.id.clone());
+    let namespaces = found
+        .into_iter()
         .take(limit)
-        .map(|a| {
-            json!({
-                "namespaceId": a.namespace.id, "kind": kind(a.namespace.kind), "name": a.namespace.name,
-                "role": a.role.as_str(),
-            })
+        .map(|a| NamespaceView {
+            namespace_id: a.namespace.id,
+            kind: a.namespace.kind.into(),
+            name: a.namespace.name,
+            role: a.role,
         })
         .collect();
-    let mut body = json!({ "namespaces": namespaces });
-    if found.len() > limit {
-        body["nextPageToken"] = json!(found[limit - 1].namespace.id);
-    }
-    Ok(Json(body))
+    Ok(Json(NamespaceList { namespaces, next_page_token }))
 }
 
 /// `GET /v1/namespaces/{id}`: one namespace the caller can read, with their role (404 for
@@ -106,16 +213,14 @@ pub async fn get_one(
     State(state): State<AppState>,
     principal: Principal,
     Path(namespace_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<NamespaceView>, ApiError> {
     let role = access::read(&state, &principal, &namespace_id).await?;
     let namespace = state
         .node
         .state()
         .namespace(&namespace_id)?
         .ok_or_else(|| ApiError::NotFound(format!("namespace {namespace_id}")))?;
-    Ok(Json(json!({
-        "namespaceId": namespace.id, "kind": kind(namespace.kind), "name": namespace.name, "role": role.as_str(),
-    })))
+    Ok(Json(NamespaceView { namespace_id: namespace.id, kind: namespace.kind.into(), name: namespace.name, role }))
 }
 
 /// `GET /v1/namespaces/{id}/acl`: every entry, with user and group names.
@@ -124,7 +229,7 @@ pub async fn acl(
     principal: Principal,
     Path(namespace_id): Path<String>,
     Query(query): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<AclView>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     access::read(&state, &principal, &namespace_id).await?;
     let after = query.page_token.clone();
@@ -134,33 +239,34 @@ pub async fn acl(
         let mut entries = Vec::new();
         if namespace.kind == NamespaceKind::Personal && after.is_none() {
             let owner = sm.user(&namespace.owner_user_id)?.map(|u| u.name).unwrap_or_default();
-            entries.push(json!({ "userId": namespace.owner_user_id, "userName": owner, "role": "owner" }));
+            let user_id = namespace.owner_user_id.clone();
+            entries.push(AclEntry::User { user_id, user_name: owner, role: Role::Owner, pending: false });
         }
         let page = sm.acl_page(&namespace_id, after.as_deref(), limit + 1)?;
         for entry in page.iter().take(limit) {
+            let (role, pending) = (entry.role, entry.pending);
             entries.push(match &entry.grantee {
-                Grantee::User(id) => {
-                    let name = sm.user(id)?.map(|u| u.name).unwrap_or_default();
-                    json!({ "userId": id, "userName": name, "role": entry.role.as_str() })
-                }
-                Grantee::Group(id) => {
-                    let name = sm.group(id)?.map(|g| g.name).unwrap_or_default();
-                    json!({ "groupId": id, "groupName": name, "role": entry.role.as_str() })
-                }
+                Grantee::User(id) => AclEntry::User {
+                    user_id: id.clone(),
+                    user_name: sm.user(id)?.map(|u| u.name).unwrap_or_default(),
+                    role,
+                    pending,
+                },
+                Grantee::Group(id) => AclEntry::Group {
+                    group_id: id.clone(),
+                    group_name: sm.group(id)?.map(|g| g.name).unwrap_or_default(),
+                    role,
+                    pending,
+                },
             });
-            if entry.pending {
-                if let Some(last) = entries.last_mut() {
-                    last["pending"] = json!(true);
-                }
-            }
         }
-        let mut body = json!({
-            "namespaceId": namespace_id, "kind": kind(namespace.kind), "name": namespace.name, "entries": entries,
-        });
-        if page.len() > limit {
-            body["nextPageToken"] = json!(page[limit - 1].grantee.key());
-        }
-        Ok(Json(body))
+        Ok(Json(AclView {
+            next_page_token: (page.len() > limit).then(|| page[limit - 1].grantee.key()),
+            namespace_id,
+            kind: namespace.kind.into(),
+            name: namespace.name,
+            entries,
+        }))
     })
     .await
 }
@@ -168,10 +274,12 @@ pub async fn acl(
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct GrantRequest {
+    /// Name exactly one of `userId`, `userName`, `groupId` and `groupName` (else 422).
     user_id: Option<String>,
     user_name: Option<String>,
     group_id: Option<String>,
     group_name: Option<String>,
+    #[schema(value_type = Role)]
     role: String,
 }
 
@@ -180,7 +288,7 @@ pub(crate) struct GrantRequest {
 async fn grantee(state: &AppState, request: &GrantRequest) -> Result<Grantee, ApiError> {
     let named = [&request.user_id, &request.user_name, &request.group_id, &request.group_name];
     if named.iter().filter(|f| f.is_some()).count() != 1 {
-        return Err(ApiError::BadRequest("name exactly one of userId, userName, groupId, groupName".into()));
+        return Err(ApiError::Unprocessable("name exactly one of userId, userName, groupId, groupName".into()));
     }
     if let Some(id) = &request.user_id {
         return Ok(Grantee::User(id.clone()));
@@ -289,8 +397,10 @@ async fn respond(
     accept: bool,
 ) -> Result<Response, ApiError> {
     let body = &keyed.body;
-    let request: InvitationRequest =
-        if body.iter().all(u8::is_ascii_whitespace) { InvitationRequest::default() } else { json::parse(body)? };
+    // No body, or JSON `null`: the caller's own invitation.
+    let request: Option<InvitationRequest> =
+        if body.iter().all(u8::is_ascii_whitespace) { None } else { json::parse(body)? };
+    let request = request.unwrap_or_default();
     let grantee = match (request.group_id, request.group_name) {
         (None, None) => Grantee::User(principal.user.id.clone()),
         (Some(id), None) => Grantee::Group(id),
@@ -303,7 +413,7 @@ async fn respond(
                 .ok_or_else(|| ApiError::NotFound(format!("group {name:?}")))?;
             Grantee::Group(id)
         }
-        (Some(_), Some(_)) => return Err(ApiError::BadRequest("name at most one of groupId, groupName".into())),
+        (Some(_), Some(_)) => return Err(ApiError::Unprocessable("name at most one of groupId, groupName".into())),
     };
     let command =
         Command::RespondInvitation { actor_user_id: principal.user.id.clone(), namespace_id, grantee, accept };
@@ -336,23 +446,17 @@ pub async fn invitations(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<InvitationList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
     let me = Grantee::User(principal.user.id.clone());
     let after = query.page_token.clone();
     let (found, next) = read_state(&state, move |sm| Ok(sm.invitations_page(&me, after.as_deref(), limit)?)).await?;
-    let invitations: Vec<Value> = found
-        .iter()
-        .map(|(entry, namespace)| {
-            json!({ "namespaceId": namespace.id, "name": namespace.name, "role": entry.role.as_str() })
-        })
+    let invitations = found
+        .into_iter()
+        .map(|(entry, namespace)| InvitationView { namespace_id: namespace.id, name: namespace.name, role: entry.role })
         .collect();
-    let mut body = json!({ "invitations": invitations });
-    if let Some(next) = next {
-        body["nextPageToken"] = json!(next);
-    }
-    Ok(Json(body))
+    Ok(Json(InvitationList { invitations, next_page_token: next }))
 }
 
 /// `DELETE /v1/namespaces/{id}`: deletes a shared folder and everything in it; 204.
@@ -375,7 +479,7 @@ pub async fn create_group(
     let request: NameRequest = json::parse(&keyed.body)?;
     let name = json::name("name", &request.name)?;
     let group_id = new_id();
-    let body = json!({ "groupId": group_id, "name": name });
+    let body = GroupView { group_id: group_id.clone(), name: name.clone() };
     keyed.write(&state, &principal, Command::CreateGroup { group_id, name }, Success::created(body)).await
 }
 
@@ -384,18 +488,15 @@ pub async fn list_groups(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<GroupList>, ApiError> {
     principal.require_admin()?;
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
     let after = query.page_token.clone();
     let found = read_state(&state, move |sm| Ok(sm.groups_page(after.as_deref(), limit + 1)?)).await?;
-    let groups: Vec<Value> = found.iter().take(limit).map(|g| json!({ "groupId": g.id, "name": g.name })).collect();
-    let mut body = json!({ "groups": groups });
-    if found.len() > limit {
-        body["nextPageToken"] = json!(found[limit - 1].id);
-    }
-    Ok(Json(body))
+    let next_page_token = (found.len() > limit).then(|| found[limit - 1].id.clone());
+    let groups = found.into_iter().take(limit).map(|g| GroupView { group_id: g.id, name: g.name }).collect();
+    Ok(Json(GroupList { groups, next_page_token }))
 }
 
 /// `GET /v1/admin/groups/{id}`: the group and its members (paginated: `limit`, `pageToken`).
@@ -404,7 +505,7 @@ pub async fn get_group(
     principal: Principal,
     Path(group_id): Path<String>,
     Query(query): Query<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<GroupDetail>, ApiError> {
     principal.require_admin()?;
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     state.node.read_barrier().await?;
@@ -415,13 +516,10 @@ pub async fn get_group(
         let mut members = Vec::new();
         for user_id in ids.iter().take(limit) {
             let name = sm.user(user_id)?.map(|u| u.name).unwrap_or_default();
-            members.push(json!({ "userId": user_id, "name": name }));
+            members.push(GroupMember { user_id: user_id.clone(), name });
         }
-        let mut body = json!({ "groupId": group.id, "name": group.name, "members": members });
-        if ids.len() > limit {
-            body["nextPageToken"] = json!(ids[limit - 1]);
-        }
-        Ok(Json(body))
+        let next_page_token = (ids.len() > limit).then(|| ids[limit - 1].clone());
+        Ok(Json(GroupDetail { group_id: group.id, name: group.name, members, next_page_token }))
     })
     .await
 }

@@ -8,6 +8,7 @@
 //! node's own apply stream (the hub's summary of each applied entry, `notify.rs`) and carry
 //! no data.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +26,6 @@ use raftbox_storage::records::Grantee;
 use raftbox_storage::schedule::format_utc;
 use raftbox_storage::sharing::LISTED_NAMESPACES_MAX;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 use crate::access;
 use crate::auth::Principal;
@@ -69,12 +69,21 @@ fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<
     if text == "0" {
         return Ok(Position { cursor: namespaces.into_iter().map(|ns| (ns, 0)).collect(), removed: Vec::new() });
     }
-    let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
-    let given: Cursor = serde_json::from_slice(&bytes).map_err(|_| ApiError::BadRequest("malformed cursor".into()))?;
+    // A cursor is `0` or base64url: anything else is a malformed request. One in that
+    // alphabet this server cannot read (not one it made, or of an older form) cannot be
+    // served: 410, and the client syncs again from 0, as after any reset.
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(ApiError::BadRequest("a cursor is 0 or the cursor of a sync page (base64url)".into()));
+    }
+    let given: Cursor = URL_SAFE_NO_PAD
+        .decode(text)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .ok_or(ApiError::CursorReset)?;
     // No cursor this server made holds more (a namespace the caller lost is dropped once
     // reported).
     if given.len() > LISTED_NAMESPACES_MAX {
-        return Err(ApiError::BadRequest(format!("a cursor holds at most {LISTED_NAMESPACES_MAX} namespaces")));
+        return Err(ApiError::CursorReset);
     }
     let mut position = Position { cursor: Cursor::new(), removed: Vec::new() };
     for (ns, seq) in given {
@@ -96,52 +105,83 @@ fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<
 /// (the cursor holds a position for each namespace the caller reads, at most
 /// `LISTED_NAMESPACES_MAX`: too long for a URL once they read a few hundred; the POST never
 /// meets a URL limit).
-#[derive(Deserialize, utoipa::IntoParams, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::IntoParams, utoipa::ToSchema)]
 #[into_params(parameter_in = Query)]
 pub struct SyncQuery {
-    cursor: String,
-    limit: Option<usize>,
+    #[param(value_type = crate::schema::Cursor)]
+    #[schema(value_type = crate::schema::Cursor)]
+    pub cursor: String,
+    /// Changes per page: default 1,000, at most 10,000 (a larger one is cut to 10,000).
+    #[param(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
+    pub limit: Option<u32>,
 }
 
 /// One entry of a sync page: a namespace the caller lost, or a file's latest state.
-#[derive(Serialize, utoipa::ToSchema)]
+/// Borrowed where the server writes it (no string per change), owned where a client reads
+/// it (`SyncPage<'static>`).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
-pub(crate) enum SyncEntry<'a> {
+pub enum SyncEntry<'a> {
     #[serde(rename_all = "camelCase")]
     Removed {
-        namespace_id: &'a str,
+        #[schema(value_type = String)]
+        namespace_id: Cow<'a, str>,
+        /// Always true: the caller can no longer read this namespace.
         namespace_removed: bool,
     },
     Change(ChangeView<'a>),
 }
 
-/// A file's latest state as `/v1/sync` shows it; serialized straight into the answer.
-#[derive(Serialize, utoipa::ToSchema)]
+/// A file's latest state as `/v1/sync` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct ChangeView<'a> {
-    namespace_id: &'a str,
-    path: String,
-    file_id: String,
-    version: u64,
+pub struct ChangeView<'a> {
+    #[schema(value_type = String)]
+    pub namespace_id: Cow<'a, str>,
+    pub path: String,
+    pub file_id: String,
+    pub version: u64,
+    /// The content's blocks, in order (BLAKE3, hex).
     #[schema(value_type = Vec<String>)]
-    chunks: Vec<BlockHash>,
-    size: u64,
-    mtime: String,
+    pub chunks: Vec<BlockHash>,
+    pub size: u64,
+    /// RFC 3339.
+    pub mtime: String,
     /// The file is executable; absent when not.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schema(required = false)]
-    executable: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub executable: bool,
+    /// A tombstone: the file was deleted; absent when not.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     #[schema(required = false)]
-    deleted: bool,
+    pub deleted: bool,
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+/// A page of changes, and the cursor to go on from.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SyncPage<'a> {
-    changes: Vec<SyncEntry<'a>>,
-    cursor: String,
-    has_more: bool,
+    pub changes: Vec<SyncEntry<'a>>,
+    pub cursor: String,
+    /// More changes follow: ask again from `cursor` at once.
+    pub has_more: bool,
+}
+
+/// The answer of a long poll.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NotifyAnswer {
+    /// Whether anything is newer than the cursor (`false`: the wait timed out).
+    pub changes: bool,
+}
+
+/// A message of the notification WebSocket.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum NotifyMessage {
+    /// Something in the namespace changed, or the caller gained or lost it: sync.
+    #[serde(rename_all = "camelCase")]
+    NamespaceChanged { namespace_id: String },
 }
 
 /// `GET /v1/sync?cursor=…`: the changes after the cursor.
@@ -163,8 +203,10 @@ async fn sync_page(state: &AppState, principal: &Principal, query: SyncQuery) ->
     let limit = super::page_limit(query.limit, SYNC_PAGE_DEFAULT, SYNC_PAGE_MAX)?;
     state.node.read_barrier().await?;
     let Position { mut cursor, removed } = decode_cursor(state, principal, &query.cursor)?;
-    let mut changes: Vec<SyncEntry<'_>> =
-        removed.iter().map(|ns| SyncEntry::Removed { namespace_id: ns, namespace_removed: true }).collect();
+    let mut changes: Vec<SyncEntry<'_>> = removed
+        .iter()
+        .map(|ns| SyncEntry::Removed { namespace_id: Cow::Borrowed(ns), namespace_removed: true })
+        .collect();
     let limit = limit.saturating_add(changes.len());
     let mut has_more = false;
     let namespaces: Vec<String> = cursor.keys().cloned().collect();
@@ -181,7 +223,7 @@ async fn sync_page(state: &AppState, principal: &Principal, query: SyncQuery) ->
         for change in page.into_iter().take(room) {
             *seq = change.seq;
             changes.push(SyncEntry::Change(ChangeView {
-                namespace_id: ns,
+                namespace_id: Cow::Borrowed(ns),
                 path: change.version.path.into(),
                 file_id: change.file.id,
                 version: change.version.version,
@@ -226,11 +268,16 @@ fn pending(state: &AppState, position: &Position, given: &str) -> Result<bool, A
 
 /// What a long poll waits on: in the query of `GET /v1/notify`, or the body of
 /// `POST /v1/notify`.
-#[derive(Deserialize, utoipa::IntoParams, utoipa::ToSchema)]
+#[derive(Debug, Serialize, Deserialize, utoipa::IntoParams, utoipa::ToSchema)]
 #[into_params(parameter_in = Query)]
 pub struct NotifyQuery {
-    cursor: String,
-    timeout: Option<u64>,
+    #[param(value_type = crate::schema::Cursor)]
+    #[schema(value_type = crate::schema::Cursor)]
+    pub cursor: String,
+    /// Seconds to wait at most: 1 to 120, default 30.
+    #[param(minimum = 1, maximum = 120)]
+    #[schema(minimum = 1, maximum = 120)]
+    pub timeout: Option<u64>,
 }
 
 /// Answers `{"changes": true}` as soon as anything newer than the cursor exists, else
@@ -287,7 +334,7 @@ pub async fn long_poll(
     State(state): State<AppState>,
     principal: Principal,
     Query(query): Query<NotifyQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<NotifyAnswer>, ApiError> {
     wait_for_changes(state, principal, query).await
 }
 
@@ -296,7 +343,7 @@ pub async fn long_poll_post(
     State(state): State<AppState>,
     principal: Principal,
     body: Bytes,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<NotifyAnswer>, ApiError> {
     let query: NotifyQuery = crate::json::parse(&body)?;
     wait_for_changes(state, principal, query).await
 }
@@ -305,7 +352,7 @@ async fn wait_for_changes(
     state: AppState,
     principal: Principal,
     query: NotifyQuery,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<NotifyAnswer>, ApiError> {
     let _slot = state.channels.open(&principal.user.id, &state.config.notify_limits)?;
     let timeout = query.timeout.unwrap_or(NOTIFY_TIMEOUT_S_DEFAULT);
     if !(NOTIFY_TIMEOUT_S_MIN..=NOTIFY_TIMEOUT_S_MAX).contains(&timeout) {
@@ -320,19 +367,19 @@ async fn wait_for_changes(
     state.node.read_barrier().await?;
     let position = decode_cursor(&state, &principal, &query.cursor)?;
     if pending(&state, &position, &query.cursor)? {
-        return Ok(Json(json!({ "changes": true })));
+        return Ok(Json(NotifyAnswer { changes: true }));
     }
     let mut watch = Watch::new(&state, &principal, position.cursor)?;
     loop {
         let event = tokio::select! {
             event = listener.next() => event,
             () = watch.token_expiry() => return Err(ApiError::Unauthenticated("token expired".into())),
-            () = tokio::time::sleep_until(deadline) => return Ok(Json(json!({ "changes": false }))),
+            () = tokio::time::sleep_until(deadline) => return Ok(Json(NotifyAnswer { changes: false })),
         };
         let Some(event) = event else { return Err(ApiError::Unavailable("node is shutting down".into())) };
         match watch.hear(&state, &event)? {
             Heard::Revoked => return Err(ApiError::Unauthenticated("token revoked".into())),
-            Heard::Changed(changed) if !changed.is_empty() => return Ok(Json(json!({ "changes": true }))),
+            Heard::Changed(changed) if !changed.is_empty() => return Ok(Json(NotifyAnswer { changes: true })),
             Heard::Changed(_) => {}
         }
     }
@@ -383,7 +430,8 @@ async fn notify_socket(state: AppState, mut watch: Watch, mut listener: Listener
             }
         };
         for ns in changed {
-            let message = json!({ "type": "namespace_changed", "namespaceId": ns }).to_string();
+            let message = NotifyMessage::NamespaceChanged { namespace_id: ns };
+            let message = serde_json::to_string(&message).unwrap_or_default();
             if socket.send(Message::Text(message.into())).await.is_err() {
                 return;
             }

@@ -119,10 +119,10 @@ async fn links_share_files_and_folders_without_an_account_until_they_stop() {
 
     // Refused: neither or both of path and folder, a missing file, a past expiry, another's namespace.
     for (body, expected) in [
-        (json!({}), StatusCode::BAD_REQUEST),
-        (json!({ "path": "/docs/a.txt", "folder": "/" }), StatusCode::BAD_REQUEST),
+        (json!({}), StatusCode::UNPROCESSABLE_ENTITY),
+        (json!({ "path": "/docs/a.txt", "folder": "/" }), StatusCode::UNPROCESSABLE_ENTITY),
         (json!({ "path": "/docs/none.txt" }), StatusCode::NOT_FOUND),
-        (json!({ "path": "/docs/a.txt", "expiresAt": "2020-01-01T00:00:00Z" }), StatusCode::BAD_REQUEST),
+        (json!({ "path": "/docs/a.txt", "expiresAt": "2020-01-01T00:00:00Z" }), StatusCode::UNPROCESSABLE_ENTITY),
         (json!({ "path": "/docs/a.txt", "maxDownloads": 0 }), StatusCode::BAD_REQUEST),
         (json!({ "folder": "/", "namespaceId": "someone-else" }), StatusCode::NOT_FOUND),
     ] {

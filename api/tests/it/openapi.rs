@@ -344,3 +344,80 @@ fn answers_that_break_the_description_are_caught() {
     check("GET", "/v1/nothing", None, StatusCode::NOT_FOUND, "application/problem+json", problem, true).expect("404");
     assert!(CHECKED.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn every_reference_in_the_description_resolves() {
+    fn walk(value: &Value, components: &Value, found: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(target)) = map.get("$ref") {
+                    let name = target.strip_prefix("#/components/schemas/").unwrap_or(target);
+                    if components["schemas"].get(name).is_none() {
+                        found.push(target.clone());
+                    }
+                }
+                map.values().for_each(|v| walk(v, components, found));
+            }
+            Value::Array(items) => items.iter().for_each(|v| walk(v, components, found)),
+            _ => {}
+        }
+    }
+    let document = description();
+    let mut unresolved = Vec::new();
+    walk(&document, &document["components"], &mut unresolved);
+    assert!(unresolved.is_empty(), "references to no schema: {unresolved:?}");
+}
+
+/// Whether `text` is valid by the description's component schema `name`.
+fn described_valid(name: &str, text: &str) -> bool {
+    let schema = json!({ "$ref": format!("#/components/schemas/{name}") });
+    validator(&format!("component {name}"), &schema).is_valid(&json!(text))
+}
+
+#[test]
+fn the_described_constraints_are_the_ones_the_server_enforces() {
+    // Paired: each pattern of `api/src/schema.rs` against the check that enforces it, on
+    // the edge cases of each (ASCII, where characters and bytes agree).
+    let long = "a".repeat(255);
+    let paths = [
+        "/", "", "a", "/a", "/a/b.txt", "//a", "/a/", "/.", "/..", "/...", "/.a", "/..a", "/a/./b", "/a/../b",
+        "/a\u{7}b", "/a\u{85}", "/é/ü", "/ a ", "/a b/c",
+    ];
+    let too_long = format!("/{long}a");
+    let long_path = format!("/{long}");
+    for path in paths.iter().copied().chain([too_long.as_str(), long_path.as_str()]) {
+        let server = raftbox_storage::paths::FilePath::parse(path).is_ok();
+        assert_eq!(described_valid("FilePath", path), server, "FilePath {path:?}: the server says {server}");
+    }
+    let names = ["", " ", "a", " a ", "ann", "a\tb", "\u{7f}", "é", &"n".repeat(64), &"n".repeat(65)];
+    for name in names {
+        let server = raftbox_api::json::name("name", name).is_ok();
+        assert_eq!(described_valid("DisplayName", name), server, "DisplayName {name:?}: the server says {server}");
+    }
+    let keys = ["a", "a b", "k-1:2", "~", &"k".repeat(255), &"k".repeat(256), "a\tb", "é"];
+    for key in keys {
+        let server = axum::http::HeaderValue::from_str(key)
+            .ok()
+            .is_some_and(|value| raftbox_api::idempotency::parse_key(&value).is_ok());
+        assert_eq!(described_valid("IdempotencyKey", key), server, "IdempotencyKey {key:?}: the server says {server}");
+    }
+    for hash in ["0".repeat(64), "A".repeat(64), "0".repeat(63), "g".repeat(64)] {
+        let server = hash.parse::<raftbox_storage::blocks::BlockHash>().is_ok();
+        assert_eq!(described_valid("BlockHash", &hash), server, "BlockHash {hash:?}");
+    }
+    // The numbers the description states are the server's constants.
+    let document = description();
+    let token = &document["components"]["schemas"]["TokenRequest"]["properties"]["expiresInS"];
+    let lifetime = raftbox_api::routes::accounts::TOKEN_LIFETIME_S_MAX;
+    assert_eq!(token["maximum"].as_f64(), Some(lifetime as f64), "{token}");
+    let job = &document["components"]["schemas"]["JobCreateRequest"]["properties"];
+    assert_eq!(job["maxRetries"]["maximum"].as_f64(), Some(f64::from(raftbox_api::routes::jobs::MAX_RETRIES_MAX)));
+    assert_eq!(job["timeoutSeconds"]["maximum"].as_f64(), Some(raftbox_api::routes::jobs::TIMEOUT_S_MAX as f64));
+    let backoff = raftbox_storage::jobs::RETRY_BACKOFF_MS_MAX as f64;
+    assert_eq!(job["retryBackoffMs"]["maximum"].as_f64(), Some(backoff));
+    assert_eq!(job["target"]["maxLength"].as_u64(), Some(raftbox_api::routes::jobs::TARGET_CHARS_MAX as u64));
+    let commit = &document["components"]["schemas"]["CommitRequest"]["properties"]["chunks"];
+    assert_eq!(commit["maxItems"].as_u64(), Some(raftbox_api::routes::files::FILE_CHUNKS_MAX as u64), "{commit}");
+    let status = &document["components"]["schemas"]["StatusRequest"]["properties"]["hashes"];
+    assert_eq!(status["maxItems"].as_u64(), Some(raftbox_api::routes::blocks::STATUS_HASHES_MAX as u64));
+}

@@ -320,7 +320,9 @@ async fn the_frameworks_own_rejections_are_problems_too() {
         ("PUT", "/v1/files/commit", StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
         ("DELETE", "/v1/me", StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
         ("GET", "/v1/files/list?limit=many", StatusCode::BAD_REQUEST, "bad-request"),
-        ("GET", "/v1/sync?cursor=-1", StatusCode::BAD_REQUEST, "bad-request"),
+        ("GET", "/v1/sync?cursor=%2B1", StatusCode::BAD_REQUEST, "bad-request"),
+        // In the cursor's alphabet, but no cursor the server made: sync again from 0.
+        ("GET", "/v1/sync?cursor=-1", StatusCode::GONE, "cursor-reset"),
         ("GET", "/v1/no/such/route", StatusCode::NOT_FOUND, "not-found"),
     ];
     for (method, path, status, slug) in cases {

@@ -475,8 +475,8 @@ async fn leaving_deleting_and_the_last_owner() {
     assert!(home.as_array().is_some_and(Vec::is_empty));
     let (_, me) = bob.call("GET", "/v1/me", None).await;
     let personal = me["namespaceId"].as_str().expect("ns");
-    assert_eq!(bob.grant(personal, json!({ "userId": ann.user_id }), "viewer").await, StatusCode::BAD_REQUEST);
-    assert_eq!(bob.call("DELETE", &format!("/v1/namespaces/{personal}"), None).await.0, StatusCode::BAD_REQUEST);
+    assert_eq!(bob.grant(personal, json!({ "userId": ann.user_id }), "viewer").await, StatusCode::CONFLICT);
+    assert_eq!(bob.call("DELETE", &format!("/v1/namespaces/{personal}"), None).await.0, StatusCode::CONFLICT);
 }
 
 #[tokio::test]

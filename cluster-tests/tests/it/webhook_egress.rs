@@ -54,7 +54,8 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     }
     cluster.wait_ready(READY_DEADLINE).await?;
 
-    // Refused at creation: an address, and a name that resolves to it.
+    // Refused at creation (422: the node's rule, not the request's shape): an address, and a
+    // name that resolves to it.
     let port = receiver.addr.port();
     for target in [
         format!("http://127.0.0.1:{port}/hook"),
@@ -62,7 +63,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
         format!("http://[::1]:{port}/"),
     ] {
         let answer = send(http.post(format!("{url}/v1/jobs")).bearer_auth(&admin).json(&job(&target, &run_at))).await?;
-        ensure!(matches!(&answer, Outcome::Rejected(400, _)), "creating a webhook to {target}: {answer:?}");
+        ensure!(matches!(&answer, Outcome::Rejected(422, _)), "creating a webhook to {target}: {answer:?}");
     }
 
     // Refused at run time: the run fails with the reason, the receiver hears nothing.

@@ -14,9 +14,15 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
 use futures::StreamExt as _;
+use raftbox_api::error::Problem;
+use raftbox_api::routes::accounts::MeView;
+use raftbox_api::routes::files::{CommitRequest, DeleteRequest, FileCommitted, FileHistory, FileView, MoveRequest};
+use raftbox_api::routes::sharing::NamespaceView;
+use raftbox_api::routes::sync::{ChangeView, NotifyAnswer, NotifyQuery, SyncEntry, SyncPage, SyncQuery};
+use raftbox_storage::records::Role;
 use reqwest::StatusCode;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::client::{problem, Api};
 use crate::files_client::Throttle;
@@ -31,7 +37,7 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(45);
 const LONG_POLL_S: u64 = 25;
 const LONG_POLL_SLACK: Duration = Duration::from_secs(10);
 /// Changes asked for per `/v1/sync` page.
-const SYNC_PAGE: usize = 1_000;
+const SYNC_PAGE: u32 = 1_000;
 /// Versions read of a file's history to find a content in it (the API's page maximum).
 const HISTORY_PAGE: &str = "1000";
 
@@ -88,12 +94,65 @@ pub enum Access {
     Gone,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// A page of the change feed, as the engine works through it.
+#[derive(Debug)]
 pub struct Page {
     pub changes: Vec<Change>,
     pub cursor: String,
     pub has_more: bool,
+}
+
+impl From<SyncPage<'static>> for Page {
+    fn from(page: SyncPage<'static>) -> Page {
+        let changes = page
+            .changes
+            .into_iter()
+            .map(|entry| match entry {
+                SyncEntry::Removed { namespace_id, .. } => {
+                    Change { namespace_id: namespace_id.into_owned(), namespace_removed: true, ..Change::default() }
+                }
+                SyncEntry::Change(change) => Change::from(change),
+            })
+            .collect();
+        Page { changes, cursor: page.cursor, has_more: page.has_more }
+    }
+}
+
+impl From<ChangeView<'static>> for Change {
+    fn from(change: ChangeView<'static>) -> Change {
+        Change {
+            namespace_id: change.namespace_id.into_owned(),
+            path: change.path,
+            version: change.version,
+            chunks: change.chunks.iter().map(|h| h.to_hex()).collect(),
+            size: change.size,
+            mtime: change.mtime,
+            executable: change.executable,
+            deleted: change.deleted,
+            namespace_removed: false,
+        }
+    }
+}
+
+impl From<FileView> for Change {
+    fn from(file: FileView) -> Change {
+        Change {
+            namespace_id: file.namespace_id,
+            path: file.path,
+            version: file.version,
+            chunks: file.chunks,
+            size: file.size,
+            mtime: file.mtime,
+            executable: file.executable,
+            deleted: false,
+            namespace_removed: false,
+        }
+    }
+}
+
+/// An answer's body as `T`, or the reason it is not one.
+fn decode<T: serde::de::DeserializeOwned>(what: &str, body: Value) -> anyhow::Result<T> {
+    serde_json::from_value(body).with_context(|| format!("read {what}"))
 }
 
 /// The certain outcome of a write.
@@ -147,9 +206,9 @@ impl Remote {
         self.read(|api| async move {
             let (status, body) = api.send(api.request(reqwest::Method::GET, route)).await?;
             match status {
-                StatusCode::OK => Ok(match body["role"].as_str() {
-                    Some("viewer") => Access::ReadOnly,
-                    _ => Access::ReadWrite,
+                StatusCode::OK => Ok(match decode::<NamespaceView>("a namespace", body)?.role {
+                    Role::Viewer => Access::ReadOnly,
+                    Role::Editor | Role::Owner => Access::ReadWrite,
                 }),
                 StatusCode::NOT_FOUND => Ok(Access::Gone),
                 _ => bail!("read namespace {namespace}: {}", problem(status, &body)),
@@ -201,10 +260,10 @@ impl Remote {
                 if status != StatusCode::OK {
                     bail!("who am I: {}", problem(status, &body));
                 }
-                Ok(body)
+                decode::<MeView>("/v1/me", body)
             })
             .await?;
-        me["namespaceId"].as_str().map(str::to_string).context("/v1/me named no namespace")
+        Ok(me.namespace_id)
     }
 
     /// One page of the change feed after `cursor`; `None`: the cursor can no longer be served
@@ -212,12 +271,14 @@ impl Remote {
     pub async fn changes(&self, cursor: &str) -> anyhow::Result<Option<Page>> {
         self.read(|api| async move {
             // The cursor in the body: it holds a position per readable namespace.
-            let request = api
-                .request(reqwest::Method::POST, "/v1/sync")
-                .json(&serde_json::json!({ "cursor": cursor, "limit": SYNC_PAGE }));
+            let query = SyncQuery { cursor: cursor.to_string(), limit: Some(SYNC_PAGE) };
+            let request = api.request(reqwest::Method::POST, "/v1/sync").json(&query);
             let response = api.send_raw(request).await?;
             match response.status() {
-                StatusCode::OK => Ok(Some(response.json::<Page>().await.context("read a sync page")?)),
+                StatusCode::OK => {
+                    let page: SyncPage<'static> = response.json().await.context("read a sync page")?;
+                    Ok(Some(Page::from(page)))
+                }
                 StatusCode::GONE => Ok(None),
                 status => {
                     let body = response.json().await.unwrap_or(Value::Null);
@@ -238,24 +299,19 @@ impl Remote {
                     .query(&[("path", path), ("limit", HISTORY_PAGE)]);
                 let (status, body) = api.send(request).await?;
                 match status {
-                    StatusCode::OK => Ok(body),
-                    StatusCode::NOT_FOUND => Ok(Value::Null),
+                    StatusCode::OK => Ok(Some(decode::<FileHistory>("a file's history", body)?)),
+                    StatusCode::NOT_FOUND => Ok(None),
                     _ => bail!("history of {path}: {}", problem(status, &body)),
                 }
             })
             .await?;
-        let versions = history["versions"].as_array().map(Vec::as_slice).unwrap_or_default();
-        Ok(versions.iter().any(|v| {
-            v["chunks"]
-                .as_array()
-                .is_some_and(|c| c.iter().map(|h| h.as_str()).eq(chunks.iter().map(|h| Some(h.as_str()))))
-        }))
+        Ok(history.is_some_and(|history| history.versions.iter().any(|v| v.chunks == chunks)))
     }
 
     /// The current version of `path`, `None` if there is no live file.
     pub async fn current_file(&self, path: &str) -> anyhow::Result<Option<Change>> {
         let found = self.read(|api| async move { api.current_version(path).await }).await?;
-        found.map(|file| serde_json::from_value(file).context("read a file's version")).transpose()
+        found.map(|file| Ok(Change::from(decode::<FileView>("a file's version", file)?))).transpose()
     }
 
     /// A write: POST `body` to `route`, its answer read by `judge`. When the outcome is
@@ -300,10 +356,18 @@ impl Remote {
         executable: bool,
         base: u64,
     ) -> anyhow::Result<Written> {
-        let body = json!({
-            "path": path, "chunks": chunks, "baseVersion": base, "size": size, "mtime": mtime_ms,
-            "executable": executable,
-        });
+        let chunks_sent =
+            chunks.iter().map(|h| h.parse()).collect::<Result<Vec<_>, _>>().map_err(|e| anyhow!("{e}"))?;
+        let body = serde_json::to_value(CommitRequest {
+            path: path.to_string(),
+            chunks: chunks_sent,
+            base_version: base,
+            size,
+            mtime: Value::from(mtime_ms),
+            namespace_id: None,
+            deleted: false,
+            executable,
+        })?;
         let settled = || async move {
             Ok(match self.current_file(path).await? {
                 Some(now) if now.chunks == chunks && now.version > base => Some(Written::Done(now.version)),
@@ -315,14 +379,20 @@ impl Remote {
 
     /// Deletes `path` as of version `base`.
     pub async fn delete(&self, path: &str, base: u64) -> anyhow::Result<Written> {
-        let body = json!({ "path": path, "baseVersion": base });
+        let body =
+            serde_json::to_value(DeleteRequest { path: path.to_string(), base_version: base, namespace_id: None })?;
         let settled = || async move { Ok(self.current_file(path).await?.is_none().then_some(Written::Gone)) };
         self.write("/v1/files/delete", body, |status, answer| judge_commit(path, status, answer), settled).await
     }
 
     /// Moves `from` (at version `base`, content `chunks`) to `to`.
     pub async fn rename(&self, from: &str, to: &str, base: u64, chunks: &[String]) -> anyhow::Result<Written> {
-        let body = json!({ "from": from, "to": to, "baseVersion": base });
+        let body = serde_json::to_value(MoveRequest {
+            from: from.to_string(),
+            to: to.to_string(),
+            base_version: base,
+            namespace_id: None,
+        })?;
         let settled = || async move {
             if self.current_file(from).await?.is_some() {
                 return Ok(None);
@@ -377,9 +447,12 @@ impl Remote {
 /// The answer to a commit, delete or move.
 fn judge_commit(path: &str, status: StatusCode, answer: &Value) -> anyhow::Result<Written> {
     match status {
-        StatusCode::OK | StatusCode::CREATED => Ok(Written::Done(answer["version"].as_u64().unwrap_or(0))),
+        StatusCode::OK | StatusCode::CREATED => {
+            Ok(Written::Done(decode::<FileCommitted>("a commit's answer", answer.clone())?.version))
+        }
         StatusCode::CONFLICT => {
-            Ok(Written::Conflict { copy: answer["conflictedCopy"]["path"].as_str().map(str::to_string) })
+            let problem: Option<Problem> = serde_json::from_value(answer.clone()).ok();
+            Ok(Written::Conflict { copy: problem.and_then(|p| p.conflicted_copy).map(|copy| copy.path) })
         }
         StatusCode::NOT_FOUND => Ok(Written::Gone),
         StatusCode::FORBIDDEN => Ok(Written::Forbidden),
@@ -434,11 +507,11 @@ async fn websocket(api: &Api, wake: &tokio::sync::mpsc::Sender<()>) -> anyhow::R
 async fn long_poll(api: &Api, cursor: &str) -> anyhow::Result<bool> {
     let request = api
         .request(reqwest::Method::POST, "/v1/notify")
-        .json(&serde_json::json!({ "cursor": cursor, "timeout": LONG_POLL_S }))
+        .json(&NotifyQuery { cursor: cursor.to_string(), timeout: Some(LONG_POLL_S) })
         .timeout(Duration::from_secs(LONG_POLL_S) + LONG_POLL_SLACK);
     let (status, body) = api.send(request).await?;
     if status != StatusCode::OK {
         bail!("notify: {}", problem(status, &body));
     }
-    Ok(body["changes"].as_bool().unwrap_or(true))
+    Ok(decode::<NotifyAnswer>("a long poll's answer", body)?.changes)
 }
