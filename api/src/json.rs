@@ -2,6 +2,7 @@
 
 use axum::body::Bytes;
 use serde::de::DeserializeOwned;
+use serde::Deserialize as _;
 
 use crate::ApiError;
 
@@ -26,38 +27,52 @@ pub fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
         return Err(ApiError::BadRequest("the JSON body is an object, not an array".into()));
     }
-    let bad = |e: serde_json::Error| ApiError::BadRequest(format!("invalid JSON body: {e}"));
-    match serde_json::from_slice(body) {
-        Ok(parsed) => Ok(parsed),
-        // JSON has one number type: `7.0` is the integer 7 (as JSON Schema's `integer` says),
-        // which serde takes only as written `7`. Read again with such numbers made integers,
-        // only on this rare path (a commit's 100,000 chunks are read straight, above).
-        Err(first) => {
-            let mut value: serde_json::Value = serde_json::from_slice(body).map_err(bad)?;
-            if !integral_floats_to_integers(&mut value) {
-                return Err(bad(first));
-            }
-            serde_json::from_value(value).map_err(bad)
-        }
-    }
+    serde_json::from_slice(body).map_err(|e| ApiError::BadRequest(format!("invalid JSON body: {e}")))
 }
 
-/// Makes every float with no fraction an integer (within ±2^53, exact in an f64); whether
-/// any changed.
-fn integral_floats_to_integers(value: &mut serde_json::Value) -> bool {
+/// A JSON number or, from a query string, its digits.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum RawInteger {
+    Number(serde_json::Number),
+    Text(String),
+}
+
+/// `raw` as a `T`: an integer, or a float without a fraction within ±2^53 (exact there).
+fn integral<T: TryFrom<i128>, E: serde::de::Error>(raw: RawInteger, digits: bool) -> Result<T, E> {
     const EXACT: f64 = 9_007_199_254_740_992.0;
-    match value {
-        serde_json::Value::Number(n) if !n.is_i64() && !n.is_u64() => match n.as_f64() {
-            Some(f) if f.fract() == 0.0 && f.abs() <= EXACT => {
-                *value = if f < 0.0 { serde_json::Value::from(f as i64) } else { serde_json::Value::from(f as u64) };
-                true
-            }
-            _ => false,
-        },
-        serde_json::Value::Array(items) => items.iter_mut().fold(false, |any, v| integral_floats_to_integers(v) | any),
-        serde_json::Value::Object(map) => map.values_mut().fold(false, |any, v| integral_floats_to_integers(v) | any),
-        _ => false,
-    }
+    let wide: Option<i128> = match raw {
+        RawInteger::Number(n) => n
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| n.as_u64().map(i128::from))
+            .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() <= EXACT).map(|f| f as i128)),
+        RawInteger::Text(text) if digits => text.parse::<i128>().ok(),
+        RawInteger::Text(_) => None,
+    };
+    let wide = wide.ok_or_else(|| E::custom("expected an integer"))?;
+    T::try_from(wide).map_err(|_| E::custom(format!("{wide} is out of range")))
+}
+
+/// An integer field as JSON Schema's `integer` has it: `7` and `7.0` alike (serde alone takes
+/// only `7`): `#[serde(deserialize_with = "crate::json::integer")]`.
+pub fn integer<'de, D: serde::Deserializer<'de>, T: TryFrom<i128>>(deserializer: D) -> Result<T, D::Error> {
+    integral(RawInteger::deserialize(deserializer)?, false)
+}
+
+/// [`integer`] for an optional field (with `#[serde(default)]`).
+pub fn optional_integer<'de, D: serde::Deserializer<'de>, T: TryFrom<i128>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    Option::<RawInteger>::deserialize(deserializer)?.map(|raw| integral(raw, false)).transpose()
+}
+
+/// [`optional_integer`] for a struct that is both a query string and a JSON body: digits
+/// are taken too (the query string's form).
+pub fn optional_integer_or_digits<'de, D: serde::Deserializer<'de>, T: TryFrom<i128>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    Option::<RawInteger>::deserialize(deserializer)?.map(|raw| integral(raw, true)).transpose()
 }
 
 /// Length limit of user and token names, in characters.

@@ -414,8 +414,9 @@ impl StateMachine {
                 let rest = &file.path.as_str()[folder.len().min(file.path.as_str().len())..];
                 if let Some(slash) = rest.find('/') {
                     let name = rest[..slash].to_string();
-                    // Past the whole subtree: every path in it sorts below this one.
-                    cursor = Some(format!("{folder}{name}/\u{10FFFF}"));
+                    // Past the whole subtree (a place ending in `/`, which no file's path does:
+                    // see `files_under`).
+                    cursor = Some(format!("{folder}{name}/"));
                     page.entries.push(FolderEntry::Folder { name });
                     continue 'scan;
                 }
@@ -479,8 +480,15 @@ impl StateMachine {
         limit: usize,
     ) -> Result<Vec<(FileRecord, VersionRecord)>, StorageError> {
         let mut start = keys::file_path(namespace_id, start_after.unwrap_or(prefix));
-        if start_after.is_some() {
-            start.push(0);
+        match start_after {
+            // After a whole folder `…/name/`: from `…/name0` on (`0` is the byte after `/`),
+            // past every path under it, however it sorts.
+            Some(after) if after.ends_with('/') => {
+                start.pop();
+                start.push(b'/' + 1);
+            }
+            Some(_) => start.push(0),
+            None => {}
         }
         let mut end = keys::file_path(namespace_id, prefix);
         end.push(0xff);

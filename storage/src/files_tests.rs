@@ -401,6 +401,35 @@ fn a_folder_listing_seeks_past_subfolders_and_stops_after_bounded_work() {
 }
 
 #[test]
+fn a_subfolder_is_passed_whatever_its_names_sort_like() {
+    // Names of the highest code point sort after any fixed end mark a listing could put
+    // after a subfolder: the next page must still start past all of it, and end.
+    let (_dir, sm) = open();
+    with_chunks(&sm, &["a"]);
+    let top = "\u{10FFFF}";
+    apply_all(
+        &sm,
+        vec![
+            commit(&format!("/x/{top}{top}"), &["a"], 0, "d", "deep"),
+            commit(&format!("/x/{top}"), &["a"], 0, "d", "top"),
+            commit("/x0", &["a"], 0, "d", "beside"),
+            commit("/y", &["a"], 0, "d", "after"),
+        ],
+    );
+    let (mut token, mut found) = (None, Vec::new());
+    for _ in 0..10 {
+        let page = sm.list_folder("ns", "/", token.as_deref(), 1, 1_000).expect("list");
+        found.extend(names(&page));
+        token = page.next;
+        if token.is_none() {
+            break;
+        }
+    }
+    assert_eq!(found, vec!["x/", "x0", "y"]);
+    assert_eq!(token, None, "the listing ended");
+}
+
+#[test]
 fn a_folder_of_deleted_files_answers_short_pages_with_a_token() {
     let (_dir, sm) = open();
     with_chunks(&sm, &["a"]);

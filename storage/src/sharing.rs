@@ -310,8 +310,7 @@ fn folder_role(
         return Ok(Err(not_found()));
     };
     if namespace.kind == NamespaceKind::Personal {
-        // A state the request cannot change, not a malformed request: 409.
-        return Ok(Err(Outcome::Rejected(Rejection::Conflict(format!("a personal namespace cannot be {done}")))));
+        return Ok(Err(Outcome::Rejected(Rejection::Invalid(format!("a personal namespace cannot be {done}")))));
     }
     Ok(Ok(actor_role))
 }

@@ -178,7 +178,7 @@ fn only_owners_manage_access_and_anyone_may_leave() {
         role: Some(Role::Viewer),
         invite: true,
     };
-    assert!(matches!(apply(&sm, personal), Outcome::Rejected(Rejection::Conflict(_))));
+    assert!(matches!(apply(&sm, personal), Outcome::Rejected(Rejection::Invalid(_))));
     // bob leaves.
     assert_eq!(apply(&sm, set("bob", user("bob"), None)), Outcome::Done);
     assert_eq!(sm.role("bob", "team").expect("role"), None);
@@ -327,7 +327,7 @@ fn deleting_a_folder_hides_it_at_once_and_drops_everything_in_bounded_steps() {
     assert!(!sm.chunk_readable("bob", &h("a")).expect("readable"));
     // A personal namespace is not deleted this way.
     let personal = Command::DeleteSharedFolder { actor_user_id: "ann".into(), namespace_id: "home-ann".into() };
-    assert!(matches!(apply(&sm, personal), Outcome::Rejected(Rejection::Conflict(_))));
+    assert!(matches!(apply(&sm, personal), Outcome::Rejected(Rejection::Invalid(_))));
 }
 
 #[test]

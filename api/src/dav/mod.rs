@@ -75,7 +75,8 @@ pub fn router() -> Router<AppState> {
 pub use locks::Locks;
 
 async fn handle(State(state): State<AppState>, request: Request) -> Response {
-    let principal = match crate::routes::login::from_headers_or_password(&state, request.headers()).await {
+    let peer = crate::routes::login::peer(&request);
+    let principal = match crate::routes::login::from_headers_or_password(&state, request.headers(), peer).await {
         Ok(principal) => principal,
         Err(error) => {
             let mut response = error.into_response();

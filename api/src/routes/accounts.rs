@@ -33,6 +33,7 @@ pub(crate) struct TokenRequest {
     name: String,
     /// Seconds until the token stops working; absent: it never expires.
     #[schema(minimum = 1, maximum = 315_360_000)]
+    #[serde(default, deserialize_with = "crate::json::optional_integer")]
     expires_in_s: Option<u64>,
 }
 
@@ -301,6 +302,7 @@ pub(crate) struct RotateRequest {
     /// Hours the current secret goes on signing beside the new one (0 to 168; default 24),
     /// so receivers can switch without missing a call.
     #[schema(minimum = 0, maximum = 168)]
+    #[serde(default, deserialize_with = "crate::json::optional_integer")]
     keep_previous_hours: Option<u64>,
 }
 

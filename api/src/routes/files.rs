@@ -95,7 +95,10 @@ pub(crate) fn parse_mtime(value: &serde_json::Value) -> Result<u64, ApiError> {
             .ok_or_else(bad),
         serde_json::Value::String(text) => match parse_signed_ms(text) {
             Err(e) => Err(ApiError::BadRequest(format!("mtime: {e}"))),
-            Ok(ms) => u64::try_from(ms).map_err(|_| ApiError::Unprocessable(format!("mtime {text:?} is before 1970"))),
+            Ok(ms) => u64::try_from(ms)
+                .ok()
+                .filter(|ms| *ms <= crate::schema::MTIME_MS_MAX)
+                .ok_or_else(|| ApiError::Unprocessable(format!("mtime {text:?} is before 1970 or after 9999"))),
         },
         _ => Err(bad()),
     }
@@ -134,7 +137,9 @@ pub struct CommitRequest {
     /// Decoded as they are read (no string per chunk: a commit may name 100,000).
     #[schema(value_type = Vec<crate::schema::BlockHash>, max_items = 100_000)]
     pub chunks: Vec<BlockHash>,
+    #[serde(deserialize_with = "crate::json::integer")]
     pub base_version: u64,
+    #[serde(deserialize_with = "crate::json::integer")]
     pub size: u64,
     #[schema(value_type = crate::schema::Mtime)]
     pub mtime: serde_json::Value,
@@ -472,7 +477,7 @@ pub async fn history(
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
     let below = match &query.page_token {
         None => u64::MAX,
-        Some(token) => token.parse::<u64>().map_err(|_| ApiError::BadRequest("bad pageToken".into()))?,
+        Some(token) => super::seq_token(token)?,
     };
     access::read(&state, &principal, &namespace_id).await?;
     read_state(&state, move |sm| {
@@ -495,6 +500,7 @@ pub async fn history(
 pub struct RestoreRequest {
     #[schema(value_type = crate::schema::FilePath)]
     pub path: String,
+    #[serde(deserialize_with = "crate::json::integer")]
     pub version: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_id: Option<String>,
@@ -539,6 +545,7 @@ pub async fn restore(
 pub struct DeleteRequest {
     #[schema(value_type = crate::schema::FilePath)]
     pub path: String,
+    #[serde(deserialize_with = "crate::json::integer")]
     pub base_version: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_id: Option<String>,
@@ -573,6 +580,7 @@ pub struct MoveRequest {
     pub from: String,
     #[schema(value_type = crate::schema::FilePath)]
     pub to: String,
+    #[serde(deserialize_with = "crate::json::integer")]
     pub base_version: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_id: Option<String>,

@@ -148,12 +148,15 @@ pub(crate) struct CreateRequest {
     schedule: ScheduleRequest,
     /// Retries after a failed attempt.
     #[schema(minimum = 0, maximum = 100)]
+    #[serde(deserialize_with = "crate::json::integer")]
     max_retries: i64,
     /// Seconds an attempt may take: default 30.
     #[schema(minimum = 1, maximum = 900)]
+    #[serde(default, deserialize_with = "crate::json::optional_integer")]
     timeout_seconds: Option<u64>,
     /// The first retry's delay, doubling each retry: default 1,000.
     #[schema(minimum = 1, maximum = 3_600_000)]
+    #[serde(default, deserialize_with = "crate::json::optional_integer")]
     retry_backoff_ms: Option<u64>,
 }
 
@@ -397,6 +400,7 @@ pub(crate) struct PatchRequest {
     #[schema(max_length = 2048)]
     target: Option<String>,
     #[schema(minimum = 0, maximum = 100)]
+    #[serde(default, deserialize_with = "crate::json::optional_integer")]
     max_retries: Option<i64>,
 }
 
@@ -565,12 +569,7 @@ pub async fn runs(
     Query(query): Query<RunsQuery>,
 ) -> Result<Json<RunList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    let before = query
-        .page_token
-        .as_deref()
-        .map(|t| t.parse::<u64>())
-        .transpose()
-        .map_err(|_| ApiError::BadRequest("pageToken is a sequence number".into()))?;
+    let before = query.page_token.as_deref().map(super::seq_token).transpose()?;
     visible_job(&state, &principal, &job_id).await?;
     let runs = state.node.state().job_runs(&job_id, before, limit + 1)?;
     Ok(Json(RunList {
@@ -591,7 +590,7 @@ pub async fn list(
         Some(token) => {
             let bad = || ApiError::BadRequest("pageToken is {createdMs}:{jobId}".into());
             let (created_ms, job_id) = token.split_once(':').ok_or_else(bad)?;
-            Some((created_ms.parse::<u64>().map_err(|_| bad())?, job_id))
+            Some((super::seq_token(created_ms).map_err(|_| bad())?, job_id))
         }
     };
     state.node.read_barrier().await?;

@@ -61,6 +61,7 @@ pub(crate) struct CreateRequest {
     password: Option<String>,
     /// Files the link may send, in all (1 to 1,000,000).
     #[schema(minimum = 1, maximum = 1_000_000)]
+    #[serde(default, deserialize_with = "crate::json::optional_integer")]
     max_downloads: Option<u64>,
 }
 

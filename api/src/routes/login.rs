@@ -49,7 +49,8 @@ pub const HASHES_IN_FLIGHT: usize = 2;
 /// How long a request waits for a place to hash before 503.
 pub const HASH_WAIT: Duration = Duration::from_secs(5);
 /// Bytes of a login body, at most.
-const LOGIN_BODY_BYTES_MAX: usize = 8 * 1024;
+/// (1,024 characters of password, each up to 12 bytes as JSON escapes them, and a name.)
+const LOGIN_BODY_BYTES_MAX: usize = 16 * 1024;
 /// Login attempts per user name, per minute, on one node.
 pub const LOGINS_PER_NAME: u32 = 10;
 /// Login attempts per client IP, per minute, on one node.
@@ -148,6 +149,7 @@ const CHECKED_MAX: usize = 10_000;
 pub async fn from_headers_or_password(
     state: &AppState,
     headers: &axum::http::HeaderMap,
+    peer: Option<String>,
 ) -> Result<Principal, ApiError> {
     let credentials = crate::auth::credentials(headers)?;
     let Some(crate::auth::Credentials::Basic { name, secret }) = credentials else {
@@ -155,6 +157,9 @@ pub async fn from_headers_or_password(
     };
     if secret.starts_with(crate::auth::TOKEN_PREFIX) {
         return crate::auth::from_headers(state, headers).await;
+    }
+    if name.chars().count() > crate::json::NAME_CHARS_MAX {
+        return Err(wrong());
     }
     let sm = state.node.state();
     let user = sm.user_by_name(&name)?;
@@ -165,8 +170,9 @@ pub async fn from_headers_or_password(
     let key = state.passwords.checked_key(&name, &secret, stored.as_deref().unwrap_or(""));
     let known = stored.is_some() && state.passwords.checked_lately(&key);
     if !known {
-        // Each check is an attempt, limited per name as logins are; a remembered one is not.
-        state.passwords.per_name.check_key(&name).map_err(|_| ApiError::RateLimited { retry_after_s: 6 })?;
+        // Each check is an attempt, limited per address and per name as logins are; a
+        // remembered one is not.
+        attempt(state, &name, peer.as_deref())?;
         if !verify(state, stored, secret).await? {
             return Err(wrong());
         }
@@ -243,29 +249,45 @@ fn wrong() -> ApiError {
     ApiError::Unauthenticated("wrong name or password".into())
 }
 
+/// The client's address, as the connection gives it.
+pub fn peer(request: &Request) -> Option<String> {
+    request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string())
+}
+
+/// Counts one password check against `name` (a login, WebDAV's Basic, a password change):
+/// refused with 429 past [`LOGINS_PER_IP`] a minute from the address, first, then past
+/// [`LOGINS_PER_NAME`] for the name, before any argon2 work. The address comes first, so
+/// made-up names cannot each bring a fresh allowance; a name longer than any user's is
+/// refused as wrong at once.
+fn attempt(state: &AppState, name: &str, peer: Option<&str>) -> Result<(), ApiError> {
+    let limited = || ApiError::RateLimited { retry_after_s: 60 / u64::from(LOGINS_PER_NAME.min(LOGINS_PER_IP)).max(1) };
+    if name.chars().count() > crate::json::NAME_CHARS_MAX {
+        return Err(wrong());
+    }
+    if let Some(peer) = peer {
+        state.passwords.per_ip.check_key(&peer.to_string()).map_err(|_| limited())?;
+    }
+    state.passwords.per_name.check_key(&name.to_string()).map_err(|_| limited())?;
+    state.passwords.tidy();
+    Ok(())
+}
+
 /// `POST /v1/login`: a session token for a name and password.
 pub async fn login(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
-    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
+    let peer = peer(&request);
     let body = axum::body::to_bytes(request.into_body(), LOGIN_BODY_BYTES_MAX)
         .await
         .map_err(|_| ApiError::PayloadTooLarge(format!("a login is at most {LOGIN_BODY_BYTES_MAX} bytes")))?;
     let request: LoginRequest = json::parse(&body)?;
-    let limited = || ApiError::RateLimited { retry_after_s: 60 / u64::from(LOGINS_PER_NAME.min(LOGINS_PER_IP)).max(1) };
-    if let Some(peer) = peer {
-        state.passwords.per_ip.check_key(&peer).map_err(|_| limited())?;
-    }
-    state.passwords.per_name.check_key(&request.name).map_err(|_| limited())?;
-    state.passwords.tidy();
+    attempt(&state, &request.name, peer.as_deref())?;
     if request.password.chars().count() > PASSWORD_CHARS_MAX {
         return Err(wrong());
     }
+    // Always after a barrier (a user created an instant ago through another node is found),
+    // and so in the same time whether the name is known or not.
+    state.node.read_barrier().await?;
     let sm = state.node.state();
-    let mut user = sm.user_by_name(&request.name)?;
-    if user.is_none() {
-        // Created an instant ago through another node?
-        state.node.read_barrier().await?;
-        user = sm.user_by_name(&request.name)?;
-    }
+    let user = sm.user_by_name(&request.name)?;
     let stored = match &user {
         Some(user) => sm.password_hash(&user.id)?,
         None => None,
@@ -310,7 +332,15 @@ async fn set(state: &AppState, user_id: &str, hash: Option<String>) -> Result<Re
 }
 
 /// `PUT /v1/me/password`: the caller sets their own password.
-pub async fn set_mine(State(state): State<AppState>, principal: Principal, body: Bytes) -> Result<Response, ApiError> {
+pub async fn set_mine(
+    State(state): State<AppState>,
+    principal: Principal,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let peer = peer(&request);
+    let body = axum::body::to_bytes(request.into_body(), LOGIN_BODY_BYTES_MAX)
+        .await
+        .map_err(|_| ApiError::PayloadTooLarge(format!("a password change is at most {LOGIN_BODY_BYTES_MAX} bytes")))?;
     let request: PasswordRequest = json::parse(&body)?;
     check_password_shape(&request.password)?;
     state.node.read_barrier().await?;
@@ -318,6 +348,8 @@ pub async fn set_mine(State(state): State<AppState>, principal: Principal, body:
         let current = request
             .current_password
             .ok_or_else(|| ApiError::Forbidden("currentPassword is needed to change a password".into()))?;
+        // A guess at the password through a token: limited as a login is.
+        attempt(&state, &principal.user.name, peer.as_deref())?;
         if !verify(&state, Some(stored), current).await? {
             return Err(ApiError::Forbidden("currentPassword is not the password".into()));
         }

@@ -70,6 +70,16 @@ pub(crate) async fn read_state<T: Send + 'static>(
         .map_err(|e| ApiError::Internal(format!("a read of the state failed: {e}")))?
 }
 
+/// A page token that is a sequence number, as `schema::SeqPageToken` states it: 1 to 19
+/// digits (always a u64).
+pub(crate) fn seq_token(token: &str) -> Result<u64, ApiError> {
+    let digits = (1..=19).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_digit());
+    digits
+        .then(|| token.parse::<u64>().ok())
+        .flatten()
+        .ok_or_else(|| ApiError::BadRequest("pageToken is 1 to 19 digits".into()))
+}
+
 /// A requested page size: absent → `default`, 0 → 400, above `max` → `max`.
 pub(crate) fn page_limit(requested: Option<u32>, default: usize, max: usize) -> Result<usize, ApiError> {
     match requested.map_or(default, |n| usize::try_from(n).unwrap_or(usize::MAX)) {

@@ -157,6 +157,20 @@ pub struct GroupDetail {
     pub next_page_token: Option<String>,
 }
 
+/// 409 for the caller's own personal namespace, which is never shared, left or deleted
+/// (apply refuses it too; a namespace's kind never changes, so this is decided here and the
+/// status is the API's). Anyone else's is left to apply, whose answer is 404.
+fn refuse_personal(state: &AppState, principal: &Principal, namespace_id: &str, done: &str) -> Result<(), ApiError> {
+    match state.node.state().namespace(namespace_id)? {
+        Some(namespace)
+            if namespace.kind == NamespaceKind::Personal && namespace.owner_user_id == principal.user.id =>
+        {
+            Err(ApiError::Conflict(format!("a personal namespace cannot be {done}")))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// An answer with no body for a command that succeeded; its rejection as a problem.
 fn no_content(outcome: Outcome) -> Result<Response, ApiError> {
     match outcome {
@@ -318,6 +332,7 @@ pub async fn grant(
     let role = Role::parse(&request.role)
         .ok_or_else(|| ApiError::BadRequest(format!("role {:?} is not viewer, editor or owner", request.role)))?;
     let grantee = grantee(&state, &request).await?;
+    refuse_personal(&state, &principal, &namespace_id, "shared")?;
     let command = Command::SetAccess {
         actor_user_id: principal.user.id.clone(),
         namespace_id,
@@ -334,6 +349,7 @@ async fn revoke(
     namespace_id: String,
     grantee: Grantee,
 ) -> Result<Response, ApiError> {
+    refuse_personal(state, principal, &namespace_id, "shared")?;
     let command = Command::SetAccess {
         actor_user_id: principal.user.id.clone(),
         namespace_id,
@@ -370,6 +386,7 @@ pub async fn leave(
     Path(namespace_id): Path<String>,
     keyed: Keyed,
 ) -> Result<Response, ApiError> {
+    refuse_personal(&state, &principal, &namespace_id, "left")?;
     let me = Grantee::User(principal.user.id.clone());
     let command = Command::SetAccess {
         actor_user_id: principal.user.id.clone(),
@@ -465,6 +482,7 @@ pub async fn delete(
     principal: Principal,
     Path(namespace_id): Path<String>,
 ) -> Result<Response, ApiError> {
+    refuse_personal(&state, &principal, &namespace_id, "deleted")?;
     let command = Command::DeleteSharedFolder { actor_user_id: principal.user.id.clone(), namespace_id };
     no_content(state.node.write(command).await?)
 }

@@ -114,6 +114,7 @@ pub struct SyncQuery {
     /// Changes per page: default 1,000, at most 10,000 (a larger one is cut to 10,000).
     #[param(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
     #[schema(value_type = Option<u64>, minimum = 1, maximum = 4_294_967_295_u64)]
+    #[serde(default, deserialize_with = "crate::json::optional_integer_or_digits")]
     pub limit: Option<u32>,
 }
 
@@ -277,6 +278,7 @@ pub struct NotifyQuery {
     /// Seconds to wait at most: 1 to 120, default 30.
     #[param(minimum = 1, maximum = 120)]
     #[schema(minimum = 1, maximum = 120)]
+    #[serde(default, deserialize_with = "crate::json::optional_integer_or_digits")]
     pub timeout: Option<u64>,
 }
 

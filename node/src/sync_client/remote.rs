@@ -102,19 +102,25 @@ pub struct Page {
     pub has_more: bool,
 }
 
-impl From<SyncPage<'static>> for Page {
-    fn from(page: SyncPage<'static>) -> Page {
+impl TryFrom<SyncPage<'static>> for Page {
+    type Error = anyhow::Error;
+
+    fn try_from(page: SyncPage<'static>) -> anyhow::Result<Page> {
         let changes = page
             .changes
             .into_iter()
             .map(|entry| match entry {
-                SyncEntry::Removed { namespace_id, .. } => {
-                    Change { namespace_id: namespace_id.into_owned(), namespace_removed: true, ..Change::default() }
+                // Only `"namespaceRemoved": true` says a namespace is gone.
+                SyncEntry::Removed { namespace_id, namespace_removed: true } => {
+                    Ok(Change { namespace_id: namespace_id.into_owned(), namespace_removed: true, ..Change::default() })
                 }
-                SyncEntry::Change(change) => Change::from(change),
+                SyncEntry::Removed { namespace_id, .. } => {
+                    bail!("a sync page named namespace {namespace_id} without a change or its removal")
+                }
+                SyncEntry::Change(change) => Ok(Change::from(change)),
             })
-            .collect();
-        Page { changes, cursor: page.cursor, has_more: page.has_more }
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Page { changes, cursor: page.cursor, has_more: page.has_more })
     }
 }
 
@@ -277,7 +283,7 @@ impl Remote {
             match response.status() {
                 StatusCode::OK => {
                     let page: SyncPage<'static> = response.json().await.context("read a sync page")?;
-                    Ok(Some(Page::from(page)))
+                    Ok(Some(Page::try_from(page)?))
                 }
                 StatusCode::GONE => Ok(None),
                 status => {
