@@ -162,17 +162,25 @@ pub async fn from_headers_or_password(
         return Err(wrong());
     }
     let sm = state.node.state();
-    let user = sm.user_by_name(&name)?;
-    let stored = match &user {
-        Some(user) => sm.password_hash(&user.id)?,
-        None => None,
+    let lookup = || -> Result<_, ApiError> {
+        let user = sm.user_by_name(&name)?;
+        let stored = match &user {
+            Some(user) => sm.password_hash(&user.id)?,
+            None => None,
+        };
+        Ok((user, stored))
     };
-    let key = state.passwords.checked_key(&name, &secret, stored.as_deref().unwrap_or(""));
-    let known = stored.is_some() && state.passwords.checked_lately(&key);
-    if !known {
+    let (mut user, mut stored) = lookup()?;
+    let mut key = state.passwords.checked_key(&name, &secret, stored.as_deref().unwrap_or(""));
+    if !(stored.is_some() && state.passwords.checked_lately(&key)) {
         // Each check is an attempt, limited per address and per name as logins are; a
         // remembered one is not.
         attempt(state, &name, peer.as_deref())?;
+        // Read after a barrier: a user or password set an instant ago through another node
+        // counts here too (a read after an acknowledged write sees it, from any node).
+        state.node.read_barrier().await?;
+        (user, stored) = lookup()?;
+        key = state.passwords.checked_key(&name, &secret, stored.as_deref().unwrap_or(""));
         if !verify(state, stored, secret).await? {
             return Err(wrong());
         }

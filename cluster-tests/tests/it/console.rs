@@ -202,7 +202,7 @@ async fn browse(
     shots: &std::path::Path,
 ) -> Result<()> {
     browser.goto(&format!("{url}/")).await?;
-    let input = browser.wait_for("#token", "", PAGE_WAIT).await?;
+    browser.wait_for("#token", "", PAGE_WAIT).await?;
     // Logged out: no navigation and no "Log out" on the page.
     let shown = browser
         .script("return ['nav', 'who'].filter(id => getComputedStyle(document.getElementById(id)).display !== 'none');")
