@@ -29,10 +29,27 @@ fn not_found(namespace_id: &str) -> ApiError {
     ApiError::NotFound(format!("namespace {namespace_id}"))
 }
 
+/// A read barrier for `principal`'s request: what follows reads the state as of now, and
+/// only while the caller's token is still theirs as of now (not revoked, its password not
+/// changed since a login): a node behind a revocation learns of it here, before it serves
+/// the revoked token anything. Every route that reads a user's data passes one.
+pub async fn barrier(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
+    state.node.read_barrier().await?;
+    // A password's caller (WebDAV) was checked after a barrier already.
+    if principal.token_id.is_empty() {
+        return Ok(());
+    }
+    let active = state.node.state().token_active(&principal.token_hash, &principal.user.id, &principal.token_id)?;
+    if !active {
+        return Err(ApiError::Unauthenticated("this token was revoked, or its login session ended".into()));
+    }
+    Ok(())
+}
+
 /// The caller's role on a namespace after a read barrier (so what follows reads the
 /// state as of now), or 404 if they cannot read it.
 pub async fn read(state: &AppState, principal: &Principal, namespace_id: &str) -> Result<Role, ApiError> {
-    state.node.read_barrier().await?;
+    barrier(state, principal).await?;
     state.node.state().role(&principal.user.id, namespace_id)?.ok_or_else(|| not_found(namespace_id))
 }
 
@@ -50,7 +67,7 @@ pub async fn block(state: &AppState, principal: &Principal, hash: &BlockHash) ->
     if state.node.state().chunk_readable(&principal.user.id, hash)? {
         return Ok(true);
     }
-    state.node.read_barrier().await?;
+    barrier(state, principal).await?;
     Ok(state.node.state().chunk_readable(&principal.user.id, hash)?)
 }
 

@@ -37,6 +37,10 @@ pub struct Principal {
     pub token_name: String,
     /// When the token stops working, Unix ms (the notification channels close then).
     pub token_expires_ms: Option<u64>,
+    /// When the token was made, Unix ms (replicated time; 0 for a password's caller).
+    pub token_created_ms: u64,
+    /// Whether the token is a login session (made by a password).
+    pub token_session: bool,
     /// The token's stored hash (a channel asks whether the token still exists).
     pub token_hash: [u8; 32],
 }
@@ -152,6 +156,71 @@ impl FromRequestParts<AppState> for Principal {
     }
 }
 
+/// Whether `path` is WebDAV's, where a user's password stands in for a token.
+fn takes_passwords(path: &str) -> bool {
+    path == "/dav" || path.starts_with("/dav/")
+}
+
+/// Whether `path` authenticates by something other than a user: a share link (its
+/// `Authorization` is the link's password, with any name).
+fn authenticates_no_user(path: &str) -> bool {
+    path.starts_with("/s/")
+}
+
+/// The caller as this node knows it now, without waiting: the principal, and whether that is
+/// final. Final: no credentials (or malformed ones, which the route refuses), a token this
+/// node holds, a share link's password. Not final: a token this node does not hold (made an
+/// instant ago through another node, or forged) and, on WebDAV, a user's password:
+/// [`resolve`] settles those. An expired token is 401.
+pub fn resolve_local(
+    state: &AppState,
+    path: &str,
+    headers: &axum::http::HeaderMap,
+) -> Result<(Option<Principal>, bool), ApiError> {
+    if authenticates_no_user(path) {
+        return Ok((None, true));
+    }
+    let Ok(Some(credentials)) = credentials(headers) else {
+        return Ok((None, true));
+    };
+    if let Credentials::Basic { secret, .. } = &credentials {
+        if !secret.starts_with(TOKEN_PREFIX) {
+            // A password: WebDAV's to check (after the anonymous limits); anywhere else it is
+            // an unknown token, without a lookup.
+            return Ok((None, !takes_passwords(path)));
+        }
+    }
+    match lookup_local(state, &hash_token(credentials.token()))? {
+        Some(principal) => Ok((Some(principal).filter(|p| credentials.names(p)), true)),
+        None => Ok((None, false)),
+    }
+}
+
+/// The caller [`resolve_local`] could not settle: a token looked up again after a read
+/// barrier (the paced one), or, on WebDAV, a user's name and password checked
+/// (`routes::login::check_password`: per-address and per-name attempt limits, argon2 in the
+/// node's hashing places). `None`: no such token, or one of another user.
+pub async fn resolve(
+    state: &AppState,
+    path: &str,
+    headers: &axum::http::HeaderMap,
+    client: Option<crate::front_door::Client>,
+) -> Result<Option<Principal>, ApiError> {
+    let Ok(Some(credentials)) = credentials(headers) else {
+        return Ok(None);
+    };
+    if let Credentials::Basic { name, secret } = &credentials {
+        if !secret.starts_with(TOKEN_PREFIX) {
+            if !takes_passwords(path) {
+                return Ok(None);
+            }
+            return crate::routes::login::check_password(state, name, secret, client).await.map(Some);
+        }
+    }
+    let found = lookup(state, &hash_token(credentials.token())).await?;
+    Ok(found.filter(|principal| credentials.names(principal)))
+}
+
 /// What the rate limiter's lookup of the request's token found (`None`: unknown after a read
 /// barrier), so the route does not look it up again.
 #[derive(Debug, Clone)]
@@ -185,11 +254,15 @@ fn principal_of(
         Some((token, _)) if token.expires_ms.is_some_and(|at| at <= now_ms()) => {
             Err(ApiError::Unauthenticated("token expired".into()))
         }
+        // A login session whose password changed since: ended, as a revoked token.
+        Some((token, user)) if !token.current_for(&user) => Ok(None),
         found => Ok(found.map(|(token, user)| Principal {
             user,
             token_id: token.id,
             token_name: token.name,
             token_expires_ms: token.expires_ms,
+            token_created_ms: token.created_ms,
+            token_session: token.password_epoch.is_some(),
             token_hash: *hash,
         })),
     }

@@ -7,38 +7,30 @@
 //!
 //! The files need no token; the page asks for one and sends it as `Authorization: Bearer`
 //! on every API call it makes, so the console can do exactly what the token can. Every
-//! answer carries a strict Content-Security-Policy: scripts and styles from this node only
-//! (no inline script or style), API calls to this node only, no framing, no plugins. The
-//! script builds the page with DOM nodes and `textContent`, never HTML from server data.
-
-use axum::extract::Path;
-use axum::http::{header, HeaderName, HeaderValue};
-use axum::response::{IntoResponse, Response};
+//! answer carries the console's strict policy ([`crate::headers::console`]: scripts and styles
+//! from this node only, no inline script or style, API calls to this node only, no framing,
+//! no plugins). The script builds the page with DOM nodes and `textContent`, never HTML from
+//! server data.
 
 use crate::ApiError;
-
-/// The console's policy: everything from this origin only, nothing inline, no framing.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
-     connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+use axum::extract::Path;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
 
 const INDEX_HTML: &str = include_str!("../console/index.html");
 
 /// The files under `/console/`: name, content type, content.
-const ASSETS: [(&str, &str, &str); 2] = [
+const ASSETS: [(&str, &str, &str); 3] = [
     ("app.js", "text/javascript; charset=utf-8", include_str!("../console/app.js")),
     ("style.css", "text/css; charset=utf-8", include_str!("../console/style.css")),
+    ("icon.svg", "image/svg+xml", include_str!("../console/icon.svg")),
 ];
 
 fn page(content_type: &'static str, body: &'static str) -> Response {
     let headers = [
         (header::CONTENT_TYPE, HeaderValue::from_static(content_type)),
-        (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CONTENT_SECURITY_POLICY)),
-        (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
-        (header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY")),
-        (header::REFERRER_POLICY, HeaderValue::from_static("no-referrer")),
-        // The files change with the binary: revalidate rather than run an old script.
-        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-        (HeaderName::from_static("cross-origin-opener-policy"), HeaderValue::from_static("same-origin")),
+        // The files change with the binary: never run an old script.
+        (header::CACHE_CONTROL, HeaderValue::from_static("no-store, max-age=0")),
     ];
     (headers, body).into_response()
 }

@@ -22,6 +22,9 @@ pub mod auth;
 pub mod console;
 pub mod dav;
 pub mod error;
+pub mod front_door;
+pub mod fuzz;
+pub mod headers;
 pub mod idempotency;
 pub mod json;
 mod limit;
@@ -46,6 +49,8 @@ use axum::Router;
 use raftbox_raft::RaftNode;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
+use tower_http::map_request_body::MapRequestBodyLayer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 pub use error::ApiError;
 
@@ -65,9 +70,9 @@ pub struct Shared {
     pub hub: notify::Hub,
     /// Per-route request counts and latencies, in the node's registry.
     pub http_metrics: metrics::HttpMetrics,
-    /// Places for requests in flight (`[http] requests_in_flight_max`): a request beyond is
-    /// answered 503 at once.
-    pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Places for requests in flight, in all, per client and per user (`[http]`): a request
+    /// beyond is answered 503 at once.
+    pub in_flight: Arc<front_door::InFlight>,
     /// The rate limits, job limits and quotas in force (the cluster's, once set; this
     /// node's TOML before).
     pub limits: Arc<runtime_limits::Live>,
@@ -92,7 +97,8 @@ impl AppState {
     pub fn new(node: RaftNode, config: ApiConfig) -> AppState {
         let http_metrics = metrics::HttpMetrics::new(node.node_metrics().registry());
         let channels = routes::sync::Channels::default();
-        let in_flight = Arc::new(tokio::sync::Semaphore::new(config.http.requests_in_flight_max));
+        let in_flight = front_door::InFlight::new(&config.http);
+        tokio::spawn(front_door::sample_forever(Arc::downgrade(&in_flight)));
         let hub = notify::Hub::start(&node);
         let own = config.limits_config();
         let in_force = runtime_limits::Limits {
@@ -210,6 +216,16 @@ pub struct HttpConfig {
     /// Requests a node serves at once, notification channels aside (those have
     /// `[notify_limits]`); beyond, 503 with `Retry-After` at once.
     pub requests_in_flight_max: usize,
+    /// Of those, what one client address may hold (an IPv6 /64 counts as one address).
+    pub requests_in_flight_per_client_max: usize,
+    /// Of those, what one user may hold (admins aside).
+    pub requests_in_flight_per_user_max: usize,
+    /// Reverse proxies whose `X-Forwarded-For` names the client (`front_door`); none by
+    /// default, so every client is its connection's address.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Addresses that read `/metrics` without a token (anyone else needs the admin's):
+    /// loopback by default.
+    pub metrics_allow: Vec<ipnet::IpNet>,
     /// Connections a node holds open at once; beyond, a new one waits in the kernel's backlog
     /// until one closes.
     pub connections_max: usize,
@@ -217,7 +233,15 @@ pub struct HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> HttpConfig {
-        HttpConfig { request_timeout_ms: 60_000, requests_in_flight_max: 1_024, connections_max: 4_096 }
+        HttpConfig {
+            request_timeout_ms: 60_000,
+            requests_in_flight_max: 1_024,
+            requests_in_flight_per_client_max: 512,
+            requests_in_flight_per_user_max: 256,
+            trusted_proxies: Vec::new(),
+            metrics_allow: ["127.0.0.0/8", "::1/128"].iter().filter_map(|net| net.parse().ok()).collect(),
+            connections_max: 4_096,
+        }
     }
 }
 
@@ -226,37 +250,52 @@ pub fn router(state: AppState) -> Router {
     router_with(Router::new(), state)
 }
 
-/// The node's routes plus `extra` (tests add some): every route but the notification
-/// channels under the request timeout, all behind the rate-limit middleware.
+/// The node's routes plus `extra` (tests add some). What a request meets, in order: the
+/// front door (its client's share of the places in flight, `front_door::admit`), the caller
+/// found and the rate limits (`ratelimit::enforce`), the caller's share (`admit_user`), the
+/// deadline, then its body, read with an idle bound. Probes and notification channels take
+/// no place (they bound themselves). Every answer then gets the security headers.
 pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
     let limiter = axum::middleware::from_fn_with_state(state.clone(), ratelimit::enforce);
     let timeout = axum::middleware::from_fn_with_state(state.clone(), request_timeout);
-    let admit = axum::middleware::from_fn_with_state(state.clone(), admit);
-    let probes = routes::probe_router().layer(timeout.clone());
-    let bounded = routes::router().merge(extra).layer(timeout).layer(admit.clone()).merge(probes);
-    // WebDAV and the whole-file routes carry whole files in one request: a longer deadline.
-    let transfers = dav::router().merge(routes::transfer_router());
-    bounded
-        .merge(transfers.layer(axum::middleware::from_fn(transfer_timeout)).layer(admit))
-        .merge(routes::notify_router())
-        .route_layer(limiter)
+    let admit = axum::middleware::from_fn_with_state(state.clone(), front_door::admit);
+    let admit_user = axum::middleware::from_fn_with_state(state.clone(), front_door::admit_user);
+    let probes = routes::probe_router().layer(timeout.clone()).layer(limiter.clone());
+    let bounded = routes::router()
+        .merge(routes::console_router())
+        .merge(extra)
+        .layer(MapRequestBodyLayer::new(axum::body::Body::new))
+        .layer(RequestBodyTimeoutLayer::new(BODY_IDLE))
+        .layer(timeout)
+        .layer(admit_user.clone())
+        .layer(limiter.clone())
+        .layer(admit.clone());
+    // WebDAV and the whole-file routes carry whole files in one request: a longer deadline,
+    // and a longer wait for each piece of a body.
+    let transfers = headers::user_content(dav::router())
+        .merge(routes::transfer_router())
+        .layer(MapRequestBodyLayer::new(axum::body::Body::new))
+        .layer(RequestBodyTimeoutLayer::new(TRANSFER_BODY_IDLE))
+        .layer(axum::middleware::from_fn(transfer_timeout))
+        .layer(admit_user)
+        .layer(limiter.clone())
+        .layer(admit);
+    let app = bounded
+        .merge(transfers)
+        .merge(probes)
+        .merge(routes::notify_router().layer(limiter))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(axum::middleware::from_fn(error::problems_everywhere))
-        .with_state(state)
+        .with_state(state);
+    headers::everywhere(app)
 }
 
-/// Takes a place among the requests in flight, or answers 503 at once when there is none
-/// (`[http] requests_in_flight_max`): a flood queues nowhere inside the node.
-async fn admit(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    match state.in_flight.clone().try_acquire_owned() {
-        Ok(_place) => next.run(request).await,
-        Err(_) => ApiError::Unavailable(format!(
-            "this node serves {} requests at once, the most it takes; try again shortly",
-            state.config.http.requests_in_flight_max
-        ))
-        .into_response(),
-    }
-}
+/// The longest wait for the next piece of a request body (a body that stalls longer fails,
+/// and the request with it), on every route but those carrying whole files.
+pub const BODY_IDLE: Duration = Duration::from_secs(10);
+/// [`BODY_IDLE`] for the routes carrying whole files (WebDAV, `/v1/files/content`): a
+/// large upload over a slow, busy link.
+pub const TRANSFER_BODY_IDLE: Duration = Duration::from_secs(60);
 
 /// How long one request carrying a whole file may take (WebDAV, `/v1/files/content`), body
 /// included: a large file over a slow link. Every wait inside is bounded on its own as well.

@@ -64,7 +64,7 @@ pub async fn serve() -> impl IntoResponse {
         ops::get_limits, ops::put_limits,
         ops::create_user, ops::get_user, ops::create_token, ops::list_tokens, ops::revoke_token,
         ops::me, ops::my_tokens, ops::revoke_my_token, ops::webhook_secret, ops::rotate_webhook_secret,
-        ops::login, ops::set_my_password, ops::set_password, ops::remove_password,
+        ops::login, ops::set_my_password, ops::remove_my_password, ops::set_password, ops::remove_password,
         ops::blocks_status, ops::get_block, ops::put_block, ops::post_block,
         ops::get_file, ops::commit_file, ops::put_file_content, ops::get_file_content, ops::file_history, ops::restore_file, ops::delete_file, ops::move_file,
         ops::list_folder,
@@ -249,14 +249,24 @@ mod ops {
     fn login() {}
 
     #[utoipa::path(put, path = "/v1/me/password", tag = "me", request_body = crate::routes::login::PasswordRequest, responses(
-        (status = 204, description = "The caller's password is set; it logs in with `POST /v1/login`."),
-        (status = 403, description = "A password is set, and `currentPassword` is missing or wrong.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A node still runs a release that cannot store passwords (the cluster's data format is below 4).", body = Problem, content_type = "application/problem+json"),
+        (status = 204, description = "The caller's password is set; it logs in with `POST /v1/login`. Every login session made under the password before ends."),
+        (status = 403, description = "A password is set, and `currentPassword` is missing or wrong; or none is set, and the caller has no fresh proof (a token made in the last 10 minutes that is not a login session, or the admin's).", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A node still runs a release that cannot end sessions (the cluster's data format is below 5).", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many password attempts from this address, or on this name from this address lately.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn set_my_password() {}
 
+    #[utoipa::path(delete, path = "/v1/me/password", tag = "me", request_body(content = Option<crate::routes::login::PasswordRemoval>, description = "The current password, unless the caller has fresh proof."), responses(
+        (status = 204, description = "The caller's password is removed; every login session ends."),
+        (status = 403, description = "`currentPassword` is missing or wrong, and the caller has no fresh proof.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No password is set.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A node still runs a release that cannot end sessions (the cluster's data format is below 5).", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many password attempts.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn remove_my_password() {}
+
     #[utoipa::path(put, path = "/v1/admin/users/{user_id}/password", tag = "admin", params(("user_id" = String, Path, description = "User id")), request_body = crate::routes::login::PasswordRequest, responses(
-        (status = 204, description = "The user's password is set."),
+        (status = 204, description = "The user's password is set; their login sessions made under the one before end."),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A node still runs a release that cannot store passwords (the cluster's data format is below 4).", body = Problem, content_type = "application/problem+json"),
@@ -264,7 +274,7 @@ mod ops {
     fn set_password() {}
 
     #[utoipa::path(delete, path = "/v1/admin/users/{user_id}/password", tag = "admin", params(("user_id" = String, Path, description = "User id")), responses(
-        (status = 204, description = "The user can no longer log in with a password (their tokens still work)."),
+        (status = 204, description = "The user can no longer log in with a password; their login sessions end (their other tokens still work)."),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such user.", body = Problem, content_type = "application/problem+json"),
     ))]

@@ -6,10 +6,9 @@
 //! so a limit holds across all nodes. The most restrictive answer wins. If no decision arrives within the deadline, a
 //! limit's `failure` mode decides (`open` admits, `closed` rejects with 503).
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -18,7 +17,7 @@ use raftbox_storage::command::RateCheck;
 use raftbox_storage::ratelimit::{Algorithm, Decision};
 use serde::Deserialize;
 
-use crate::auth::{bearer_hash, lookup, lookup_local, LookedUp, Principal};
+use crate::auth::{LookedUp, Principal};
 use crate::metrics::LimiterDecision;
 use crate::runtime_limits::Limits;
 use crate::{ApiError, AppState};
@@ -277,41 +276,49 @@ struct Applied<'a> {
     key: String,
 }
 
-/// The middleware: checks every applicable limit, then runs the route or answers 429.
+/// The middleware: finds the caller once, checks every applicable limit, then runs the route
+/// or answers 429.
 ///
-/// A token this node does not know (forged, or made an instant ago through another node)
-/// meets the limits that need no caller (ip, global, endpoint) first: only once they admit
-/// the request does the lookup's read barrier cost the leader a round. Whatever the lookup
-/// finds is left for the route (`auth::LookedUp`), so it is never done twice.
+/// The caller is resolved here for every request that carries credentials, and left in the
+/// request for the route (`Principal`, or `auth::LookedUp(None)` for an unknown token), so it
+/// is never looked up twice. A token this node knows costs one point read. A token it does
+/// not know (forged, or made an instant ago through another node), and on WebDAV a user's
+/// password, first meet the limits that need no caller (ip, global, endpoint): only once
+/// they admit the request does the lookup's read barrier cost the leader a round, or the
+/// password's check its argon2 work. So a WebDAV client logged in with a password meets its
+/// user's, token's and tenant's limits as any other.
 pub async fn enforce(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     // The limits in force for this request's whole check (a change swaps them whole).
     let in_force = state.limits.get();
     let mut checked_anonymous = false;
-    let mut caller = None;
-    if let Some(hash) = bearer_hash(request.headers()).filter(|_| !in_force.rate_limits.is_empty()) {
-        caller = lookup_local(&state, &hash).ok().flatten();
-        if caller.is_none() {
-            let anonymous = applicable(&in_force, &request, None);
-            if !anonymous.is_empty() {
-                match decide(&state, &anonymous).await {
-                    Err(refused) => return refused,
-                    Ok(Decided::Undecided(reason)) if anonymous.iter().any(|a| a.limit.failure == Failure::Closed) => {
-                        state.http_metrics.limiter_decision(LimiterDecision::UndecidedClosed);
-                        return ApiError::Unavailable(format!("rate limiter unavailable ({reason})")).into_response();
-                    }
-                    Ok(_) => {}
+    let (caller, known) = match crate::auth::resolve_local(&state, request.uri().path(), request.headers()) {
+        Ok(found) => found,
+        Err(refused) => return refused.into_response(),
+    };
+    let mut caller = caller;
+    if !known {
+        let anonymous = applicable(&in_force, &request, None);
+        if !anonymous.is_empty() {
+            match decide(&state, &anonymous).await {
+                Err(refused) => return refused,
+                Ok(Decided::Undecided(reason)) if anonymous.iter().any(|a| a.limit.failure == Failure::Closed) => {
+                    state.http_metrics.limiter_decision(LimiterDecision::UndecidedClosed);
+                    return ApiError::Unavailable(format!("rate limiter unavailable ({reason})")).into_response();
                 }
-                checked_anonymous = true;
+                Ok(_) => {}
             }
-            // A lookup whose barrier failed cannot tell who calls: 503, never a wrong 401,
-            // and never a pass past the caller's own limits.
-            match lookup(&state, &hash).await {
-                Ok(found) => {
-                    caller = found;
-                    request.extensions_mut().insert(LookedUp(caller.clone()));
-                }
-                Err(e) => return e.into_response(),
+            checked_anonymous = true;
+        }
+        // A lookup whose barrier failed cannot tell who calls: 503, never a wrong 401, and
+        // never a pass past the caller's own limits.
+        let path = request.uri().path().to_owned();
+        let client = request.extensions().get::<crate::front_door::Client>().copied();
+        match crate::auth::resolve(&state, &path, request.headers(), client).await {
+            Ok(found) => {
+                caller = found;
+                request.extensions_mut().insert(LookedUp(caller.clone()));
             }
+            Err(refused) => return crate::dav::refusal(&path, refused),
         }
     }
     if let Some(principal) = &caller {
@@ -403,7 +410,7 @@ fn applicable<'a>(in_force: &'a Limits, request: &Request, caller: Option<&Princ
     if limits.is_empty() {
         return Vec::new();
     }
-    let ip = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string());
+    let ip = request.extensions().get::<crate::front_door::Client>().map(|client| client.to_string());
     let endpoint = request.extensions().get::<MatchedPath>().map_or(path, |m| m.as_str());
     limits
         .into_iter()

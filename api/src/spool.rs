@@ -1,8 +1,17 @@
 //! A whole file arriving in one request body (the whole-file upload, a WebDAV PUT): spooled
 //! to a temporary file, so memory stays bounded whatever its size, then cut into blocks with
-//! the sync client's content-defined sizes and stored on a majority, block by block. What a
-//! spool takes is bounded before a byte is written: [`PUT_BYTES_MAX`], the caller's quota,
-//! and a node whose disk is full takes nothing.
+//! the sync client's content-defined sizes and stored on a majority, block by block.
+//!
+//! What spools take is bounded, so no user can fill a node's disk with them:
+//! - **by the quota still free**: a user's open spools on a node together hold at most what
+//!   their quota leaves (`[quotas] stored_bytes_per_user` less what they store), reserved as
+//!   bytes arrive, given back when the spool ends (507 beyond); and [`PUT_BYTES_MAX`] each;
+//! - **by the disk**: a spool is refused (503), at its start and at every piece, once the data
+//!   disk would keep less than [`DISK_MARGIN_BYTES`] above the NOSPACE minimum, so spools give
+//!   way long before the node's own writes would (a leader never steps down for them);
+//! - **by time**: a body must send something every `crate::TRANSFER_BODY_IDLE`, and the
+//!   whole request ends by `crate::TRANSFER_DEADLINE`; [`SPOOLS_MAX`] at once per node,
+//!   [`SPOOLS_PER_USER_MAX`] per user.
 
 use std::io::SeekFrom;
 
@@ -23,27 +32,38 @@ const CUT_AHEAD_BLOCKS: usize = 2;
 /// Uploads spooling at once on a node, and per user (more are refused with 503).
 pub const SPOOLS_MAX: usize = 32;
 pub const SPOOLS_PER_USER_MAX: usize = 4;
-/// Bytes spooled between two looks at the disk's health.
-const DISK_CHECK_BYTES: u64 = 64 << 20;
+/// Free bytes a spool leaves the data disk above its NOSPACE minimum, at least: the disk is
+/// read every 250 ms, so this also covers what arrives between two readings.
+pub const DISK_MARGIN_BYTES: u64 = 512 << 20;
 
-/// The uploads spooling on this node, in all and per user.
+/// The uploads spooling on this node: per user, how many and the bytes they hold.
 #[derive(Default)]
 pub struct Spools {
-    by_user: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    by_user: std::sync::Mutex<std::collections::HashMap<String, Held>>,
 }
 
-/// One upload's place among [`Spools`], given back when dropped.
+/// One user's open spools on this node.
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    spools: usize,
+    bytes: u64,
+}
+
+/// One upload's place among [`Spools`], given back (with its bytes) when dropped.
 struct Place {
     state: AppState,
     user_id: String,
+    bytes: u64,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
         let mut by_user = self.state.spools.by_user.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = by_user.get_mut(&self.user_id) {
-            *count -= 1;
-            if *count == 0 {
+        if let Some(held) = by_user.get_mut(&self.user_id) {
+            assert!(held.spools > 0 && held.bytes >= self.bytes, "a spool gave back more than it held");
+            held.spools -= 1;
+            held.bytes -= self.bytes;
+            if held.spools == 0 {
                 by_user.remove(&self.user_id);
             }
         }
@@ -53,19 +73,31 @@ impl Drop for Place {
 impl Spools {
     fn take(state: &AppState, user_id: &str) -> Result<Place, ApiError> {
         let mut by_user = state.spools.by_user.lock().unwrap_or_else(|e| e.into_inner());
-        if by_user.values().sum::<usize>() >= SPOOLS_MAX {
+        if by_user.values().map(|held| held.spools).sum::<usize>() >= SPOOLS_MAX {
             return Err(ApiError::Unavailable(format!(
                 "this node takes {SPOOLS_MAX} uploads at once, the most it takes; try again shortly"
             )));
         }
-        let mine = by_user.entry(user_id.to_owned()).or_insert(0);
-        if *mine >= SPOOLS_PER_USER_MAX {
+        let mine = by_user.entry(user_id.to_owned()).or_default();
+        if mine.spools >= SPOOLS_PER_USER_MAX {
             return Err(ApiError::Unavailable(format!(
                 "you have {SPOOLS_PER_USER_MAX} uploads running on this node, the most at once; finish one first"
             )));
         }
-        *mine += 1;
-        Ok(Place { state: state.clone(), user_id: user_id.to_owned() })
+        mine.spools += 1;
+        Ok(Place { state: state.clone(), user_id: user_id.to_owned(), bytes: 0 })
+    }
+
+    /// Reserves `more` bytes for `place`, if its user's spools then hold at most `bytes_max`.
+    fn reserve(place: &mut Place, more: u64, bytes_max: u64) -> bool {
+        let mut by_user = place.state.spools.by_user.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = by_user.get_mut(&place.user_id) else { return false };
+        if held.bytes.saturating_add(more) > bytes_max {
+            return false;
+        }
+        held.bytes += more;
+        place.bytes += more;
+        true
     }
 }
 
@@ -73,9 +105,11 @@ impl Spools {
 pub(crate) struct Spool {
     file: Option<tokio::fs::File>,
     written: u64,
-    /// What it may take: the caller's quota (507 beyond), or [`PUT_BYTES_MAX`].
+    /// What this user's spools may hold together: the quota still free when it opened (or
+    /// [`PUT_BYTES_MAX`] for an admin).
     bytes_max: u64,
-    /// Its place among the node's uploads, and the node whose disk it fills.
+    /// Its place among the node's uploads, the bytes it reserved, and the node whose disk it
+    /// fills.
     place: Place,
 }
 
@@ -84,13 +118,33 @@ fn too_large() -> ApiError {
 }
 
 fn over_quota(bytes_max: u64) -> ApiError {
-    ApiError::QuotaExceeded(format!("the upload is larger than your storage quota ({bytes_max} bytes)"))
+    ApiError::QuotaExceeded(format!(
+        "the upload is larger than what your storage quota leaves, with your other uploads on this node ({bytes_max} bytes)"
+    ))
+}
+
+/// 503 when this node's data disk would keep less than [`DISK_MARGIN_BYTES`] above its
+/// minimum after `more` bytes.
+fn disk_takes(state: &AppState, more: u64) -> Result<(), ApiError> {
+    let disk = state.node.disk();
+    if disk.full {
+        return Err(ApiError::Unavailable(disk.refusal()));
+    }
+    let floor = disk.min_free_bytes.saturating_add(DISK_MARGIN_BYTES);
+    match disk.free_bytes {
+        Some(free) if free.saturating_sub(more) < floor => Err(ApiError::Unavailable(format!(
+            "this node keeps its last {} MiB of disk for the cluster's own writes; try the upload again later, \
+             or through another node",
+            floor >> 20
+        ))),
+        _ => Ok(()),
+    }
 }
 
 impl Spool {
     /// A spool for an upload by `principal` of `declared` bytes (its `Content-Length`, if it
     /// sent one): refused before anything is written when that cannot fit (413, 507), or when
-    /// this node's disk is full (503).
+    /// this node's disk has no room for it (503).
     pub(crate) async fn open(
         state: &AppState,
         principal: &Principal,
@@ -99,10 +153,7 @@ impl Spool {
         if declared.is_some_and(|size| size > PUT_BYTES_MAX) {
             return Err(too_large());
         }
-        let disk = state.node.disk();
-        if disk.full {
-            return Err(ApiError::Unavailable(disk.refusal()));
-        }
+        disk_takes(state, declared.unwrap_or(0))?;
         let bytes_max = match principal.user.admin {
             true => PUT_BYTES_MAX,
             false => {
@@ -113,13 +164,18 @@ impl Spool {
                         "you store {stored} bytes, your whole quota ({quota} bytes)"
                     )));
                 }
-                PUT_BYTES_MAX.min(quota)
+                PUT_BYTES_MAX.min(quota - stored)
             }
         };
         if declared.is_some_and(|size| size > bytes_max) {
             return Err(over_quota(bytes_max));
         }
-        let place = Spools::take(state, &principal.user.id)?;
+        let mut place = Spools::take(state, &principal.user.id)?;
+        // A declared size is reserved whole at once: a second upload that would not fit beside
+        // it is refused before it starts.
+        if !Spools::reserve(&mut place, declared.unwrap_or(0), bytes_max) {
+            return Err(over_quota(bytes_max));
+        }
         // On the data disk, which the disk-full alarm watches (not /tmp, maybe memory).
         let dir = state.node.blocks().store().temp_dir();
         let file = tokio::task::spawn_blocking(move || tempfile::tempfile_in(dir))
@@ -137,23 +193,21 @@ impl Spool {
         self.written
     }
 
-    /// Spools the next piece of the body.
+    /// Spools the next piece of the body: within the reservation (or reserving more, within
+    /// what the quota leaves), and only while the disk keeps its margin.
     pub(crate) async fn append(&mut self, bytes: &[u8]) -> Result<(), ApiError> {
         let file = self.file.as_mut().ok_or_else(|| ApiError::Internal("the spool was already stored".into()))?;
-        let before = self.written;
-        self.written += bytes.len() as u64;
-        if before / DISK_CHECK_BYTES != self.written / DISK_CHECK_BYTES {
-            let disk = self.place.state.node.disk();
-            if disk.full {
-                return Err(ApiError::Unavailable(disk.refusal()));
-            }
-        }
-        if self.written > PUT_BYTES_MAX {
+        let after = self.written + bytes.len() as u64;
+        if after > PUT_BYTES_MAX {
             return Err(too_large());
         }
-        if self.written > self.bytes_max {
+        let more = after.saturating_sub(self.place.bytes);
+        if more > 0 && !Spools::reserve(&mut self.place, more, self.bytes_max) {
             return Err(over_quota(self.bytes_max));
         }
+        assert!(self.place.bytes >= after, "a spool holds more than it reserved");
+        disk_takes(&self.place.state, bytes.len() as u64)?;
+        self.written = after;
         file.write_all(bytes).await.map_err(|e| {
             tracing::warn!(error = %e, "spooling an upload failed");
             ApiError::Unavailable("this node has no room to take the upload now; try again".into())

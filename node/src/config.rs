@@ -269,6 +269,19 @@ impl Config {
         in_range("http.request_timeout_ms", file.http.request_timeout_ms, 1_000, 3_600_000)?;
         in_range("http.requests_in_flight_max", file.http.requests_in_flight_max as u64, 1, 1_000_000)?;
         in_range("http.connections_max", file.http.connections_max as u64, 1, 1_000_000)?;
+        let in_flight = file.http.requests_in_flight_max as u64;
+        in_range(
+            "http.requests_in_flight_per_client_max",
+            file.http.requests_in_flight_per_client_max as u64,
+            1,
+            in_flight,
+        )?;
+        in_range(
+            "http.requests_in_flight_per_user_max",
+            file.http.requests_in_flight_per_user_max as u64,
+            1,
+            in_flight,
+        )?;
         if raft.membership_timeout_ms >= file.http.request_timeout_ms {
             bail!("raft.membership_timeout_ms must be below http.request_timeout_ms (a change answers before the request times out)");
         }

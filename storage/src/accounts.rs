@@ -30,6 +30,7 @@ pub(crate) fn create_user(
         admin,
         created_ms,
         groups: Vec::new(),
+        password_epoch: 0,
     };
     let namespace = Namespace {
         id: namespace_id.into(),
@@ -46,19 +47,26 @@ pub(crate) fn create_user(
     Ok(Outcome::UserCreated { user_id: user_id.into(), namespace_id: namespace_id.into() })
 }
 
-/// A token for an existing user.
+/// A token for an existing user; `(expires_ms, session_epoch)` as `Command::CreateToken` has
+/// them. A login session whose password epoch is no longer the user's (the password changed
+/// after it was checked) is refused.
 pub(crate) fn create_token(
     txn: &mut Txn<'_>,
     token_id: &str,
     user_id: &str,
     name: &str,
     token_hash: &[u8; 32],
-    expires_ms: Option<u64>,
+    (expires_ms, session_epoch): (Option<u64>, Option<u64>),
 ) -> Result<Outcome, StorageError> {
-    if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
+    let Some(user) = txn.get::<User>("user", &keys::user(user_id))? else {
         return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
+    };
+    if session_epoch.is_some_and(|epoch| epoch != user.password_epoch) {
+        return Ok(Outcome::Rejected(Rejection::Conflict(
+            "the password changed while logging in; log in again".into(),
+        )));
     }
-    put_token(txn, token_id, user_id, name, token_hash, expires_ms)
+    put_token(txn, token_id, user_id, name, token_hash, (expires_ms, session_epoch))
 }
 
 fn put_token(
@@ -67,7 +75,7 @@ fn put_token(
     user_id: &str,
     name: &str,
     token_hash: &[u8; 32],
-    expires_ms: Option<u64>,
+    (expires_ms, password_epoch): (Option<u64>, Option<u64>),
 ) -> Result<Outcome, StorageError> {
     if txn.get_raw(&keys::token(token_hash))?.is_some() {
         return Ok(Outcome::Rejected(Rejection::Conflict("token already registered".into())));
@@ -75,18 +83,55 @@ fn put_token(
     if txn.get_raw(&keys::user_token(user_id, token_id))?.is_some() {
         return Ok(Outcome::Rejected(Rejection::Conflict(format!("token id {token_id} is taken"))));
     }
-    let token =
-        Token { id: token_id.into(), user_id: user_id.into(), name: name.into(), created_ms: txn.now_ms, expires_ms };
+    let token = Token {
+        id: token_id.into(),
+        user_id: user_id.into(),
+        name: name.into(),
+        created_ms: txn.now_ms,
+        expires_ms,
+        password_epoch,
+    };
     txn.put(keys::token(token_hash), &token);
     txn.put_raw(keys::user_token(user_id, token_id), token_hash.to_vec());
+    // Expiring tokens are purged once expired, through the expiry index: from format 5, once
+    // every node writes and purges it alike (tokens from before stay until revoked).
+    if let Some(expires_ms) = expires_ms {
+        if crate::sharing::schema_in(txn)? >= TOKEN_EXPIRY_FORMAT {
+            txn.put_raw(keys::Expiring::Token.index(expires_ms, token_hash), Vec::new());
+        }
+    }
     Ok(Outcome::TokenCreated { token_id: token_id.into() })
 }
 
-/// Removes a user's token (its record and its index entry).
+/// The cluster format from which expiring tokens are indexed and purged.
+pub const TOKEN_EXPIRY_FORMAT: u32 = 5;
+
+/// Removes the token stored at `record_key` and its index entry by user (the expiry purge).
+pub(crate) fn delete_token(txn: &mut Txn<'_>, record_key: &[u8]) -> Result<(), StorageError> {
+    if let Some(token) = txn.get::<Token>("token", record_key)? {
+        txn.delete(keys::user_token(&token.user_id, &token.id));
+    }
+    txn.delete(record_key.to_vec());
+    Ok(())
+}
+
 /// Sets or removes a user's password hash; an unknown user is a rejection, never an error.
-pub(crate) fn set_password(txn: &mut Txn<'_>, user_id: &str, hash: Option<&str>) -> Result<Outcome, StorageError> {
-    if txn.get::<User>("user", &keys::user(user_id))?.is_none() {
+/// With `ends_sessions`, the user's password epoch moves on, so every login session made
+/// before stops working (one write, whatever their number).
+pub(crate) fn set_password(
+    txn: &mut Txn<'_>,
+    user_id: &str,
+    hash: Option<&str>,
+    ends_sessions: bool,
+) -> Result<Outcome, StorageError> {
+    let Some(mut user) = txn.get::<User>("user", &keys::user(user_id))? else {
         return Ok(Outcome::Rejected(Rejection::NotFound(format!("user {user_id}"))));
+    };
+    if ends_sessions {
+        let before = user.password_epoch;
+        user.password_epoch = before.saturating_add(1);
+        assert!(user.password_epoch > before || before == u64::MAX, "a password epoch went back");
+        txn.put(keys::user(user_id), &user);
     }
     match hash {
         Some(hash) => txn.put(keys::password(user_id), &hash.to_string()),
@@ -159,7 +204,7 @@ pub(crate) fn ensure_admin(
             other => return Ok(other),
         },
     };
-    match put_token(txn, token_id, &admin_id, "admin", token_hash, None)? {
+    match put_token(txn, token_id, &admin_id, "admin", token_hash, (None, None))? {
         Outcome::TokenCreated { .. } => Ok(Outcome::AdminReady { user_id: admin_id }),
         other => Ok(other),
     }
@@ -191,11 +236,20 @@ impl StateMachine {
         Ok(Some((token, user)))
     }
 
-    /// Whether the token with this hash is still `token_id` of `user_id` (not revoked;
-    /// expiry is the reader's to judge). One point read (the notification channels).
+    /// Whether the token with this hash is still `token_id` of `user_id` (not revoked, and for
+    /// a login session, its password not changed since; expiry is the reader's to judge). One
+    /// point read, two for a session (the notification channels).
     pub fn token_active(&self, token_hash: &[u8; 32], user_id: &str, token_id: &str) -> Result<bool, StorageError> {
-        let found = self.read::<Token>("token", &keys::token(token_hash))?;
-        Ok(found.is_some_and(|t| t.id == token_id && t.user_id == user_id))
+        let Some(token) = self.read::<Token>("token", &keys::token(token_hash))? else {
+            return Ok(false);
+        };
+        if token.id != token_id || token.user_id != user_id {
+            return Ok(false);
+        }
+        if token.password_epoch.is_none() {
+            return Ok(true);
+        }
+        Ok(self.user(user_id)?.is_some_and(|user| token.current_for(&user)))
     }
 
     /// A user's tokens (tests; requests page through [`StateMachine::tokens_page`]).

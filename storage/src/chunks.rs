@@ -54,8 +54,44 @@ pub(crate) fn register(
     Ok(Outcome::Done)
 }
 
-/// The bytes `user_id` stores: every block they uploaded (their mark on it), once each,
-/// until the block is collected. Marks from before the count existed are not in it.
+/// Charges `user_id` for each of `chunks` not charged to them yet (a commit naming blocks
+/// another user uploaded: the referrer pays as the uploader did, with the same mark, given back
+/// when the block is collected), each once; refused whole, charging nothing, if that would take
+/// them past `quota_bytes`. Bounded by the commit's chunks (`FILE_CHUNKS_MAX`), judged with a set.
+pub(crate) fn charge(
+    txn: &mut Txn<'_>,
+    user_id: &str,
+    chunks: &[BlockHash],
+    quota_bytes: u64,
+) -> Result<Option<Outcome>, StorageError> {
+    let mut seen = HashSet::with_capacity(chunks.len());
+    let mut marks = Vec::new();
+    let mut size = 0u64;
+    for hash in chunks {
+        if !seen.insert(*hash) || txn.get_raw(&keys::chunk_uploader(&hash.0, user_id))?.is_some() {
+            continue;
+        }
+        let Some(chunk) = txn.get::<Chunk>("chunk", &keys::chunk(&hash.0))? else { continue };
+        size = size.saturating_add(chunk.size);
+        marks.push((*hash, chunk.size));
+    }
+    if marks.is_empty() {
+        return Ok(None);
+    }
+    let stored_bytes = stored_bytes(txn, user_id)?;
+    if stored_bytes.saturating_add(size) > quota_bytes {
+        return Ok(Some(Outcome::Rejected(Rejection::QuotaExceeded { stored_bytes, quota_bytes, size })));
+    }
+    txn.put(keys::stored_bytes(user_id), &stored_bytes.saturating_add(size));
+    for (hash, size) in marks {
+        txn.put_raw(keys::chunk_uploader(&hash.0, user_id), size.to_be_bytes().to_vec());
+    }
+    Ok(None)
+}
+
+/// The bytes `user_id` stores: every block they uploaded or a commit of theirs named (their
+/// mark on it), once each, until the block is collected. Marks from before the count existed
+/// are not in it.
 pub fn stored_bytes<R: Reads>(state: &R, user_id: &str) -> Result<u64, StorageError> {
     Ok(state.get_record::<u64>("stored bytes", &keys::stored_bytes(user_id))?.unwrap_or(0))
 }

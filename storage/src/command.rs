@@ -93,12 +93,19 @@ pub enum Command {
         /// When it stops working (Unix ms); `None`: never.
         #[serde(default)]
         expires_ms: Option<u64>,
+        /// A login session: the user's password epoch its password was checked under
+        /// (refused if the password changed since). Format 5.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session_epoch: Option<u64>,
     },
     /// Sets (or, with `None`, removes) a user's password: its argon2id hash as a PHC string,
-    /// computed before proposing (apply never hashes). Format 4.
+    /// computed before proposing (apply never hashes). Format 4; with `ends_sessions`, the
+    /// user's login sessions made under the password before stop working (format 5).
     SetPassword {
         user_id: String,
         password_hash: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ends_sessions: bool,
     },
     /// Sets a user's webhook signing secret (generated before proposing). With
     /// `keep_previous_ms`, a rotation: the secret before it still signs (beside the new one)
@@ -116,10 +123,13 @@ pub enum Command {
         link: Box<crate::links::Link>,
         links_max: u32,
     },
-    /// Removes one of the actor's share links. Format 4.
+    /// Removes one of the actor's share links (format 4); with `namespace_id`, a link in a
+    /// namespace the actor owns, whoever made it (format 5).
     RevokeLink {
         actor_user_id: String,
         link_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        namespace_id: Option<String>,
     },
     /// Counts a download through a link (refused once its downloads are used up). Format 4.
     CountLinkDownload {
@@ -255,6 +265,10 @@ pub enum Command {
     /// after this one ends, a one-off job still fires at its time if that is later).
     RunJobNow {
         job_id: String,
+        /// The least time between two runs made now of the job (its owner's shortest cron
+        /// interval; refused sooner). `None`: any time (admins; entries before format 5).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        min_interval_ms: Option<u64>,
     },
     /// Claims due jobs and jobs whose lease expired for `worker` (fence incremented).
     ClaimJobs {
@@ -350,6 +364,9 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         seed: bool,
     },
+    /// Sets and removes dead properties of a file (WebDAV PROPPATCH, [`crate::props`]).
+    /// Format 5.
+    PatchProps(Box<crate::props::PropPatch>),
     /// `ClaimJobs` and `StartRun` in one command: claims due jobs and jobs whose lease expired
     /// for `worker` (fence incremented) and starts each one's attempt in the same apply — the
     /// i-th job claimed is RUNNING as run `run_ids[i]` (so at most `run_ids.len()` are
@@ -370,6 +387,10 @@ impl Command {
         match self {
             Command::Migrate { schema } => (*schema).max(crate::format::unrecorded()),
             Command::SetLimits { .. } => 3,
+            Command::SetPassword { ends_sessions: true, .. } | Command::CreateToken { session_epoch: Some(_), .. } => 5,
+            Command::CommitFile(commit) if commit.quota_bytes.is_some() => 5,
+            Command::RunJobNow { min_interval_ms: Some(_), .. } => 5,
+            Command::RevokeLink { namespace_id: Some(_), .. } | Command::PatchProps(_) => 5,
             Command::SetPassword { .. } | Command::SetWebhookSecret { .. } => 4,
             Command::CreateLink { .. } | Command::RevokeLink { .. } | Command::CountLinkDownload { .. } => 4,
             Command::PauseJob { .. } | Command::ResumeJob { .. } | Command::RunJobNow { .. } => 4,
@@ -427,6 +448,8 @@ pub struct Touched {
     /// Tokens revoked, by user and token id (a listener confirms with a point read: a
     /// refused revocation names a token too).
     pub revoked_tokens: Vec<(String, String)>,
+    /// Users whose login sessions a password change ended (a listener confirms, as above).
+    pub sessions_ended: Vec<String>,
 }
 
 impl Touched {
@@ -453,9 +476,11 @@ impl Touched {
             }
             Command::SetGroupMember { user_id, .. } => self.members.push(user_id.clone()),
             Command::RevokeToken { user_id, token_id } => self.revoked_tokens.push((user_id.clone(), token_id.clone())),
+            Command::SetPassword { user_id, ends_sessions: true, .. } => self.sessions_ended.push(user_id.clone()),
             Command::Idempotent { command, .. } | Command::Once { command, .. } => self.add(command),
             Command::CreateUser { .. }
             | Command::CreateToken { .. }
+            | Command::PatchProps(_)
             | Command::SetPassword { .. }
             | Command::SetWebhookSecret { .. }
             | Command::CreateLink { .. }
@@ -524,6 +549,11 @@ pub struct FileCommit {
     /// in log order. Empty in entries from before sharing, which are applied as before.
     #[serde(default)]
     pub actor_user_id: String,
+    /// The actor's quota: each block the commit names that is not yet charged to the actor is
+    /// charged now (refused beyond), so whoever references a block pays for it as its
+    /// uploader did. `None` (admins, entries from before format 5): nothing is charged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota_bytes: Option<u64>,
 }
 
 /// A move request.

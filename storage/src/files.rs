@@ -21,7 +21,7 @@ const FOLDER_SCAN_BATCH: usize = 256;
 /// How long a conflicting commit's answer is kept for its retries, in ms (24 h).
 pub const CONFLICT_RECORD_TTL_MS: u64 = 24 * 3600 * 1000;
 
-fn file_at(txn: &Txn<'_>, namespace_id: &str, path: &str) -> Result<Option<FileRecord>, StorageError> {
+pub(crate) fn file_at(txn: &Txn<'_>, namespace_id: &str, path: &str) -> Result<Option<FileRecord>, StorageError> {
     let Some(id) = txn.get::<String>("file path", &keys::file_path(namespace_id, path))? else { return Ok(None) };
     txn.get("file", &keys::file(&id))
 }
@@ -52,7 +52,11 @@ fn unused_file_id(txn: &Txn<'_>, proposed: &str) -> Result<String, StorageError>
 
 /// The actor's permission to change files in `namespace_id`, judged here in log order: a
 /// rejection if they may not. An entry without an actor (from before sharing) is allowed.
-fn may_write(txn: &Txn<'_>, actor_user_id: &str, namespace_id: &str) -> Result<Option<Outcome>, StorageError> {
+pub(crate) fn may_write(
+    txn: &Txn<'_>,
+    actor_user_id: &str,
+    namespace_id: &str,
+) -> Result<Option<Outcome>, StorageError> {
     if actor_user_id.is_empty() {
         return Ok(None);
     }
@@ -91,6 +95,11 @@ pub(crate) fn commit(txn: &mut Txn<'_>, c: &FileCommit) -> Result<Outcome, Stora
     };
     if !missing.is_empty() {
         return Ok(Outcome::Rejected(Rejection::MissingChunks(missing)));
+    }
+    if let Some(quota_bytes) = c.quota_bytes.filter(|_| !c.deleted && !c.actor_user_id.is_empty()) {
+        if let Some(refused) = chunks::charge(txn, &c.actor_user_id, &c.chunks, quota_bytes)? {
+            return Ok(refused);
+        }
     }
     let file = file_at(txn, &c.namespace_id, c.path.as_str())?;
     let current = file.as_ref().map_or(0, |f| f.current_version);
@@ -198,12 +207,15 @@ pub(crate) fn move_file(txn: &mut Txn<'_>, m: &FileMove) -> Result<Outcome, Stor
         new_file_id: m.new_file_id.clone(),
         copy_file_id: String::new(),
         actor_user_id: m.actor_user_id.clone(),
+        // A move within one namespace names nothing new.
+        quota_bytes: None,
     };
     let id = match &target {
         Some(f) => f.id.clone(),
         None => unused_file_id(txn, &m.new_file_id)?,
     };
     let version = write_version(txn, &commit, &id, target.as_ref(), &m.to)?;
+    crate::props::carry(txn, &source.id, &id)?;
     commit.path = m.from.clone();
     commit.chunks = Vec::new();
     commit.size = 0;
@@ -305,6 +317,9 @@ fn write_version(
         deleted: c.deleted,
         seq,
     };
+    if c.deleted {
+        crate::props::remove(txn, &file)?;
+    }
     txn.put(keys::file(file_id), &file);
     chunks::reference(txn, &c.namespace_id, &c.chunks, Delta::Add)?;
     Ok(version)

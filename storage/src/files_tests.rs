@@ -49,6 +49,7 @@ fn commit(path: &str, chunks: &[&str], base: u64, device: &str, ids: &str) -> Co
         new_file_id: format!("file-{ids}"),
         copy_file_id: format!("copy-{ids}"),
         actor_user_id: String::new(),
+        quota_bytes: None,
     }))
 }
 

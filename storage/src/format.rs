@@ -5,6 +5,8 @@
 //!   3: format versions themselves and runtime limits ([`crate::Command::SetLimits`]).
 //!   4: passwords ([`crate::Command::SetPassword`]), the block placement fence
 //!   (`RegisterChunk`'s `placed_in`), jobs paused and run now, webhook secrets, share links.
+//!   5: login sessions that a password change ends (`CreateToken`'s `session_epoch`,
+//!   `SetPassword`'s `ends_sessions`).
 //! - **The data directory** records the format of the code that last opened it
 //!   ([`crate::keys::meta::FORMAT`], absent before format 3); [`crate::Db::open`] refuses a
 //!   newer one.
@@ -18,7 +20,7 @@
 //!   refused at `cluster add` and at start.
 
 /// The format this code reads and writes.
-pub const FORMAT: u32 = 4;
+pub const FORMAT: u32 = 5;
 
 /// The format from which a block's registration names the configuration it was placed in
 /// ([`crate::Command::RegisterChunk`]'s `placed_in`): older code would ignore the fence.

@@ -237,7 +237,11 @@ pub(crate) fn purge_expired(txn: &mut Txn<'_>, max_records: usize) -> Result<Out
             due += 1;
             let record_key = kind.record(id);
             if record_expiry(txn, kind, &record_key)? == Some(expires_ms) {
-                txn.delete(record_key);
+                match kind {
+                    // A token has an index entry by user beside its record.
+                    Expiring::Token => crate::accounts::delete_token(txn, &record_key)?,
+                    _ => txn.delete(record_key),
+                }
                 purged += 1;
             }
             txn.delete(index_key.clone());
@@ -256,6 +260,7 @@ fn record_expiry(txn: &Txn<'_>, kind: Expiring, key: &[u8]) -> Result<Option<u64
         Expiring::Processed => txn.get::<u64>("processed message", key)?,
         Expiring::Rate => txn.get::<RateRecord>("rate state", key)?.map(|r| r.idle_at_ms),
         Expiring::Conflict => txn.get::<ConflictRecord>("conflict", key)?.map(|r| r.expires_ms),
+        Expiring::Token => txn.get::<crate::records::Token>("token", key)?.and_then(|t| t.expires_ms),
     })
 }
 

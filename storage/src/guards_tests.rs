@@ -241,6 +241,7 @@ fn a_curable_rejection_is_not_saved_under_the_key() {
             new_file_id: format!("file-{ids}"),
             copy_file_id: format!("copy-{ids}"),
             actor_user_id: String::new(),
+            quota_bytes: None,
         }))
     };
     let keyed_commit = |ids: &str| Command::Idempotent {

@@ -102,6 +102,9 @@ pub struct Job {
     /// goes on to its end.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// When a run now was last asked with a least interval (`RunJobNow`, format 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_now_ms: Option<u64>,
 }
 
 impl Eq for Job {}
@@ -147,6 +150,7 @@ impl Job {
             last_error: None,
             counted: false,
             paused: false,
+            run_now_ms: None,
         }
     }
 }
@@ -392,7 +396,7 @@ pub(crate) fn resume(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, Storage
     Ok(Outcome::Done)
 }
 
-pub(crate) fn run_now(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, StorageError> {
+pub(crate) fn run_now(txn: &mut Txn<'_>, job_id: &str, min_interval_ms: Option<u64>) -> Result<Outcome, StorageError> {
     let before = match changeable(txn, job_id)? {
         Ok(job) => job,
         Err(refused) => return Ok(refused),
@@ -409,9 +413,21 @@ pub(crate) fn run_now(txn: &mut Txn<'_>, job_id: &str) -> Result<Outcome, Storag
         // made twice).
         return Ok(Outcome::Done);
     }
+    if let (Some(min), Some(last)) = (min_interval_ms, before.run_now_ms) {
+        if txn.now_ms < last.saturating_add(min) {
+            return Ok(Outcome::Rejected(Rejection::LimitReached(format!(
+                "job {job_id} was run now {} s ago; it runs now at most once every {} s",
+                txn.now_ms.saturating_sub(last) / 1_000,
+                min / 1_000
+            ))));
+        }
+    }
     let mut job = before.clone();
     job.next_run_at_ms = Some(txn.now_ms);
     job.updated_ms = txn.now_ms;
+    if min_interval_ms.is_some() {
+        job.run_now_ms = Some(txn.now_ms);
+    }
     store(txn, Some(&before), &job)?;
     Ok(Outcome::Done)
 }

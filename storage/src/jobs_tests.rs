@@ -505,7 +505,7 @@ fn a_paused_job_is_never_claimed_and_resumes_without_making_up_missed_fires() {
     assert_eq!(at(&sm, 600, pause()), Outcome::Done, "pausing a paused job changes nothing");
     assert!(claim(&sm, 5_500, "w").is_empty(), "a paused job is not due");
     assert!(!sm.claimable_at(5_500).expect("read"), "nor in the due index");
-    let refused = at(&sm, 5_600, Command::RunJobNow { job_id: "j".into() });
+    let refused = at(&sm, 5_600, Command::RunJobNow { job_id: "j".into(), min_interval_ms: None });
     assert!(
         matches!(refused, Outcome::Rejected(Rejection::Conflict(ref why)) if why.contains("paused")),
         "{refused:?}"
@@ -540,7 +540,7 @@ fn a_one_off_job_missed_while_paused_runs_at_the_resume() {
 fn run_now_of_an_overdue_one_off_job_fires_it_once() {
     let (_dir, sm) = open();
     at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Once { run_at_ms: 1_000 }, 0))));
-    assert_eq!(at(&sm, 2_000, Command::RunJobNow { job_id: "j".into() }), Outcome::Done);
+    assert_eq!(at(&sm, 2_000, Command::RunJobNow { job_id: "j".into(), min_interval_ms: None }), Outcome::Done);
     let claimed = claim(&sm, 2_000, "w");
     assert_eq!(claimed[0].scheduled_for_ms, Some(1_000));
     start(&sm, 2_001, "j", 1, "w");
@@ -588,7 +588,7 @@ fn run_now_fires_once_fenced_and_the_schedule_goes_on() {
     let (_dir, sm) = open();
     let cron = CronSchedule::parse("0 * * * *", "UTC").expect("cron");
     at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Cron(cron), 0))));
-    let now = |job_id: &str| Command::RunJobNow { job_id: job_id.into() };
+    let now = |job_id: &str| Command::RunJobNow { job_id: job_id.into(), min_interval_ms: None };
     assert_eq!(at(&sm, 500, now("j")), Outcome::Done);
     let claimed = claim(&sm, 500, "w");
     assert_eq!((claimed.len(), claimed[0].fence, claimed[0].scheduled_for_ms), (1, 1, Some(500)));

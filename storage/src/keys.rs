@@ -81,6 +81,10 @@ mod tag {
     pub const LINK: u8 = 0x2a;
     pub const USER_LINK: u8 = 0x2b;
     pub const LINKS_COUNT: u8 = 0x2c;
+    pub const TOKEN_EXPIRY: u8 = 0x2d;
+    pub const NAMESPACE_LINK: u8 = 0x2e;
+    pub const FILE_PROPS: u8 = 0x2f;
+    pub const PROP_BYTES: u8 = 0x30;
 }
 
 pub fn job(job_id: &str) -> Vec<u8> {
@@ -243,11 +247,14 @@ pub enum Expiring {
     Rate,
     /// The conflicts commits ran into, so a retried conflicting commit gets the same answer.
     Conflict,
+    /// Tokens with an expiry, by the hash of their secret (indexed from format 5 on).
+    Token,
 }
 
 impl Expiring {
     /// Every kind, in the order a purge visits them.
-    pub const ALL: [Expiring; 4] = [Expiring::Idempotency, Expiring::Processed, Expiring::Rate, Expiring::Conflict];
+    pub const ALL: [Expiring; 5] =
+        [Expiring::Idempotency, Expiring::Processed, Expiring::Rate, Expiring::Conflict, Expiring::Token];
 
     fn tags(self) -> (u8, u8) {
         match self {
@@ -255,6 +262,7 @@ impl Expiring {
             Expiring::Processed => (tag::PROCESSED, tag::PROCESSED_EXPIRY),
             Expiring::Rate => (tag::RATE, tag::RATE_EXPIRY),
             Expiring::Conflict => (tag::CONFLICT, tag::CONFLICT_EXPIRY),
+            Expiring::Token => (tag::TOKEN, tag::TOKEN_EXPIRY),
         }
     }
 
@@ -328,6 +336,32 @@ pub fn user_link(user_id: &str, link_id: &str) -> Vec<u8> {
 /// Every [`user_link`] key of a user.
 pub fn user_link_range(user_id: &str) -> (Vec<u8>, Vec<u8>) {
     (joined(tag::USER_LINK, user_id, &[]), joined(tag::USER_LINK, user_id, &[0xff]))
+}
+
+/// A namespace's links: (namespace, link id) → the token's hash (its owner lists and revokes
+/// them; written from format 5, and for older links by the migration to it).
+pub fn namespace_link(namespace_id: &str, link_id: &str) -> Vec<u8> {
+    joined(tag::NAMESPACE_LINK, namespace_id, link_id.as_bytes())
+}
+
+/// Every [`namespace_link`] key of a namespace.
+pub fn namespace_link_range(namespace_id: &str) -> (Vec<u8>, Vec<u8>) {
+    (joined(tag::NAMESPACE_LINK, namespace_id, &[]), joined(tag::NAMESPACE_LINK, namespace_id, &[0xff]))
+}
+
+/// Every link record.
+pub fn link_all() -> (Vec<u8>, Vec<u8>) {
+    (vec![tag::LINK], vec![tag::LINK + 1])
+}
+
+/// A file's dead properties ([`crate::props`]).
+pub fn file_props(file_id: &str) -> Vec<u8> {
+    tagged(tag::FILE_PROPS, file_id.as_bytes())
+}
+
+/// Bytes of dead properties on the files of a user's namespaces (u64).
+pub fn prop_bytes(user_id: &str) -> Vec<u8> {
+    tagged(tag::PROP_BYTES, user_id.as_bytes())
 }
 
 /// How many links a user has (u64).

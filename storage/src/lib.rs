@@ -39,6 +39,7 @@ pub mod keys;
 pub mod limits;
 pub mod links;
 pub mod paths;
+pub mod props;
 pub mod ratelimit;
 pub mod records;
 pub mod schedule;

@@ -75,20 +75,61 @@ pub(crate) fn create(txn: &mut Txn<'_>, link: &Link, links_max: u32) -> Result<O
     txn.put(count_key, &(count + 1));
     txn.put_raw(keys::user_link(&link.creator_user_id, &link.id), link.token_hash.to_vec());
     txn.put(keys::link(&link.token_hash), &link);
+    if crate::sharing::schema_in(txn)? >= NAMESPACE_INDEX_FORMAT {
+        txn.put_raw(keys::namespace_link(&link.namespace_id, &link.id), link.token_hash.to_vec());
+    }
     Ok(Outcome::Done)
 }
 
-/// Removes one of `actor_user_id`'s links.
-pub(crate) fn revoke(txn: &mut Txn<'_>, actor_user_id: &str, link_id: &str) -> Result<Outcome, StorageError> {
-    let index = keys::user_link(actor_user_id, link_id);
+/// The cluster format from which links are indexed by namespace (the migration to it indexes
+/// the older ones).
+pub const NAMESPACE_INDEX_FORMAT: u32 = 5;
+
+/// Indexes every link by its namespace: the migration to [`NAMESPACE_INDEX_FORMAT`] (a
+/// one-time upgrade, proposed by a node itself; at most 1,000 links per user exist).
+pub(crate) fn index_by_namespace(txn: &mut Txn<'_>) -> Result<(), StorageError> {
+    let (start, end) = keys::link_all();
+    for key in txn.keys_in(&start, &end, usize::MAX)? {
+        let Some(link) = txn.get::<Link>("link", &key)? else { continue };
+        txn.put_raw(keys::namespace_link(&link.namespace_id, &link.id), link.token_hash.to_vec());
+    }
+    Ok(())
+}
+
+/// Removes a link: one of `actor_user_id`'s own, or, with `namespace_id`, one in that
+/// namespace if the actor owns it (whoever made the link).
+pub(crate) fn revoke(
+    txn: &mut Txn<'_>,
+    actor_user_id: &str,
+    link_id: &str,
+    namespace_id: Option<&str>,
+) -> Result<Outcome, StorageError> {
+    let not_found = || Ok(Outcome::Rejected(Rejection::NotFound(format!("link {link_id}"))));
+    let index = match namespace_id {
+        None => keys::user_link(actor_user_id, link_id),
+        Some(namespace_id) => {
+            if sharing::role(txn, actor_user_id, namespace_id)? != Some(crate::records::Role::Owner) {
+                return not_found();
+            }
+            keys::namespace_link(namespace_id, link_id)
+        }
+    };
     let Some(raw) = txn.get_raw(&index)? else {
-        return Ok(Outcome::Rejected(Rejection::NotFound(format!("link {link_id}"))));
+        return not_found();
     };
     let hash: [u8; 32] =
         raw.try_into().map_err(|_| StorageError::Corrupt(format!("link index of {link_id} is not a hash")))?;
-    txn.delete(index);
+    let Some(link) = txn.get::<Link>("link", &keys::link(&hash))? else {
+        return not_found();
+    };
+    // The index named this link: the same id, and for the creator's index the same creator.
+    if link.id != link_id || (namespace_id.is_none() && link.creator_user_id != actor_user_id) {
+        return not_found();
+    }
+    txn.delete(keys::user_link(&link.creator_user_id, link_id));
+    txn.delete(keys::namespace_link(&link.namespace_id, link_id));
     txn.delete(keys::link(&hash));
-    let count_key = keys::links_count(actor_user_id);
+    let count_key = keys::links_count(&link.creator_user_id);
     let count = txn.get::<u64>("links count", &count_key)?.unwrap_or(0).saturating_sub(1);
     if count == 0 {
         txn.delete(count_key);
@@ -116,6 +157,35 @@ impl StateMachine {
     /// The link whose token hashes to `token_hash`.
     pub fn link(&self, token_hash: &[u8; 32]) -> Result<Option<Link>, StorageError> {
         self.read("link", &keys::link(token_hash))
+    }
+
+    /// The links in a namespace by id, after `after`, at most `limit` (indexed from format 5).
+    pub fn namespace_links_page(
+        &self,
+        namespace_id: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Link>, StorageError> {
+        let (mut start, end) = keys::namespace_link_range(namespace_id);
+        if let Some(after) = after {
+            start = keys::namespace_link(namespace_id, after);
+            start.push(0);
+        }
+        let mut links = Vec::new();
+        for (key, hash) in self.scan_raw(&start, &end, limit)? {
+            let hash: [u8; 32] = hash
+                .try_into()
+                .map_err(|_| StorageError::Corrupt(format!("namespace link index {key:?} does not hold a hash")))?;
+            if let Some(link) = self.link(&hash)? {
+                links.push(link);
+            }
+        }
+        Ok(links)
+    }
+
+    /// How many links a user has.
+    pub fn links_count(&self, user_id: &str) -> Result<u64, StorageError> {
+        Ok(self.read::<u64>("links count", &keys::links_count(user_id))?.unwrap_or(0))
     }
 
     /// A user's links by id, after `after`, at most `limit`.

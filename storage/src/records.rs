@@ -51,6 +51,14 @@ pub struct User {
     /// The groups the user belongs to (kept here so a permission check is point reads).
     #[serde(default)]
     pub groups: Vec<String>,
+    /// Raised by every password change that ends sessions (format 5): a login session made
+    /// under an earlier one stops working.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub password_epoch: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,6 +70,17 @@ pub struct Token {
     /// When the token stops working (Unix ms); `None`: never.
     #[serde(default)]
     pub expires_ms: Option<u64>,
+    /// A login session's: the user's `password_epoch` when it was made; it works only while
+    /// that is still the user's (format 5). `None`: any other token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_epoch: Option<u64>,
+}
+
+impl Token {
+    /// Whether the token still works for `user` as far as passwords go (expiry aside).
+    pub fn current_for(&self, user: &User) -> bool {
+        self.password_epoch.is_none_or(|epoch| epoch == user.password_epoch)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

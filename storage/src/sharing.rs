@@ -378,9 +378,8 @@ fn purge_namespace_step(txn: &mut Txn<'_>, namespace_id: &str, budget: &mut usiz
     let (start, end) = keys::file_path_range(namespace_id);
     for path_key in txn.keys_in(&start, &end, *budget)? {
         if let Some(file_id) = txn.get::<String>("file path", &path_key)? {
-            let owned =
-                txn.get::<FileRecord>("file", &keys::file(&file_id))?.is_some_and(|f| f.namespace_id == namespace_id);
-            if owned {
+            let file = txn.get::<FileRecord>("file", &keys::file(&file_id))?.filter(|f| f.namespace_id == namespace_id);
+            if let Some(file) = file {
                 let (first, past) = keys::version_range(&file_id);
                 let versions = txn.keys_in(&first, &past, budget.saturating_add(1))?;
                 let all = versions.len() <= *budget;
@@ -394,6 +393,7 @@ fn purge_namespace_step(txn: &mut Txn<'_>, namespace_id: &str, budget: &mut usiz
                 if !all || *budget == 0 {
                     return Ok(false);
                 }
+                crate::props::remove(txn, &file)?;
                 txn.delete(keys::file(&file_id));
             }
         }
@@ -470,10 +470,10 @@ pub(crate) fn set_group_member(
 /// Brings the stored data up to format `schema` ([`crate::format`]) and records it as the
 /// cluster's format. Format 2 (sharing) rebuilds the per-namespace chunk references from
 /// every stored version, so blocks committed before block scoping stay readable by the
-/// readers of their namespaces; format 3 changes no stored data. Done once; later proposals
-/// change nothing.
+/// readers of their namespaces; formats 3 and 4 change no stored data; format 5 indexes the
+/// share links by namespace. Done once; later proposals change nothing.
 pub(crate) fn migrate(txn: &mut Txn<'_>, schema: u32) -> Result<Outcome, StorageError> {
-    let stored = txn.get::<u32>("schema", &keys::schema())?.unwrap_or(1);
+    let stored = schema_in(txn)?;
     if schema <= stored {
         return Ok(Outcome::Done);
     }
@@ -483,8 +483,18 @@ pub(crate) fn migrate(txn: &mut Txn<'_>, schema: u32) -> Result<Outcome, Storage
     if stored < 2 {
         rebuild_chunk_references(txn)?;
     }
+    if stored < crate::links::NAMESPACE_INDEX_FORMAT && schema >= crate::links::NAMESPACE_INDEX_FORMAT {
+        crate::links::index_by_namespace(txn)?;
+    }
     txn.put(keys::schema(), &schema);
     Ok(Outcome::Done)
+}
+
+/// The cluster's data format as of this point of the log (1 before any migration): what an
+/// apply whose behaviour older code lacks asks before acting (every node at this point holds
+/// the same, and none runs older code once it is raised).
+pub(crate) fn schema_in(txn: &Txn<'_>) -> Result<u32, StorageError> {
+    Ok(txn.get::<u32>("schema", &keys::schema())?.unwrap_or(1))
 }
 
 fn rebuild_chunk_references(txn: &mut Txn<'_>) -> Result<(), StorageError> {

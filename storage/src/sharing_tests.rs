@@ -112,6 +112,7 @@ fn commit(actor: &str, namespace: &str, path: &str, chunks: &[&str], base: u64, 
         new_file_id: format!("f-{actor}-{path}-{base}"),
         copy_file_id: format!("c-{actor}-{path}-{base}"),
         actor_user_id: actor.into(),
+        quota_bytes: None,
     }))
 }
 

@@ -326,15 +326,18 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::CreateUser { user_id, namespace_id, name } => {
             accounts::create_user(txn, user_id, namespace_id, name, false)
         }
-        Command::CreateToken { token_id, user_id, name, token_hash, expires_ms } => {
-            accounts::create_token(txn, token_id, user_id, name, token_hash, *expires_ms)
+        Command::CreateToken { token_id, user_id, name, token_hash, expires_ms, session_epoch } => {
+            accounts::create_token(txn, token_id, user_id, name, token_hash, (*expires_ms, *session_epoch))
         }
         Command::RevokeToken { user_id, token_id } => accounts::revoke_token(txn, user_id, token_id),
-        Command::SetPassword { user_id, password_hash } => {
-            accounts::set_password(txn, user_id, password_hash.as_deref())
+        Command::SetPassword { user_id, password_hash, ends_sessions } => {
+            accounts::set_password(txn, user_id, password_hash.as_deref(), *ends_sessions)
         }
         Command::CreateLink { link, links_max } => crate::links::create(txn, link, *links_max),
-        Command::RevokeLink { actor_user_id, link_id } => crate::links::revoke(txn, actor_user_id, link_id),
+        Command::PatchProps(patch) => crate::props::patch(txn, patch),
+        Command::RevokeLink { actor_user_id, link_id, namespace_id } => {
+            crate::links::revoke(txn, actor_user_id, link_id, namespace_id.as_deref())
+        }
         Command::CountLinkDownload { token_hash } => crate::links::count_download(txn, token_hash),
         Command::SetWebhookSecret { user_id, secret, keep_previous_ms } => {
             accounts::set_webhook_secret(txn, user_id, &secret.0, *keep_previous_ms)
@@ -373,7 +376,7 @@ pub(crate) fn apply_command(txn: &mut Txn<'_>, command: &Command) -> Result<Outc
         Command::CancelJob { job_id } => jobs::cancel(txn, job_id),
         Command::PauseJob { job_id } => jobs::pause(txn, job_id),
         Command::ResumeJob { job_id } => jobs::resume(txn, job_id),
-        Command::RunJobNow { job_id } => jobs::run_now(txn, job_id),
+        Command::RunJobNow { job_id, min_interval_ms } => jobs::run_now(txn, job_id, *min_interval_ms),
         Command::ClaimJobs { worker, lease_ms, max_jobs } => {
             jobs::claim(txn, worker, *lease_ms, *max_jobs as usize, None)
         }

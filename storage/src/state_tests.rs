@@ -34,6 +34,7 @@ fn create_user_then_token_in_one_batch() {
                         name: "laptop".into(),
                         token_hash: hash,
                         expires_ms: None,
+                        session_epoch: None,
                     },
                 ],
             )),
@@ -69,6 +70,7 @@ fn duplicate_name_and_unknown_user_are_rejected_without_effect() {
                         name: "x".into(),
                         token_hash: [7; 32],
                         expires_ms: None,
+                        session_epoch: None,
                     },
                 ],
             )),
@@ -271,6 +273,7 @@ fn tokens_are_listed_per_user_and_a_revoked_token_is_gone() {
         name: format!("{token_id}-device"),
         token_hash: [byte; 32],
         expires_ms,
+        session_epoch: None,
     };
     let outcomes = sm
         .apply(

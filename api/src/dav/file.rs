@@ -223,6 +223,7 @@ impl DavFile for Writer {
                 executable: self.executable,
                 ..RaftFs::empty_commit(&self.principal, &self.namespace_id, self.path.clone(), self.base_version)
             };
+            let commit = crate::routes::files::charged(&self.fs.state, &self.principal, commit);
             let (file_id, version) = self.fs.commit(Command::CommitFile(Box::new(commit))).await?;
             self.committed = Some((file_id, version, size, mtime_ms));
             Ok(())

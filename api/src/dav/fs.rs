@@ -1,13 +1,16 @@
 //! [`RaftFs`] as `dav-server` sees it: each call located ([`RaftFs::locate`]), judged (a
 //! change needs a writable place), then served from the state machine or proposed.
 
+use axum::http::StatusCode;
 use dav_server::davpath::DavPath;
 use dav_server::fs::{
-    DavDirEntry, DavFile, DavMetaData, FsError, FsFuture, FsResult, FsStream, GuardedFileSystem, OpenOptions,
+    DavDirEntry, DavFile, DavMetaData, DavProp, FsError, FsFuture, FsResult, FsStream, GuardedFileSystem, OpenOptions,
     ReadDirMeta,
 };
 use futures_util::{stream, FutureExt as _};
 use raftbox_storage::files::FolderEntry;
+use raftbox_storage::props::{PropChange, PropPatch};
+use raftbox_storage::{Command, Outcome, Rejection};
 
 use super::file::{spool_error, Reader, Writer};
 use super::{
@@ -22,6 +25,20 @@ use crate::spool::Spool;
 const LISTING_PAGES_MAX: usize = 4;
 
 impl RaftFs {
+    /// The live file at `path` (not a folder, not a marker), or 404.
+    async fn live_file(&self, principal: &Principal, path: &DavPath) -> FsResult<raftbox_storage::records::FileRecord> {
+        let Place::Files { namespace_id, path, .. } = self.locate(principal, path).await? else {
+            return Err(FsError::NotFound);
+        };
+        if is_marker(&path) {
+            return Err(FsError::NotFound);
+        }
+        match self.state.node.state().file_at(&namespace_id, &path).map_err(|e| fs_error(e.into()))? {
+            Some((file, _)) if !file.deleted => Ok(file),
+            _ => Err(FsError::NotFound),
+        }
+    }
+
     /// The entries of the folder `path` of a namespace: live files (the folder marker left
     /// out) and folders with a live file under them; 507 past [`LISTING_ENTRIES_MAX`].
     fn entries(&self, namespace_id: &str, path: &str) -> FsResult<Vec<Entry>> {
@@ -224,6 +241,7 @@ impl GuardedFileSystem<Principal> for RaftFs {
             if path == "/" {
                 return Err(FsError::Forbidden);
             }
+            self.fence.check(&namespace_id, &path)?;
             for (file, base) in self.files_under(&namespace_id, &path)? {
                 self.delete_file(principal, &namespace_id, &file, base).await?;
             }
@@ -235,6 +253,7 @@ impl GuardedFileSystem<Principal> for RaftFs {
     fn remove_file<'a>(&'a self, path: &'a DavPath, principal: &'a Principal) -> FsFuture<'a, ()> {
         async move {
             let (namespace_id, path) = self.locate_writable(principal, path).await?;
+            self.fence.check(&namespace_id, &path)?;
             match self.current_version(&namespace_id, &path)? {
                 0 => Err(FsError::NotFound),
                 base => self.delete_file(principal, &namespace_id, &path, base).await,
@@ -247,6 +266,8 @@ impl GuardedFileSystem<Principal> for RaftFs {
         async move {
             let (from_namespace, from) = self.locate_writable(principal, from).await?;
             let (to_namespace, to) = self.locate_writable(principal, to).await?;
+            self.fence.check(&from_namespace, &from)?;
+            self.fence.check(&to_namespace, &to)?;
             let same = from_namespace == to_namespace;
             if from == "/" || to == "/" || (same && to.starts_with(&folder_of(&from))) {
                 return Err(FsError::Forbidden);
@@ -279,7 +300,90 @@ impl GuardedFileSystem<Principal> for RaftFs {
                 return Err(FsError::Forbidden);
             };
             let (to_namespace, to) = self.locate_writable(principal, to).await?;
+            self.fence.check(&to_namespace, &to)?;
             self.copy_file(principal, (&from_namespace, &from), (&to_namespace, &to)).await
+        }
+        .boxed()
+    }
+
+    fn have_props<'a>(
+        &'a self,
+        path: &'a DavPath,
+        principal: &'a Principal,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>> {
+        // Files hold dead properties; folders (implicit, or a marker) do not.
+        async move { self.live_file(principal, path).await.is_ok() }.boxed()
+    }
+
+    fn patch_props<'a>(
+        &'a self,
+        path: &'a DavPath,
+        patch: Vec<(bool, DavProp)>,
+        principal: &'a Principal,
+    ) -> FsFuture<'a, Vec<(StatusCode, DavProp)>> {
+        async move {
+            let (namespace_id, at) = self.locate_writable(principal, path).await?;
+            let changes = patch
+                .iter()
+                .map(|(set, prop)| PropChange {
+                    namespace: prop.namespace.clone().unwrap_or_default(),
+                    name: prop.name.clone(),
+                    xml: set.then(|| String::from_utf8_lossy(prop.xml.as_deref().unwrap_or_default()).into_owned()),
+                })
+                .collect();
+            let patch_command =
+                PropPatch { namespace_id, path: file_path(&at)?, actor_user_id: principal.user.id.clone(), changes };
+            let outcome = self.state.node.write(Command::PatchProps(Box::new(patch_command))).await;
+            let status = match outcome.map_err(|e| fs_error(e.into()))? {
+                Outcome::Done => StatusCode::OK,
+                Outcome::Rejected(Rejection::LimitReached(_)) => StatusCode::INSUFFICIENT_STORAGE,
+                Outcome::Rejected(Rejection::Forbidden(_)) => StatusCode::FORBIDDEN,
+                Outcome::Rejected(Rejection::NotFound(_)) => return Err(FsError::NotFound),
+                other => {
+                    tracing::warn!(?other, "webdav: unexpected outcome of a property patch");
+                    return Err(FsError::GeneralFailure);
+                }
+            };
+            let answered = patch.into_iter().map(|(_, prop)| (status, DavProp { xml: None, ..prop })).collect();
+            Ok(answered)
+        }
+        .boxed()
+    }
+
+    fn get_props<'a>(
+        &'a self,
+        path: &'a DavPath,
+        do_content: bool,
+        principal: &'a Principal,
+    ) -> FsFuture<'a, Vec<DavProp>> {
+        async move {
+            let file = self.live_file(principal, path).await?;
+            let props = self.state.node.state().dead_props(&file.id).map_err(|e| fs_error(e.into()))?;
+            Ok(props
+                .props
+                .into_iter()
+                .map(|prop| DavProp {
+                    name: prop.name,
+                    prefix: None,
+                    namespace: (!prop.namespace.is_empty()).then_some(prop.namespace),
+                    xml: do_content.then(|| prop.xml.into_bytes()),
+                })
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn get_prop<'a>(&'a self, path: &'a DavPath, prop: DavProp, principal: &'a Principal) -> FsFuture<'a, Vec<u8>> {
+        async move {
+            let file = self.live_file(principal, path).await?;
+            let props = self.state.node.state().dead_props(&file.id).map_err(|e| fs_error(e.into()))?;
+            let namespace = prop.namespace.unwrap_or_default();
+            props
+                .props
+                .into_iter()
+                .find(|found| found.namespace == namespace && found.name == prop.name)
+                .map(|found| found.xml.into_bytes())
+                .ok_or(FsError::NotFound)
         }
         .boxed()
     }

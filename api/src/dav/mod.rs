@@ -27,8 +27,13 @@
 //! - **Authentication:** Basic, with the user's name and their password or a token of theirs
 //!   as the password (as Nextcloud's app passwords), or a bearer token. Without credentials the answer is 401 with
 //!   a Basic challenge, which davfs2 and Windows wait for.
-//! - **Dead properties** (PROPPATCH of properties WebDAV does not define) are not stored: the
-//!   PROPPATCH answers 501.
+//! - **Dead properties** (PROPPATCH of properties WebDAV does not define, as Finder and
+//!   Windows write) are stored per file, replicated (`raftbox_storage::props`: bounded per
+//!   file and per user, 507 beyond), kept by new versions, carried by a move, removed with
+//!   the file. Folders hold none.
+//! - **Every request is checked before the library sees it** ([`request`]): its body read
+//!   whole and its XML depth bounded, its `Destination` parsed once; and what a DELETE, MOVE
+//!   or COPY may remove is fenced ([`Fence`]) where the file system changes.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -50,6 +55,7 @@ use raftbox_storage::{Command, Outcome, Rejection};
 mod file;
 mod fs;
 mod locks;
+pub mod request;
 
 use crate::auth::Principal;
 use crate::routes::{new_id, LISTING_WORK_MAX};
@@ -74,50 +80,115 @@ pub fn router() -> Router<AppState> {
 
 pub use locks::Locks;
 
+/// A refusal of a request to `path`: on WebDAV, a 401 carries the Basic challenge davfs2 and
+/// Windows wait for before they send credentials.
+pub fn refusal(path: &str, error: ApiError) -> Response {
+    let mut response = error.into_response();
+    let dav = path == "/dav" || path.starts_with("/dav/");
+    if dav && response.status() == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"raftbox\", charset=\"UTF-8\""));
+    }
+    response
+}
+
 async fn handle(State(state): State<AppState>, request: Request) -> Response {
-    let peer = crate::routes::login::peer(&request);
-    let principal = match crate::routes::login::from_headers_or_password(&state, request.headers(), peer).await {
-        Ok(principal) => principal,
-        Err(error) => {
-            let mut response = error.into_response();
-            if response.status() == StatusCode::UNAUTHORIZED {
-                response.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Basic realm=\"raftbox\", charset=\"UTF-8\""),
-                );
-            }
-            return response;
+    // The caller, resolved once before the rate limits (`ratelimit::enforce`): a token, or a
+    // user's name and password.
+    let Some(principal) = request.extensions().get::<Principal>().cloned() else {
+        let error = ApiError::Unauthenticated("log in with your name and password, or a token".into());
+        return refusal(request.uri().path(), error);
+    };
+    let (request, destination) = match checked(request).await {
+        Ok(checked) => checked,
+        Err(refused) => return refused.into_response(),
+    };
+    let (method, target) = (request.method().as_str().to_owned(), request.uri().path().to_owned());
+    let fs = match RaftFs::for_request(&state, &principal, (&method, &target), destination.as_ref()).await {
+        Ok(fs) => fs,
+        Err(refused) => {
+            let status = match refused {
+                FsError::Forbidden => StatusCode::FORBIDDEN,
+                FsError::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
+                FsError::NotFound => StatusCode::NOT_FOUND,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            return status.into_response();
         }
     };
-    let fs = RaftFs { state: state.clone() };
-    let method = request.method().as_str().to_string();
-    let target = request.uri().path().to_string();
-    let destination = request.headers().get("destination").and_then(|v| v.to_str().ok()).map(str::to_string);
-    if let Err(refused) = fs.precheck(&principal, &method, &target, destination.as_deref()).await {
-        let status = match refused {
-            FsError::Forbidden => StatusCode::FORBIDDEN,
-            FsError::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        return status.into_response();
-    }
-    let mut request = request;
-    // dav-server answers PROPFIND with Depth: infinity (a walk of the whole tree) to a client
-    // that says it is litmus; this node answers it as to anyone else (403, RFC 4918 9.1).
-    request.headers_mut().remove("x-litmus");
     let handler = DavHandler::builder()
         .filesystem(Box::new(fs))
         .locksystem(Box::new(state.dav_locks.of(&principal.user.id)))
-        .strip_prefix("/dav")
+        .strip_prefix(request::PREFIX)
         .build_handler();
     let name = principal.user.name.clone();
     handler.handle_guarded(request, name, principal).await.map(Body::new)
 }
 
-/// The caller's files as a `dav-server` file system.
+/// The request as `dav-server` gets it: its body read and checked ([`request::read_body`];
+/// a PUT's streams on), its `Destination` and `If` parsed once and rewritten to what was
+/// parsed ([`request::destination`], [`request::if_header`]), and no `X-Litmus` (the library answers PROPFIND with Depth:
+/// infinity, a walk of the whole tree, to a client that says it is litmus; this node answers
+/// it as to anyone else: 403, RFC 4918 9.1).
+pub(crate) async fn checked(request: Request) -> Result<(Request, Option<DavPath>), ApiError> {
+    let (mut parts, body) = request.into_parts();
+    parts.headers.remove("x-litmus");
+    if let Some(value) = parts.headers.get("if") {
+        let rebuilt = request::if_header(value)?;
+        parts.headers.insert("if", rebuilt);
+    }
+    let destination = match parts.headers.get("destination") {
+        Some(value) => {
+            let parsed = request::destination(value)?;
+            parts.headers.insert("destination", request::canonical(&parsed)?);
+            Some(parsed)
+        }
+        None => None,
+    };
+    let body = match parts.method.as_str() {
+        "PUT" | "PATCH" => body,
+        _ => Body::from(request::read_body(body).await?),
+    };
+    Ok((Request::from_parts(parts, body), destination))
+}
+
+/// The caller's files as a `dav-server` file system, for one request.
 #[derive(Clone)]
 pub struct RaftFs {
     state: AppState,
+    /// What this request may remove or overwrite.
+    fence: std::sync::Arc<Fence>,
+}
+
+/// The places one request may remove or overwrite, each checked whole before `dav-server`
+/// starts ([`RaftFs::for_request`]): a DELETE's target, a MOVE's source, a MOVE's or COPY's
+/// destination. Every call that removes or overwrites (`remove_file`, `remove_dir`,
+/// `rename`, `copy`) must name a path at or under one of them, in the same namespace, or it
+/// is refused: no path reaches a delete unchecked, whatever the library made of the request.
+#[derive(Debug, Default)]
+struct Fence {
+    /// (namespace, path): never a namespace's root, `/Shared` or a folder marker.
+    places: Vec<(String, String)>,
+}
+
+impl Fence {
+    fn admits(&self, namespace_id: &str, path: &str) -> bool {
+        self.places.iter().any(|(namespace, place)| {
+            namespace == namespace_id
+                && (path == place || path.strip_prefix(place.as_str()).is_some_and(|rest| rest.starts_with('/')))
+        })
+    }
+
+    /// `Ok` where `(namespace_id, path)` may be removed or overwritten, else 403 (logged: it
+    /// means the library asked for what the precheck did not see).
+    fn check(&self, namespace_id: &str, path: &str) -> FsResult<()> {
+        if self.admits(namespace_id, path) {
+            return Ok(());
+        }
+        tracing::warn!(namespace_id, path, fence = ?self.places, "webdav: a change outside what the request was checked for was refused");
+        Err(FsError::Forbidden)
+    }
 }
 
 /// What a failed call answers, logged when it is the server's fault.
@@ -295,7 +366,7 @@ impl RaftFs {
     /// them, anything else the personal namespace (its own `/Shared/<other>` included).
     async fn locate(&self, principal: &Principal, path: &DavPath) -> FsResult<Place> {
         let path = path_of(path)?;
-        self.state.node.read_barrier().await.map_err(|e| fs_error(e.into()))?;
+        crate::access::barrier(&self.state, principal).await.map_err(fs_error)?;
         let shared_root = format!("/{SHARED_FOLDER}");
         if path == shared_root {
             return Ok(Place::Shares);
@@ -343,40 +414,36 @@ impl RaftFs {
         Ok(name_shares(accesses, personal, &taken))
     }
 
-    /// Checks a DELETE, MOVE or COPY whole before `dav-server` starts on it: it deletes an
-    /// existing destination before it moves or copies, and walks folders itself, so what
-    /// would be refused half-way must be refused here, with nothing changed. Refused: a
-    /// change where the caller may not write; a namespace's root, `/Shared` or a folder marker
-    /// as what is deleted, moved or overwritten; a folder of more than [`TREE_FILES_MAX`] live
-    /// files as source or as the destination overwritten (507).
-    async fn precheck(
-        &self,
+    /// The file system for one request by `principal`, with its [`Fence`]: a DELETE, MOVE or
+    /// COPY is checked whole before `dav-server` starts on it (it deletes an existing
+    /// destination before it moves or copies, and walks folders itself, so what would be
+    /// refused half-way must be refused here, with nothing changed). Refused: a change where
+    /// the caller may not write; a namespace's root, `/Shared` or a folder marker as what is
+    /// deleted, moved or overwritten; a folder of more than [`TREE_FILES_MAX`] live files as
+    /// source or as the destination overwritten (507). The paths are the ones the library
+    /// reads: the request's own (`target`), and `Destination` as [`checked`] parsed it.
+    async fn for_request(
+        state: &AppState,
         principal: &Principal,
-        method: &str,
-        target: &str,
-        destination: Option<&str>,
-    ) -> FsResult<()> {
+        (method, target): (&str, &str),
+        destination: Option<&DavPath>,
+    ) -> FsResult<RaftFs> {
+        let mut fs = RaftFs { state: state.clone(), fence: std::sync::Arc::default() };
         if !matches!(method, "DELETE" | "MOVE" | "COPY") {
-            return Ok(());
+            return Ok(fs);
         }
         let dav_path = |path: &str| -> FsResult<DavPath> {
             let mut parsed = DavPath::new(path).map_err(|_| FsError::Forbidden)?;
-            parsed.set_prefix("/dav").map_err(|_| FsError::Forbidden)?;
+            parsed.set_prefix(request::PREFIX).map_err(|_| FsError::Forbidden)?;
             Ok(parsed)
         };
         let target = dav_path(target)?;
-        let destination = match destination {
-            Some(text) => {
-                let path = text.parse::<axum::http::Uri>().map_err(|_| FsError::Forbidden)?.path().to_string();
-                Some(dav_path(&path)?)
-            }
-            None => None,
-        };
-        let source = self.locate(principal, &target).await?;
+        let source = fs.locate(principal, &target).await?;
         let protected = |place: &Place| match place {
             Place::Shares => true,
             Place::Files { path, .. } => path == "/" || is_marker(path),
         };
+        let mut places = Vec::new();
         if method != "COPY" {
             // What is deleted or moved away.
             if protected(&source) || !matches!(source, Place::Files { writable: true, .. }) {
@@ -385,15 +452,26 @@ impl RaftFs {
         } else if matches!(source, Place::Shares) {
             return Err(FsError::Forbidden);
         }
-        self.within_tree_bound(&source)?;
+        fs.within_tree_bound(&source)?;
+        if let Place::Files { namespace_id, path, writable: true } = &source {
+            if method != "COPY" {
+                places.push((namespace_id.clone(), path.clone()));
+            }
+        }
         if let Some(destination) = destination {
-            let to = self.locate(principal, &destination).await?;
-            if protected(&to) || !matches!(to, Place::Files { writable: true, .. }) {
+            let to = fs.locate(principal, destination).await?;
+            let Place::Files { namespace_id, path, writable: true } = &to else {
+                return Err(FsError::Forbidden);
+            };
+            if protected(&to) {
                 return Err(FsError::Forbidden);
             }
-            self.within_tree_bound(&to)?;
+            fs.within_tree_bound(&to)?;
+            places.push((namespace_id.clone(), path.clone()));
         }
-        Ok(())
+        assert!(places.iter().all(|(_, path)| path != "/" && !is_marker(path)), "a protected place in the fence");
+        fs.fence = std::sync::Arc::new(Fence { places });
+        Ok(fs)
     }
 
     /// 507 when `place` is a folder of more than [`TREE_FILES_MAX`] live files.
@@ -560,6 +638,7 @@ impl RaftFs {
             executable: version.executable,
             ..Self::empty_commit(principal, to_namespace, file_path(to)?, base)
         };
+        let commit = crate::routes::files::charged(&self.state, principal, commit);
         self.commit(Command::CommitFile(Box::new(commit))).await.map(|_| ())
     }
 }

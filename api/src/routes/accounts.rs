@@ -120,7 +120,7 @@ pub async fn get_user(
     Path(user_id): Path<String>,
 ) -> Result<Json<UserView>, ApiError> {
     principal.require_admin()?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let user = state.node.state().user(&user_id)?.ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
     Ok(Json(user.into()))
 }
@@ -146,8 +146,14 @@ pub async fn create_token(
         }
     };
     let (token, token_id) = (generate_token(), new_id());
-    let command =
-        Command::CreateToken { token_id: token_id.clone(), user_id, name, token_hash: hash_token(&token), expires_ms };
+    let command = Command::CreateToken {
+        token_id: token_id.clone(),
+        user_id,
+        name,
+        token_hash: hash_token(&token),
+        expires_ms,
+        session_epoch: None,
+    };
     let replay = TokenCreated { token_id: token_id.clone(), token: None, token_shown_once: true };
     let created = TokenCreated { token_id, token: Some(token), token_shown_once: false };
     keyed.write(&state, &principal, command, Success::created(created).replayed_as(replay)).await
@@ -166,15 +172,28 @@ pub struct MeView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(required = false)]
     pub quota_bytes: Option<u64>,
+    /// Whether the caller has a password (`POST /v1/login` and WebDAV take it).
+    #[serde(default)]
+    pub password_set: bool,
 }
 
 /// The caller. Authentication already read the user after a read barrier where needed; the
 /// stored bytes are this node's (one point read).
 pub async fn me(State(state): State<AppState>, principal: Principal) -> Result<Json<MeView>, ApiError> {
-    let stored_bytes = state.node.state().stored_bytes(&principal.user.id)?;
+    crate::access::barrier(&state, &principal).await?;
+    let sm = state.node.state();
+    let stored_bytes = sm.stored_bytes(&principal.user.id)?;
+    let password_set = sm.password_hash(&principal.user.id)?.is_some();
     let quota_bytes = (!principal.user.admin).then_some(state.limits.get().quotas.stored_bytes_per_user);
     let user = principal.user;
-    Ok(Json(MeView { user_id: user.id, name: user.name, namespace_id: user.namespace_id, stored_bytes, quota_bytes }))
+    Ok(Json(MeView {
+        user_id: user.id,
+        name: user.name,
+        namespace_id: user.namespace_id,
+        stored_bytes,
+        quota_bytes,
+        password_set,
+    }))
 }
 
 /// A user's tokens as the API shows them (never their secrets).
@@ -213,7 +232,7 @@ pub async fn list_tokens(
     Query(query): Query<PageQuery>,
 ) -> Result<Json<TokenList>, ApiError> {
     principal.require_admin()?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     state.node.state().user(&user_id)?.ok_or_else(|| ApiError::NotFound(format!("user {user_id}")))?;
     token_views(&state, user_id, query).await
 }
@@ -234,7 +253,7 @@ pub async fn my_tokens(
     principal: Principal,
     Query(query): Query<PageQuery>,
 ) -> Result<Json<TokenList>, ApiError> {
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     token_views(&state, principal.user.id.clone(), query).await
 }
 
@@ -286,7 +305,7 @@ pub async fn webhook_secret(
     principal: Principal,
 ) -> Result<Json<WebhookSecretView>, ApiError> {
     // The secret as of now (a rotation through another node an instant ago included).
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let secret = crate::webhooks::ensure_secret(&state.node, &principal.user.id).await?.ok_or_else(|| {
         ApiError::Unavailable(format!(
             "webhook secrets come with data format {}, which the cluster has not reached yet",
@@ -324,7 +343,7 @@ pub async fn rotate_webhook_secret(
         return Err(ApiError::BadRequest(format!("keepPreviousHours is at most {KEEP_PREVIOUS_HOURS_MAX}")));
     }
     if hours > 0 {
-        state.node.read_barrier().await?;
+        crate::access::barrier(&state, &principal).await?;
         let now = now_ms();
         if let Some(current) = state.node.state().webhook_secret(&principal.user.id)? {
             if current.previous.is_some() && now < current.previous_until_ms {
@@ -344,7 +363,7 @@ pub async fn rotate_webhook_secret(
     if let raftbox_storage::Outcome::Rejected(rejection) = state.node.write(command).await? {
         return Err(rejection.into());
     }
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let secret = state
         .node
         .state()

@@ -42,7 +42,7 @@ pub async fn backup(State(state): State<AppState>, principal: Principal) -> Resu
         return Err(ApiError::Unavailable("a backup is already running on this node; try again later".into()));
     }
     let running = Running;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     // The guard goes with the writer: the next backup may start once this one's writing ends.
     let (image, chunks) = state.node.backup(running).await?;
     tracing::info!(index = image.index, term = image.term, "backup streaming");

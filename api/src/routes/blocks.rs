@@ -58,7 +58,7 @@ pub async fn status(
         return Err(ApiError::BadRequest(format!("at most {STATUS_HASHES_MAX} hashes per call")));
     }
     let hashes = request.hashes.iter().map(|h| parse_hash(h)).collect::<Result<Vec<_>, _>>()?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &caller).await?;
     let mut missing = Vec::new();
     for (hash, text) in hashes.iter().zip(&request.hashes) {
         let present = state.node.state().chunk(hash)?.is_some() && access::block_now(&state, &caller, hash)?;
@@ -146,7 +146,7 @@ pub(crate) async fn store(state: &AppState, caller: &Principal, block: VerifiedB
 }
 
 /// A request's `Content-Length`, if it declares one.
-pub(super) fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
+pub(crate) fn declared_length(headers: &axum::http::HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
 }
 

@@ -81,7 +81,7 @@ fn address(field: &str, value: &str) -> Result<String, ApiError> {
 /// The members after a read barrier (so a stale node does not show an old configuration).
 pub async fn list(State(state): State<AppState>, principal: Principal) -> Result<Json<MembersView>, ApiError> {
     principal.require_admin()?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     Ok(Json(view(state.node.members(), true)))
 }
 

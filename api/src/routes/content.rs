@@ -45,10 +45,6 @@ pub struct ContentQuery {
     mtime: Option<String>,
 }
 
-/// How long a whole-file PUT may send nothing before it is ended (its place among the node's
-/// uploads goes back).
-pub const BODY_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
-
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -80,13 +76,11 @@ pub async fn put(
     let base_version = query.base_version.unwrap_or(current.as_ref().map_or(0, |(file, _)| file.current_version));
     let declared = declared_length(request.headers());
     let mut spool = Spool::open(&state, &principal, declared).await?;
+    // A body that sends nothing for `crate::TRANSFER_BODY_IDLE` fails here, and its place among
+    // the node's uploads goes back.
     let mut body = request.into_body().into_data_stream();
-    loop {
-        let next = tokio::time::timeout(BODY_IDLE, body.next()).await.map_err(|_| {
-            ApiError::BadRequest(format!("no byte of the body came for {} s; nothing was stored", BODY_IDLE.as_secs()))
-        })?;
-        let Some(piece) = next else { break };
-        let piece = piece.map_err(|e| ApiError::BadRequest(format!("read the body: {e}")))?;
+    while let Some(piece) = body.next().await {
+        let piece = piece.map_err(|e| ApiError::BadRequest(format!("read the body ({e}); nothing was stored")))?;
         spool.append(&piece).await?;
     }
     let size = spool.written();
@@ -108,6 +102,7 @@ pub async fn put(
         executable,
         ..empty_commit(&principal, namespace_id, path, base_version, device)
     };
+    let commit = super::files::charged(&state, &principal, commit);
     render_commit(state.node.write(Command::CommitFile(Box::new(commit))).await?)
 }
 

@@ -126,7 +126,20 @@ pub(crate) fn empty_commit(
         device,
         new_file_id: new_id(),
         copy_file_id: new_id(),
+        quota_bytes: None,
     }
+}
+
+/// The cluster format from which a commit charges the blocks it names to its author.
+pub const REFERENCE_CHARGE_FORMAT: u32 = 5;
+
+/// `commit` as proposed by `principal`: charging the blocks it names to a non-admin's quota,
+/// once every node does so (a rolling upgrade proposes as before).
+pub(crate) fn charged(state: &AppState, principal: &Principal, mut commit: FileCommit) -> FileCommit {
+    if !principal.user.admin && state.node.cluster_format() >= REFERENCE_CHARGE_FORMAT {
+        commit.quota_bytes = Some(state.limits.get().quotas.stored_bytes_per_user);
+    }
+    commit
 }
 
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -194,6 +207,7 @@ async fn propose_commit(
     keyed: Keyed,
     commit: FileCommit,
 ) -> Result<Response, ApiError> {
+    let commit = charged(state, principal, commit);
     keyed.write_with(state, principal, Command::CommitFile(Box::new(commit)), render_commit).await
 }
 

@@ -335,7 +335,7 @@ super::page! {
 
 /// The job if the caller may see it (owner or admin), after a read barrier; else 404.
 async fn visible_job(state: &AppState, principal: &Principal, job_id: &str) -> Result<Job, ApiError> {
-    state.node.read_barrier().await?;
+    crate::access::barrier(state, principal).await?;
     match state.node.state().job(job_id)? {
         Some(job) if crate::access::job(principal, &job) => Ok(job),
         _ => Err(ApiError::NotFound(format!("job {job_id}"))),
@@ -487,10 +487,14 @@ pub async fn cancel(
     }
 }
 
+/// The cluster format from which `:run` is bounded by the owner's shortest cron interval.
+pub const RUN_NOW_BOUND_FORMAT: u32 = 5;
+
 /// `POST /v1/jobs/{id}:pause`, `:resume` or `:run`: the job as it is after. Pause stops new
 /// fires and retries (a run in progress ends as it would); resume makes no fire a recurring
 /// job missed meanwhile; run fires a scheduled, unpaused job now, fenced and recorded like
-/// any fire. 409 for a job that ended (or, for `:run`, is paused or running).
+/// any fire, at most once per `[job_limits] min_cron_interval_s` for a non-admin (409
+/// sooner). 409 for a job that ended (or, for `:run`, is paused or running).
 pub async fn action(
     State(state): State<AppState>,
     principal: Principal,
@@ -504,7 +508,13 @@ pub async fn action(
     let command = match verb {
         "pause" => Command::PauseJob { job_id: job_id.clone() },
         "resume" => Command::ResumeJob { job_id: job_id.clone() },
-        "run" => Command::RunJobNow { job_id: job_id.clone() },
+        "run" => {
+            // A non-admin runs a job now at most as often as a cron job of theirs may fire.
+            let bounded = !principal.user.admin && state.node.cluster_format() >= RUN_NOW_BOUND_FORMAT;
+            let min_interval_ms =
+                bounded.then(|| state.limits.get().job_limits.min_cron_interval_s.saturating_mul(1_000));
+            Command::RunJobNow { job_id: job_id.clone(), min_interval_ms }
+        }
         other => return Err(ApiError::NotFound(format!("no job method :{other}; :pause, :resume or :run"))),
     };
     visible_job(&state, &principal, &job_id).await?;
@@ -578,6 +588,13 @@ pub async fn runs(
     }))
 }
 
+/// A job listing's page token: `{createdMs}:{jobId}`.
+pub(crate) fn parse_page_token(token: &str) -> Result<(u64, &str), ApiError> {
+    let bad = || ApiError::BadRequest("pageToken is {createdMs}:{jobId}".into());
+    let (created_ms, job_id) = token.split_once(':').ok_or_else(bad)?;
+    Ok((super::seq_token(created_ms).map_err(|_| bad())?, job_id))
+}
+
 /// The caller's jobs, oldest first.
 pub async fn list(
     State(state): State<AppState>,
@@ -585,15 +602,8 @@ pub async fn list(
     Query(query): Query<JobsQuery>,
 ) -> Result<Json<JobList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    let after = match &query.page_token {
-        None => None,
-        Some(token) => {
-            let bad = || ApiError::BadRequest("pageToken is {createdMs}:{jobId}".into());
-            let (created_ms, job_id) = token.split_once(':').ok_or_else(bad)?;
-            Some((super::seq_token(created_ms).map_err(|_| bad())?, job_id))
-        }
-    };
-    state.node.read_barrier().await?;
+    let after = query.page_token.as_deref().map(parse_page_token).transpose()?;
+    crate::access::barrier(&state, &principal).await?;
     let jobs = state.node.state().jobs_of(&principal.user.id, after, limit + 1)?;
     let views = jobs.iter().take(limit).map(|job| view(&state, job)).collect::<Result<Vec<_>, _>>()?;
     let next_page_token =

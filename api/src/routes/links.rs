@@ -9,12 +9,14 @@
 //! | `GET /s/{token}/{path}` | a file or a subfolder of a folder link |
 //!
 //! A token is 256 random bits; the cluster keeps only its hash. A link answers 404 once
-//! revoked, or once its creator can no longer read the namespace, and 410 once expired or its
-//! downloads are used up (with a limit, each file a GET sends counts, through the log, so the
-//! limit holds across nodes). A password is asked with HTTP Basic authentication (any user
-//! name), checked with argon2id in the node's password places, at most
-//! `LINK_ATTEMPTS_PER_MINUTE` tries a minute per link (and the login limit per address); a
-//! right one is remembered for a while, as WebDAV's.
+//! revoked, or once its creator can no longer change the namespace (removed, or made a
+//! viewer), and 410 once expired or its downloads are used up (with a limit, each file a GET
+//! sends counts, through the log, so the limit holds across nodes). A password is asked with
+//! HTTP Basic authentication (any user name), checked with argon2id in the node's password
+//! places; each try is a password attempt of its client, with the link as the name
+//! (`login::Attempts`: per address, then a back-off per link and address); a right one is
+//! remembered for a while, as WebDAV's. Creating a link with a password hashes it only for a
+//! caller under the link cap, as one of its client's attempts.
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, Request, State};
@@ -31,6 +33,7 @@ use super::files::parse_path;
 use super::{new_id, page_limit, read_state, PageQuery, LISTING_WORK_MAX, PAGE_DEFAULT, PAGE_MAX};
 use crate::access;
 use crate::auth::{generate_token, hash_token, Principal};
+use crate::front_door::Client;
 use crate::{json, ApiError, AppState};
 
 /// Links one user may have at once.
@@ -39,8 +42,6 @@ pub const LINKS_PER_USER_MAX: u32 = 1_000;
 pub const LINK_TTL_MS_MAX: u64 = 366 * 24 * 3_600_000;
 /// The most downloads a link may allow.
 pub const MAX_DOWNLOADS_MAX: u64 = 1_000_000;
-/// Password tries per link per minute (then 429).
-pub const LINK_ATTEMPTS_PER_MINUTE: u32 = 10;
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -149,7 +150,13 @@ fn parse_folder(text: &str) -> Result<String, ApiError> {
 }
 
 /// `POST /v1/links`.
-pub async fn create(State(state): State<AppState>, principal: Principal, body: Bytes) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>,
+    principal: Principal,
+    client: Option<axum::Extension<Client>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let client = client.map_or(Client::of(std::net::Ipv6Addr::UNSPECIFIED.into()), |c| c.0);
     let request: CreateRequest = json::parse(&body)?;
     let namespace_id = access::resolve(&principal, request.namespace_id.as_deref());
     let (path, folder) = match (&request.path, &request.folder) {
@@ -182,8 +189,19 @@ pub async fn create(State(state): State<AppState>, principal: Principal, body: B
             _ => return Err(ApiError::NotFound(format!("no file at {path}"))),
         }
     }
+    // Hashing is the expensive part: only for a caller under the link cap, and counted as one
+    // of the client's password attempts.
     let password_hash = match request.password {
-        Some(password) => Some(super::login::hash(&state, password).await?),
+        Some(password) => {
+            let links = state.node.state().links_count(&principal.user.id)?;
+            if links >= u64::from(LINKS_PER_USER_MAX) {
+                return Err(ApiError::Conflict(format!(
+                    "you have {links} share links, the most allowed; revoke some first"
+                )));
+            }
+            state.passwords.attempts.from_client(client)?;
+            Some(super::login::hash(&state, password).await?)
+        }
         None => None,
     };
     let token = format!("rbxl_{}", generate_token().trim_start_matches(crate::auth::TOKEN_PREFIX));
@@ -215,7 +233,7 @@ pub async fn list(
     Query(query): Query<PageQuery>,
 ) -> Result<Json<LinkList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let (user_id, after) = (principal.user.id.clone(), query.page_token.clone());
     let found = read_state(&state, move |sm| Ok(sm.links_page(&user_id, after.as_deref(), limit + 1)?)).await?;
     let now = now_ms();
@@ -229,7 +247,7 @@ pub async fn revoke(
     principal: Principal,
     Path(link_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let command = Command::RevokeLink { actor_user_id: principal.user.id.clone(), link_id };
+    let command = Command::RevokeLink { actor_user_id: principal.user.id.clone(), link_id, namespace_id: None };
     match state.node.write(command).await? {
         Outcome::Rejected(rejection) => Err(rejection.into()),
         _ => Ok(StatusCode::NO_CONTENT),
@@ -258,11 +276,6 @@ pub async fn open_under(
     serve(&state, &token, &below, &query, &parts).await
 }
 
-/// The caller's address, for the per-IP limit of password tries.
-fn peer(request: &axum::http::request::Parts) -> Option<String> {
-    request.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0.ip().to_string())
-}
-
 fn gone(why: &str) -> ApiError {
     ApiError::Gone(why.into())
 }
@@ -284,31 +297,21 @@ async fn serve(
     state.node.read_barrier().await?;
     let sm = state.node.state();
     let link = sm.link(&token_hash)?.ok_or_else(no_link)?;
-    if sm.role(&link.creator_user_id, &link.namespace_id)?.is_none() {
+    // A link serves while its creator may still change what it shares (a viewer could not
+    // have made it): a creator demoted or removed ends it.
+    if !sm.role(&link.creator_user_id, &link.namespace_id)?.is_some_and(|role| role.can_write()) {
         return Err(no_link());
     }
     if link.expired(now_ms()) {
         return Err(gone("this link has expired"));
     }
     if let Some(stored) = &link.password_hash {
-        if let Some(refused) = check_password(state, &link, stored, headers, peer(request)).await? {
+        let client = request.extensions.get::<Client>().copied();
+        if let Some(refused) = check_password(state, &link, stored, headers, client).await? {
             return Ok(refused);
         }
     }
-    // What the request names: the link's file, or a file or folder under its folder.
-    let target = match (link.folder, below) {
-        (false, "") => Target::File(link.path.clone()),
-        (false, _) => return Err(no_link()),
-        (true, below) => {
-            let joined = format!("{}/{}", link.path.trim_end_matches('/'), below);
-            if below.is_empty() || below.ends_with('/') {
-                Target::Folder(parse_folder(&joined)?, below.to_owned())
-            } else {
-                Target::File(parse_path(&joined)?.as_str().to_owned())
-            }
-        }
-    };
-    match target {
+    match link_target(&link.path, link.folder, below)? {
         Target::File(path) => {
             let (file, version) = match sm.file_at(&link.namespace_id, &path)? {
                 Some((file, version)) if !file.deleted => (file, version),
@@ -335,10 +338,30 @@ async fn serve(
     }
 }
 
-enum Target {
+/// What a request through a link names in the namespace.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Target {
     File(String),
     /// The folder's path in the namespace, and as the link names it (`""` or `sub/`).
     Folder(String, String),
+}
+
+/// What `/s/{token}/{below}` names through a link to `link_path` (a folder link, or a file's):
+/// the link's file, or a file or folder at or under its folder, never anything beside it
+/// (`below` is a path of components, none `.` or `..`: `FilePath`'s rules). 404 otherwise.
+pub fn link_target(link_path: &str, folder: bool, below: &str) -> Result<Target, ApiError> {
+    match (folder, below) {
+        (false, "") => Ok(Target::File(link_path.to_owned())),
+        (false, _) => Err(no_link()),
+        (true, below) => {
+            let joined = format!("{}/{}", link_path.trim_end_matches('/'), below);
+            if below.is_empty() || below.ends_with('/') {
+                Ok(Target::Folder(parse_folder(&joined)?, below.to_owned()))
+            } else {
+                Ok(Target::File(parse_path(&joined)?.as_str().to_owned()))
+            }
+        }
+    }
 }
 
 /// 401 asking for the link's password, 429 past the tries, or `None`: the password is right.
@@ -347,7 +370,7 @@ async fn check_password(
     link: &Link,
     stored: &str,
     headers: &HeaderMap,
-    peer: Option<String>,
+    client: Option<Client>,
 ) -> Result<Option<Response>, ApiError> {
     let ask = || {
         let mut response = ApiError::Unauthenticated("this link asks for a password".into()).into_response();
@@ -363,10 +386,15 @@ async fn check_password(
     if state.passwords.checked_lately(&remembered) {
         return Ok(None);
     }
-    if !state.passwords.link_attempt(&link.id, peer) {
-        return Err(ApiError::RateLimited { retry_after_s: 60 / u64::from(LINK_ATTEMPTS_PER_MINUTE) });
-    }
-    match super::login::verify(state, Some(stored.to_owned()), given).await? {
+    // Tries are a client's password attempts, on the link as a name (see `login::Attempts`).
+    let client = client.unwrap_or(Client::of(std::net::Ipv6Addr::UNSPECIFIED.into()));
+    let name = format!("\u{0}link:{}", link.id);
+    let attempts = &state.passwords.attempts;
+    attempts.from_client(client)?;
+    attempts.on_name(&name, client)?;
+    let right = super::login::verify(state, Some(stored.to_owned()), given).await?;
+    attempts.record(&name, client, right);
+    match right {
         true => {
             state.passwords.remember_checked(remembered);
             Ok(None)

@@ -1,31 +1,44 @@
-//! Passwords and login (issue 25, item 2).
+//! Passwords and login.
 //!
 //! | route | what |
 //! |---|---|
 //! | `POST /v1/login {name, password}` | 201 `{token, tokenId, userId, expiresAt}`: a session token (a bearer token like any other, named `login`, expiring after [`SESSION_TTL`]); 401 for a wrong name or password, alike |
-//! | `PUT /v1/me/password {password, currentPassword?}` | 204: sets the caller's password (`currentPassword` needed once one is set) |
+//! | `PUT /v1/me/password {password, currentPassword?}` | 204: sets the caller's password: `currentPassword` once one is set; the first one needs fresh proof ([`FRESH_PROOF`]) |
+//! | `DELETE /v1/me/password {currentPassword?}` | 204: removes it: the current password, or fresh proof |
 //! | `PUT /v1/admin/users/{userId}/password {password}` | 204: the admin sets a user's password |
 //! | `DELETE /v1/admin/users/{userId}/password` | 204: the user can no longer log in with a password |
 //!
 //! - **Stored** as an argon2id hash (the `argon2` crate's defaults, RFC 9106's second
 //!   recommended setting: 19 MiB, 2 passes) in a PHC string, hashed by the node that takes
 //!   the request before proposing: apply never hashes. Format 4 (`Command::SetPassword`).
+//! - **Sessions end with their password:** every change or removal moves the user's password
+//!   epoch on (format 5), and a session made under an earlier one stops working at once, on
+//!   every node (its token is checked against the epoch with the user it reads anyway).
+//! - **Fresh proof:** a first password (or a removal without the current one) needs an admin,
+//!   or a token made within [`FRESH_PROOF`] that is not itself a login session, so a token
+//!   someone stole and kept cannot plant a permanent login; `GET /v1/me` says whether a
+//!   password is set.
 //! - **Bounded:** at most [`HASHES_IN_FLIGHT`] hashes at once per node (a login flood costs
 //!   this node two cores' worth at most, and waits at most [`HASH_WAIT`] for a place, then
-//!   503); logins are limited per name ([`LOGINS_PER_NAME`]) and per client IP
-//!   ([`LOGINS_PER_IP`]) per minute on each node, before any hashing.
+//!   503). Each password check (a login, WebDAV's Basic, a share link's password, a change) is
+//!   an attempt ([`Attempts`]), judged before any hashing and before a login's body is read:
+//!   at most [`ATTEMPTS_PER_CLIENT`] a minute from one client address (an IPv6 /64 counts as
+//!   one); then, per (name, address), a back-off that doubles with each failure up to
+//!   [`BACKOFF_MAX`]; and a name's failures beyond [`FAILURES_PER_NAME`] a minute stop only
+//!   the addresses that failed on it. No one can lock a user out: a right password from an
+//!   address that has not failed is always checked.
 //! - **No oracle:** an unknown name, a user without a password and a wrong password answer the
 //!   same 401 after the same work (a dummy hash is checked when there is nothing to check).
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::time::{Duration, Instant};
 
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -36,6 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use super::new_id;
 use crate::auth::{generate_token, hash_token, now_ms, Principal};
+use crate::front_door::Client;
 use crate::{json, ApiError, AppState};
 
 /// Characters of a password, at least and at most (as the API description's
@@ -44,36 +58,136 @@ pub const PASSWORD_CHARS_MIN: usize = 8;
 pub const PASSWORD_CHARS_MAX: usize = 1024;
 /// How long a session token from `POST /v1/login` works.
 pub const SESSION_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How young a token must be to stand as fresh proof of who calls.
+pub const FRESH_PROOF: Duration = Duration::from_secs(10 * 60);
 /// Password hashes computed at once on one node.
 pub const HASHES_IN_FLIGHT: usize = 2;
 /// How long a request waits for a place to hash before 503.
 pub const HASH_WAIT: Duration = Duration::from_secs(5);
-/// Bytes of a login body, at most.
+/// Bytes of a login or password body, at most.
 /// (1,024 characters of password, each up to 12 bytes as JSON escapes them, and a name.)
 const LOGIN_BODY_BYTES_MAX: usize = 16 * 1024;
-/// Login attempts per user name, per minute, on one node.
-pub const LOGINS_PER_NAME: u32 = 10;
-/// Login attempts per client IP, per minute, on one node.
-pub const LOGINS_PER_IP: u32 = 30;
+/// Password checks per client address, per minute, on one node (every attempt counts).
+pub const ATTEMPTS_PER_CLIENT: u32 = 30;
+/// Failed checks of one name (or share link), per minute, on one node, past which the
+/// addresses that failed on it wait out their back-off.
+pub const FAILURES_PER_NAME: u32 = 10;
+/// The wait after a (name, address)'s first failure; it doubles with each one after.
+pub const BACKOFF_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait a back-off imposes.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// (name, address) pairs whose failures are remembered at once, at most (the oldest are
+/// forgotten beyond).
+const FAILURES_TRACKED_MAX: usize = 100_000;
 
-/// What every login on this node shares: the places to hash and the attempt limits.
+/// A (name, address) pair's failures, and until when it waits.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    failures: u32,
+    until: Instant,
+}
+
+/// The attempt limits of password checks on this node (see the module's rules).
+pub struct Attempts {
+    per_client: DefaultKeyedRateLimiter<Client>,
+    /// Failures per name within the current minute, and when it began.
+    failures_per_name: Mutex<HashMap<String, (Instant, u32)>>,
+    backoff: Mutex<HashMap<(String, Client), Backoff>>,
+}
+
+impl Default for Attempts {
+    fn default() -> Attempts {
+        let per_minute = Quota::per_minute(NonZeroU32::new(ATTEMPTS_PER_CLIENT).unwrap_or(NonZeroU32::MIN));
+        Attempts {
+            per_client: RateLimiter::keyed(per_minute),
+            failures_per_name: Mutex::new(HashMap::new()),
+            backoff: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+fn limited(wait: Duration) -> ApiError {
+    ApiError::RateLimited { retry_after_s: wait.as_secs().max(1) }
+}
+
+impl Attempts {
+    /// Takes one attempt from `client`: 429 past [`ATTEMPTS_PER_CLIENT`] a minute. Needs no
+    /// name, so it comes before a login's body is read.
+    pub fn from_client(&self, client: Client) -> Result<(), ApiError> {
+        self.per_client
+            .check_key(&client)
+            .map_err(|_| limited(Duration::from_secs(60 / u64::from(ATTEMPTS_PER_CLIENT))))?;
+        self.per_client.retain_recent();
+        Ok(())
+    }
+
+    /// Whether `client` may try `name` now: not while its back-off runs, nor, once the name's
+    /// failures this minute passed [`FAILURES_PER_NAME`], if it failed on the name lately.
+    pub fn on_name(&self, name: &str, client: Client) -> Result<(), ApiError> {
+        let now = Instant::now();
+        let key = (name.to_owned(), client);
+        let backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
+        if let Some(backoff) = backoff {
+            if now < backoff.until {
+                return Err(limited(backoff.until - now));
+            }
+            let failures = self.failures_per_name.lock().unwrap_or_else(|e| e.into_inner()).get(name).copied();
+            if failures.is_some_and(|(since, count)| {
+                now.duration_since(since) < Duration::from_secs(60) && count >= FAILURES_PER_NAME
+            }) {
+                return Err(limited(Duration::from_secs(60)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the outcome of a check of `name` from `client`.
+    pub fn record(&self, name: &str, client: Client, succeeded: bool) {
+        let key = (name.to_owned(), client);
+        let mut backoffs = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+        if succeeded {
+            backoffs.remove(&key);
+            return;
+        }
+        let now = Instant::now();
+        if backoffs.len() >= FAILURES_TRACKED_MAX && !backoffs.contains_key(&key) {
+            backoffs.retain(|_, backoff| backoff.until + BACKOFF_MAX > now);
+            if backoffs.len() >= FAILURES_TRACKED_MAX {
+                backoffs.clear();
+            }
+        }
+        let entry = backoffs.entry(key).or_insert(Backoff { failures: 0, until: now });
+        entry.failures = entry.failures.saturating_add(1);
+        let doubled = BACKOFF_FIRST.saturating_mul(1u32 << entry.failures.saturating_sub(1).min(16));
+        entry.until = now + doubled.min(BACKOFF_MAX);
+        drop(backoffs);
+        let mut per_name = self.failures_per_name.lock().unwrap_or_else(|e| e.into_inner());
+        if per_name.len() >= FAILURES_TRACKED_MAX && !per_name.contains_key(name) {
+            per_name.retain(|_, (since, _)| now.duration_since(*since) < Duration::from_secs(60));
+        }
+        let (since, count) = per_name.entry(name.to_owned()).or_insert((now, 0));
+        if now.duration_since(*since) >= Duration::from_secs(60) {
+            (*since, *count) = (now, 0);
+        }
+        *count = count.saturating_add(1);
+    }
+}
+
+/// What every password check on this node shares: the places to hash and the attempt limits.
 pub struct Passwords {
     hashing: Arc<tokio::sync::Semaphore>,
-    /// Passwords checked lately for WebDAV (see [`CHECKED_FOR`]), by a hash of name, password
-    /// and stored hash.
-    checked: std::sync::Mutex<std::collections::HashMap<[u8; 32], std::time::Instant>>,
-    per_name: DefaultKeyedRateLimiter<String>,
-    per_ip: DefaultKeyedRateLimiter<String>,
+    /// Passwords checked lately (see [`CHECKED_FOR`]), by a hash of name, password and stored
+    /// hash.
+    checked: Mutex<HashMap<[u8; 32], Instant>>,
+    pub attempts: Attempts,
 }
 
 impl Default for Passwords {
     fn default() -> Passwords {
-        let per_minute = |n: u32| Quota::per_minute(NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN));
         Passwords {
             hashing: Arc::new(tokio::sync::Semaphore::new(HASHES_IN_FLIGHT)),
-            checked: std::sync::Mutex::new(std::collections::HashMap::new()),
-            per_name: RateLimiter::keyed(per_minute(LOGINS_PER_NAME)),
-            per_ip: RateLimiter::keyed(per_minute(LOGINS_PER_IP)),
+            checked: Mutex::new(HashMap::new()),
+            attempts: Attempts::default(),
         }
     }
 }
@@ -101,14 +215,6 @@ impl Passwords {
         Ok(result)
     }
 
-    /// Whether a password try at share link `link_id` is allowed now (at most
-    /// [`super::links::LINK_ATTEMPTS_PER_MINUTE`] a minute per link, with logins' names).
-    pub(super) fn link_attempt(&self, link_id: &str, peer: Option<String>) -> bool {
-        self.tidy();
-        let by_ip = peer.is_none_or(|ip| self.per_ip.check_key(&ip).is_ok());
-        by_ip && self.per_name.check_key(&format!("\u{0}link:{link_id}")).is_ok()
-    }
-
     /// What a check of `secret` for `who` against `stored` is remembered by.
     pub(super) fn checked_key(&self, who: &str, secret: &str, stored: &str) -> [u8; 32] {
         *blake3::hash(format!("{who}\0{secret}\0{stored}").as_bytes()).as_bytes()
@@ -116,7 +222,7 @@ impl Passwords {
 
     /// Whether the check `key` names succeeded within [`CHECKED_FOR`].
     pub(super) fn checked_lately(&self, key: &[u8; 32]) -> bool {
-        let fresh = |at: &std::time::Instant| at.elapsed() < CHECKED_FOR;
+        let fresh = |at: &Instant| at.elapsed() < CHECKED_FOR;
         self.checked.lock().map(|checked| checked.get(key).is_some_and(fresh)).unwrap_or(false)
     }
 
@@ -126,14 +232,8 @@ impl Passwords {
             if checked.len() >= CHECKED_MAX {
                 checked.clear();
             }
-            checked.insert(key, std::time::Instant::now());
+            checked.insert(key, Instant::now());
         }
-    }
-
-    /// Forgets idle attempt counts (called now and then, so the tables stay small).
-    fn tidy(&self) {
-        self.per_name.retain_recent();
-        self.per_ip.retain_recent();
     }
 }
 
@@ -144,26 +244,26 @@ const CHECKED_FOR: Duration = Duration::from_secs(300);
 /// Checked passwords remembered at once, at most (forgotten all together beyond).
 const CHECKED_MAX: usize = 10_000;
 
-/// The caller for WebDAV: credentials as for the API (a bearer token, or Basic with a token),
-/// or Basic with the user's name and password.
-pub async fn from_headers_or_password(
+/// The client a request comes from (as the front door found it; one for an in-process router).
+pub fn client_of(request: &Request) -> Client {
+    request.extensions().get::<Client>().copied().unwrap_or(Client::of(std::net::Ipv6Addr::UNSPECIFIED.into()))
+}
+
+/// Checks a password `secret` for the user `name` (WebDAV's Basic authentication): the user,
+/// or 401. An attempt ([`Attempts`]) unless the same check succeeded lately.
+pub async fn check_password(
     state: &AppState,
-    headers: &axum::http::HeaderMap,
-    peer: Option<String>,
+    name: &str,
+    secret: &str,
+    client: Option<Client>,
 ) -> Result<Principal, ApiError> {
-    let credentials = crate::auth::credentials(headers)?;
-    let Some(crate::auth::Credentials::Basic { name, secret }) = credentials else {
-        return crate::auth::from_headers(state, headers).await;
-    };
-    if secret.starts_with(crate::auth::TOKEN_PREFIX) {
-        return crate::auth::from_headers(state, headers).await;
-    }
     if name.chars().count() > crate::json::NAME_CHARS_MAX {
         return Err(wrong());
     }
+    let client = client.unwrap_or(Client::of(std::net::Ipv6Addr::UNSPECIFIED.into()));
     let sm = state.node.state();
     let lookup = || -> Result<_, ApiError> {
-        let user = sm.user_by_name(&name)?;
+        let user = sm.user_by_name(name)?;
         let stored = match &user {
             Some(user) => sm.password_hash(&user.id)?,
             None => None,
@@ -171,17 +271,19 @@ pub async fn from_headers_or_password(
         Ok((user, stored))
     };
     let (mut user, mut stored) = lookup()?;
-    let mut key = state.passwords.checked_key(&name, &secret, stored.as_deref().unwrap_or(""));
+    let mut key = state.passwords.checked_key(name, secret, stored.as_deref().unwrap_or(""));
     if !(stored.is_some() && state.passwords.checked_lately(&key)) {
-        // Each check is an attempt, limited per address and per name as logins are; a
-        // remembered one is not.
-        attempt(state, &name, peer.as_deref())?;
+        let attempts = &state.passwords.attempts;
+        attempts.from_client(client)?;
+        attempts.on_name(name, client)?;
         // Read after a barrier: a user or password set an instant ago through another node
         // counts here too (a read after an acknowledged write sees it, from any node).
         state.node.read_barrier().await?;
         (user, stored) = lookup()?;
-        key = state.passwords.checked_key(&name, &secret, stored.as_deref().unwrap_or(""));
-        if !verify(state, stored, secret).await? {
+        key = state.passwords.checked_key(name, secret, stored.as_deref().unwrap_or(""));
+        let right = verify(state, stored, secret.to_owned()).await?;
+        attempts.record(name, client, right);
+        if !right {
             return Err(wrong());
         }
         state.passwords.remember_checked(key);
@@ -191,6 +293,8 @@ pub async fn from_headers_or_password(
         token_id: String::new(),
         token_name: "password".into(),
         token_expires_ms: None,
+        token_created_ms: 0,
+        token_session: false,
         token_hash: [0; 32],
         user,
     })
@@ -257,40 +361,28 @@ fn wrong() -> ApiError {
     ApiError::Unauthenticated("wrong name or password".into())
 }
 
-/// The client's address, as the connection gives it.
-pub fn peer(request: &Request) -> Option<String> {
-    request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip().to_string())
+/// Reads a small JSON body (a login, a password change) whole, at most
+/// [`LOGIN_BODY_BYTES_MAX`] bytes, each piece within the router's body idle bound.
+async fn small_body(request: Request) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(request.into_body(), LOGIN_BODY_BYTES_MAX).await.map_err(|_| {
+        ApiError::PayloadTooLarge(format!("this body is at most {LOGIN_BODY_BYTES_MAX} bytes, sent in time"))
+    })
 }
 
-/// Counts one password check against `name` (a login, WebDAV's Basic, a password change):
-/// refused with 429 past [`LOGINS_PER_IP`] a minute from the address, first, then past
-/// [`LOGINS_PER_NAME`] for the name, before any argon2 work. The address comes first, so
-/// made-up names cannot each bring a fresh allowance; a name longer than any user's is
-/// refused as wrong at once.
-fn attempt(state: &AppState, name: &str, peer: Option<&str>) -> Result<(), ApiError> {
-    let limited = || ApiError::RateLimited { retry_after_s: 60 / u64::from(LOGINS_PER_NAME.min(LOGINS_PER_IP)).max(1) };
-    if name.chars().count() > crate::json::NAME_CHARS_MAX {
-        return Err(wrong());
-    }
-    if let Some(peer) = peer {
-        state.passwords.per_ip.check_key(&peer.to_string()).map_err(|_| limited())?;
-    }
-    state.passwords.per_name.check_key(&name.to_string()).map_err(|_| limited())?;
-    state.passwords.tidy();
-    Ok(())
-}
-
-/// `POST /v1/login`: a session token for a name and password.
+/// `POST /v1/login`: a session token for a name and password. The client's attempt is taken
+/// before the body is read; the name's limits and back-off once it is.
 pub async fn login(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
-    let peer = peer(&request);
-    let body = axum::body::to_bytes(request.into_body(), LOGIN_BODY_BYTES_MAX)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge(format!("a login is at most {LOGIN_BODY_BYTES_MAX} bytes")))?;
+    let client = client_of(&request);
+    let attempts = &state.passwords.attempts;
+    attempts.from_client(client)?;
+    let body = small_body(request).await?;
     let request: LoginRequest = json::parse(&body)?;
-    attempt(&state, &request.name, peer.as_deref())?;
-    if request.password.chars().count() > PASSWORD_CHARS_MAX {
+    if request.name.chars().count() > crate::json::NAME_CHARS_MAX
+        || request.password.chars().count() > PASSWORD_CHARS_MAX
+    {
         return Err(wrong());
     }
+    attempts.on_name(&request.name, client)?;
     // Always after a barrier (a user created an instant ago through another node is found),
     // and so in the same time whether the name is known or not.
     state.node.read_barrier().await?;
@@ -300,7 +392,9 @@ pub async fn login(State(state): State<AppState>, request: Request) -> Result<Re
         Some(user) => sm.password_hash(&user.id)?,
         None => None,
     };
-    let user = match (verify(&state, stored, request.password).await?, user) {
+    let right = verify(&state, stored, request.password).await?;
+    attempts.record(&request.name, client, right);
+    let user = match (right, user) {
         (true, Some(user)) => user,
         _ => return Err(wrong()),
     };
@@ -313,6 +407,7 @@ pub async fn login(State(state): State<AppState>, request: Request) -> Result<Re
         name: "login".into(),
         token_hash: hash_token(&token),
         expires_ms: Some(expires_ms),
+        session_epoch: Some(user.password_epoch),
     };
     match state.node.write(command).await? {
         Outcome::Rejected(rejection) => Err(rejection.into()),
@@ -332,38 +427,109 @@ pub struct PasswordRequest {
     current_password: Option<String>,
 }
 
+/// `DELETE /v1/me/password`'s body (optional): the current password, where the caller has no
+/// fresh proof.
+#[derive(Deserialize, utoipa::ToSchema, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PasswordRemoval {
+    current_password: Option<String>,
+}
+
+/// Sets (or removes) a user's password; every login session made under the one before ends.
 async fn set(state: &AppState, user_id: &str, hash: Option<String>) -> Result<Response, ApiError> {
-    match state.node.write(Command::SetPassword { user_id: user_id.to_string(), password_hash: hash }).await? {
+    let command = Command::SetPassword { user_id: user_id.to_string(), password_hash: hash, ends_sessions: true };
+    match state.node.write(command).await? {
         Outcome::Rejected(rejection) => Err(rejection.into()),
         _ => Ok(StatusCode::NO_CONTENT.into_response()),
     }
 }
 
-/// `PUT /v1/me/password`: the caller sets their own password.
+/// Whether the caller proves who they are afresh: an admin, or a token made within
+/// [`FRESH_PROOF`] that is not a login session (a session proves only a password, and a
+/// password is what is being changed).
+fn fresh_proof(principal: &Principal) -> bool {
+    if principal.user.admin {
+        return true;
+    }
+    let age_ms = now_ms().saturating_sub(principal.token_created_ms);
+    !principal.token_session && !principal.token_id.is_empty() && age_ms <= FRESH_PROOF.as_millis() as u64
+}
+
+/// 403 unless the caller proves who they are: `current` is the password `stored` (an attempt,
+/// as a login is), or, with no `current` given, [`fresh_proof`].
+async fn prove(
+    state: &AppState,
+    principal: &Principal,
+    client: Client,
+    stored: Option<String>,
+    current: Option<String>,
+) -> Result<(), ApiError> {
+    let Some(current) = current else {
+        if fresh_proof(principal) {
+            return Ok(());
+        }
+        let needs = if stored.is_some() { "currentPassword" } else { "fresh proof" };
+        return Err(ApiError::Forbidden(format!(
+            "{needs} is needed: give currentPassword, or call with a token made in the last {} minutes \
+             (ask an admin for one), or as an admin",
+            FRESH_PROOF.as_secs() / 60
+        )));
+    };
+    let Some(stored) = stored else {
+        return Err(ApiError::Forbidden("no password is set; currentPassword names none".into()));
+    };
+    // A guess at the password through a token: limited as a login is.
+    let attempts = &state.passwords.attempts;
+    attempts.from_client(client)?;
+    attempts.on_name(&principal.user.name, client)?;
+    let right = verify(state, Some(stored), current).await?;
+    attempts.record(&principal.user.name, client, right);
+    if !right {
+        return Err(ApiError::Forbidden("currentPassword is not the password".into()));
+    }
+    Ok(())
+}
+
+/// `PUT /v1/me/password`: the caller sets their own password (the current one to change it,
+/// fresh proof for a first one).
 pub async fn set_mine(
     State(state): State<AppState>,
     principal: Principal,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let peer = peer(&request);
-    let body = axum::body::to_bytes(request.into_body(), LOGIN_BODY_BYTES_MAX)
-        .await
-        .map_err(|_| ApiError::PayloadTooLarge(format!("a password change is at most {LOGIN_BODY_BYTES_MAX} bytes")))?;
+    let client = client_of(&request);
+    let body = small_body(request).await?;
     let request: PasswordRequest = json::parse(&body)?;
     check_password_shape(&request.password)?;
     state.node.read_barrier().await?;
-    if let Some(stored) = state.node.state().password_hash(&principal.user.id)? {
-        let current = request
-            .current_password
-            .ok_or_else(|| ApiError::Forbidden("currentPassword is needed to change a password".into()))?;
-        // A guess at the password through a token: limited as a login is.
-        attempt(&state, &principal.user.name, peer.as_deref())?;
-        if !verify(&state, Some(stored), current).await? {
-            return Err(ApiError::Forbidden("currentPassword is not the password".into()));
-        }
+    let stored = state.node.state().password_hash(&principal.user.id)?;
+    // Once a password is set, only it changes it (fresh proof is for the first one).
+    if stored.is_some() && request.current_password.is_none() {
+        return Err(ApiError::Forbidden("currentPassword is needed to change a password".into()));
     }
+    prove(&state, &principal, client, stored, request.current_password).await?;
     let hashed = hash(&state, request.password).await?;
     set(&state, &principal.user.id, Some(hashed)).await
+}
+
+/// `DELETE /v1/me/password`: the caller removes their password (the current one, or fresh
+/// proof); their login sessions end.
+pub async fn remove_mine(
+    State(state): State<AppState>,
+    principal: Principal,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let client = client_of(&request);
+    let body = small_body(request).await?;
+    let removal: PasswordRemoval =
+        if body.iter().all(u8::is_ascii_whitespace) { PasswordRemoval::default() } else { json::parse(&body)? };
+    state.node.read_barrier().await?;
+    let stored = state.node.state().password_hash(&principal.user.id)?;
+    if stored.is_none() {
+        return Err(ApiError::NotFound("no password is set".into()));
+    }
+    prove(&state, &principal, client, stored, removal.current_password).await?;
+    set(&state, &principal.user.id, None).await
 }
 
 /// `PUT /v1/admin/users/{userId}/password`: the admin sets a user's password.

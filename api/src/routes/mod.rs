@@ -98,8 +98,6 @@ pub(crate) fn new_id() -> String {
 /// Every route of the API but the notification channels ([`notify_router`]).
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/", get(crate::console::index))
-        .route("/console/{file}", get(crate::console::asset))
         .route("/v1/cluster", get(probes::cluster))
         .route("/v1/openapi.json", get(crate::openapi::serve))
         .route("/v1/admin/cluster/members", get(cluster::list).post(cluster::add))
@@ -112,7 +110,7 @@ pub fn router() -> Router<AppState> {
         .route("/v1/admin/users/{user_id}/tokens", post(accounts::create_token).get(accounts::list_tokens))
         .route("/v1/admin/users/{user_id}/tokens/{token_id}", axum::routing::delete(accounts::revoke_token))
         .route("/v1/login", post(login::login))
-        .route("/v1/me/password", axum::routing::put(login::set_mine))
+        .route("/v1/me/password", axum::routing::put(login::set_mine).delete(login::remove_mine))
         .route("/v1/admin/users/{user_id}/password", axum::routing::put(login::set_for).delete(login::remove_for))
         .route("/v1/me", get(accounts::me))
         .route("/v1/me/tokens", get(accounts::my_tokens))
@@ -158,13 +156,22 @@ pub fn router() -> Router<AppState> {
         .fallback(|| async { crate::ApiError::NotFound("no such route".into()) })
 }
 
+/// The web console's page and files ([`crate::console`]), with its headers.
+pub fn console_router() -> Router<AppState> {
+    let pages =
+        Router::new().route("/", get(crate::console::index)).route("/console/{file}", get(crate::console::asset));
+    crate::headers::console(pages)
+}
+
 /// The routes that carry a whole file in one request, under the transfer deadline
 /// (`crate::TRANSFER_DEADLINE`) instead of the request timeout.
+/// They serve a user's files: with [`crate::headers::user_content`].
 pub fn transfer_router() -> Router<AppState> {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/files/content", get(content::get).put(content::put))
         .route("/s/{token}", get(links::open))
-        .route("/s/{token}/{*path}", get(links::open_under))
+        .route("/s/{token}/{*path}", get(links::open_under));
+    crate::headers::user_content(routes)
 }
 
 /// The probes, outside the cap on requests in flight (a loaded node still says it is up).

@@ -1,6 +1,8 @@
 //! Probes and cluster status: `/healthz`, `/readyz`, `/v1/cluster`, `/metrics`.
 
-use axum::extract::State;
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
@@ -31,6 +33,13 @@ pub async fn healthz() -> Json<Health> {
 
 /// Member of a cluster that has a leader, with a clock that agrees with the cluster's.
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Ready>, ApiError> {
+    if let Some((admitted, refused)) = state.in_flight.refusing_most() {
+        return Err(ApiError::Unavailable(format!(
+            "this node refused most requests lately ({refused} refused, {admitted} admitted in the last {} s): \
+             it is at its limits",
+            crate::front_door::READINESS_WINDOW.as_secs()
+        )));
+    }
     let status = state.node.status();
     let disk = state.node.disk();
     if disk.full {
@@ -110,8 +119,18 @@ pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
 }
 
 /// Prometheus text exposition of the node's series: HTTP per route, the write path, and
-/// the Raft state (see `RaftNode::render_metrics`).
-pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+/// the Raft state (see `RaftNode::render_metrics`). They tell how the node is doing (its free
+/// disk among them), so only addresses in `[http] metrics_allow` (loopback by default) read
+/// them without a token; anyone else needs the admin's.
+pub async fn metrics(State(state): State<AppState>, request: Request) -> Result<impl IntoResponse, ApiError> {
+    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+    let allowed = peer.is_none_or(|peer| state.config.http.metrics_allow.iter().any(|net| net.contains(&peer)));
+    let admin = request.extensions().get::<crate::auth::Principal>().is_some_and(|principal| principal.user.admin);
+    if !allowed && !admin {
+        return Err(ApiError::Forbidden(
+            "metrics are read from an address in [http] metrics_allow, or with the admin token".into(),
+        ));
+    }
     let body = state.node.render_metrics();
-    ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body)
+    Ok(([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], body))
 }

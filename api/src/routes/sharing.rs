@@ -203,7 +203,7 @@ pub async fn list(
     Query(query): Query<PageQuery>,
 ) -> Result<Json<NamespaceList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let user_id = principal.user.id.clone();
     let after = query.page_token.clone();
     let found = read_state(&state, move |sm| Ok(sm.namespaces_page(&user_id, after.as_deref(), limit + 1)?)).await?;
@@ -422,7 +422,7 @@ async fn respond(
         (None, None) => Grantee::User(principal.user.id.clone()),
         (Some(id), None) => Grantee::Group(id),
         (None, Some(name)) => {
-            state.node.read_barrier().await?;
+            crate::access::barrier(&state, &principal).await?;
             let id = state
                 .node
                 .state()
@@ -465,7 +465,7 @@ pub async fn invitations(
     Query(query): Query<PageQuery>,
 ) -> Result<Json<InvitationList>, ApiError> {
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let me = Grantee::User(principal.user.id.clone());
     let after = query.page_token.clone();
     let (found, next) = read_state(&state, move |sm| Ok(sm.invitations_page(&me, after.as_deref(), limit)?)).await?;
@@ -509,7 +509,7 @@ pub async fn list_groups(
 ) -> Result<Json<GroupList>, ApiError> {
     principal.require_admin()?;
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let after = query.page_token.clone();
     let found = read_state(&state, move |sm| Ok(sm.groups_page(after.as_deref(), limit + 1)?)).await?;
     let next_page_token = (found.len() > limit).then(|| found[limit - 1].id.clone());
@@ -526,7 +526,7 @@ pub async fn get_group(
 ) -> Result<Json<GroupDetail>, ApiError> {
     principal.require_admin()?;
     let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let after = query.page_token.clone();
     read_state(&state, move |sm| {
         let group = sm.group(&group_id)?.ok_or_else(|| ApiError::NotFound(format!("group {group_id}")))?;

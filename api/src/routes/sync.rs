@@ -44,7 +44,7 @@ pub const NOTIFY_TIMEOUT_S_MIN: u64 = 1;
 pub const NOTIFY_TIMEOUT_S_MAX: u64 = 120;
 
 /// Per-namespace positions.
-type Cursor = BTreeMap<String, u64>;
+pub(crate) type Cursor = BTreeMap<String, u64>;
 
 /// The namespaces the caller can read now.
 fn readable(state: &AppState, user_id: &str) -> Result<Vec<String>, ApiError> {
@@ -64,27 +64,35 @@ struct Position {
     removed: Vec<String>,
 }
 
-fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<Position, ApiError> {
-    let namespaces: HashSet<String> = readable(state, &principal.user.id)?.into_iter().collect();
+/// The positions a cursor's text holds (`None`: `0`, the start of everything). A cursor is
+/// `0` or base64url: anything else is a malformed request (400). One in that alphabet this
+/// server cannot read (not one it made, or of an older form), or holding more namespaces
+/// than any it makes, cannot be served: 410, and the client syncs again from 0, as after
+/// any reset.
+pub(crate) fn parse_cursor(text: &str) -> Result<Option<Cursor>, ApiError> {
     if text == "0" {
-        return Ok(Position { cursor: namespaces.into_iter().map(|ns| (ns, 0)).collect(), removed: Vec::new() });
+        return Ok(None);
     }
-    // A cursor is `0` or base64url: anything else is a malformed request. One in that
-    // alphabet this server cannot read (not one it made, or of an older form) cannot be
-    // served: 410, and the client syncs again from 0, as after any reset.
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
         return Err(ApiError::BadRequest("a cursor is 0 or the cursor of a sync page (base64url)".into()));
     }
-    let given: Cursor = URL_SAFE_NO_PAD
-        .decode(text)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-        .ok_or(ApiError::CursorReset)?;
-    // No cursor this server made holds more (a namespace the caller lost is dropped once
-    // reported).
+    // Its JSON nests no deeper than a cursor's: one object.
+    let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| ApiError::CursorReset)?;
+    if raftbox_storage::command::json_depth(&bytes) > 1 {
+        return Err(ApiError::CursorReset);
+    }
+    let given: Cursor = serde_json::from_slice(&bytes).map_err(|_| ApiError::CursorReset)?;
     if given.len() > LISTED_NAMESPACES_MAX {
         return Err(ApiError::CursorReset);
     }
+    Ok(Some(given))
+}
+
+fn decode_cursor(state: &AppState, principal: &Principal, text: &str) -> Result<Position, ApiError> {
+    let namespaces: HashSet<String> = readable(state, &principal.user.id)?.into_iter().collect();
+    let Some(given) = parse_cursor(text)? else {
+        return Ok(Position { cursor: namespaces.into_iter().map(|ns| (ns, 0)).collect(), removed: Vec::new() });
+    };
     let mut position = Position { cursor: Cursor::new(), removed: Vec::new() };
     for (ns, seq) in given {
         if !namespaces.contains(&ns) {
@@ -202,7 +210,7 @@ pub async fn sync_post(State(state): State<AppState>, principal: Principal, body
 
 async fn sync_page(state: &AppState, principal: &Principal, query: SyncQuery) -> Result<Response, ApiError> {
     let limit = super::page_limit(query.limit, SYNC_PAGE_DEFAULT, SYNC_PAGE_MAX)?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(state, principal).await?;
     let Position { mut cursor, removed } = decode_cursor(state, principal, &query.cursor)?;
     let mut changes: Vec<SyncEntry<'_>> = removed
         .iter()
@@ -366,7 +374,7 @@ async fn wait_for_changes(
     // Listening before the state is read: nothing applied after the read goes unheard.
     let mut listener = state.hub.listen();
     // As in /v1/sync: a cursor from a node a few ms ahead is servable once this one caught up.
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let position = decode_cursor(&state, &principal, &query.cursor)?;
     if pending(&state, &position, &query.cursor)? {
         return Ok(Json(NotifyAnswer { changes: true }));

@@ -80,7 +80,19 @@ async fn links_share_files_and_folders_without_an_account_until_they_stop() {
     assert!(headers["www-authenticate"].to_str().expect("ascii").starts_with("Basic"));
     let (status, _, _) = node.get_raw(&guarded_url, &[("authorization", &basic("wrong guess"))]).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let (status, _, body) = node.get_raw(&guarded_url, &[("authorization", &basic("open sesame"))]).await;
+    // A wrong try makes this address wait a second before the next (a back-off per link and
+    // address): at once, 429; once it is over, the right password opens the link.
+    let (status, headers, _) = node.get_raw(&guarded_url, &[("authorization", &basic("open sesame"))]).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(headers.contains_key("retry-after"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (status, body) = loop {
+        let (status, _, body) = node.get_raw(&guarded_url, &[("authorization", &basic("open sesame"))]).await;
+        if status != StatusCode::TOO_MANY_REQUESTS || std::time::Instant::now() > deadline {
+            break (status, body);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     assert_eq!((status, body.as_slice()), (StatusCode::OK, &b"file a"[..]));
 
     // Downloads used up: 410 from then on.

@@ -6,6 +6,7 @@ mod bad_input;
 mod blocks;
 mod files;
 mod fuzz;
+mod fuzz_targets;
 mod guards;
 mod jobs;
 mod links;
@@ -161,6 +162,31 @@ impl TestNode {
         (status, headers, value)
     }
 
+    /// [`TestNode::call`] from another client address (`127.0.0.N`, all loopback), as the
+    /// node's per-address limits see it.
+    pub async fn call_from(
+        &self,
+        from: std::net::IpAddr,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let client = reqwest::Client::builder().local_address(from).build().expect("a client");
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut request = client.request(method, format!("{}{}", self.url, path));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        if let Some(body) = body {
+            request = request.header("content-type", "application/json").body(body.to_string());
+        }
+        let response = request.send().await.expect("send");
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.expect("body");
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
     /// A request with a raw body (any bytes, e.g. not UTF-8), as `application/json`.
     pub async fn call_bytes(
         &self,
@@ -274,6 +300,7 @@ async fn user_token_and_me_round_trip() {
     let quota = raftbox_api::Quotas::default().stored_bytes_per_user;
     let expected = json!({
         "userId": user_id, "name": "alice", "namespaceId": user["namespaceId"], "storedBytes": 0, "quotaBytes": quota,
+        "passwordSet": false,
     });
     assert_eq!(me, expected);
     // An upload counts once, however often it is sent.
@@ -366,11 +393,11 @@ async fn console_is_served_without_a_token_under_a_strict_policy() {
         let (status, headers, body) = node.call("GET", path, None, None).await;
         assert_eq!(status, StatusCode::OK, "{path}");
         assert_eq!(headers["content-type"], content_type, "{path}");
-        assert_eq!(headers["content-security-policy"], raftbox_api::console::CONTENT_SECURITY_POLICY, "{path}");
+        assert_eq!(headers["content-security-policy"], raftbox_api::headers::CONSOLE_POLICY, "{path}");
         assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
         assert!(body.as_str().expect("text").contains(marker), "{path}");
     }
-    let policy = raftbox_api::console::CONTENT_SECURITY_POLICY;
+    let policy = raftbox_api::headers::CONSOLE_POLICY;
     assert!(policy.contains("default-src 'none'") && policy.contains("script-src 'self'"));
     assert!(!policy.contains("unsafe-inline") && !policy.contains("unsafe-eval"));
     for path in ["/console/nope.js", "/console/", "/console/../Cargo.toml"] {

@@ -12,7 +12,9 @@ use proptest::test_runner::TestCaseError;
 use raftbox_storage::blocks::BlockHash;
 use raftbox_storage::command::{FileCommit, FileMove, RateCheck, RateEntry};
 use raftbox_storage::jobs::{Job, JobPatch, JobSpec, RunReport, RunResult, RunStatus, Schedule};
+use raftbox_storage::links::Link;
 use raftbox_storage::paths::FilePath;
+use raftbox_storage::props::{PropChange, PropPatch};
 use raftbox_storage::ratelimit::Algorithm;
 use raftbox_storage::records::{Grantee, Role, SavedResponse};
 use raftbox_storage::schedule::CronSchedule;
@@ -93,11 +95,13 @@ fn file_commit() -> impl Strategy<Value = FileCommit> {
     (
         (id(), path(), prop::collection::vec(hash(), 0..4), extreme(), 0..4u64, any::<bool>(), hostile(), id(), id()),
         id(),
+        proptest::option::of(extreme()),
     )
         .prop_map(
             |(
                 (namespace_id, path, chunks, size, base_version, deleted, device, new_file_id, copy_file_id),
                 actor_user_id,
+                quota_bytes,
             )| {
                 FileCommit {
                     namespace_id,
@@ -112,6 +116,7 @@ fn file_commit() -> impl Strategy<Value = FileCommit> {
                     new_file_id,
                     copy_file_id,
                     actor_user_id,
+                    quota_bytes,
                 }
             },
         )
@@ -145,6 +150,46 @@ fn leaf_command() -> impl Strategy<Value = Command> {
         1 => file_commit().prop_map(|c| Command::CommitFile(Box::new(c))),
         1 => sharing_command(),
         3 => other_command(),
+        1 => format_5_command(),
+    ]
+}
+
+/// Passwords that end sessions, dead properties, links an owner revokes, bounded runs now.
+fn format_5_command() -> impl Strategy<Value = Command> {
+    let change = (hostile(), hostile(), proptest::option::of(hostile()))
+        .prop_map(|(namespace, name, xml)| PropChange { namespace, name, xml });
+    prop_oneof![
+        (id(), proptest::option::of(hostile()), any::<bool>()).prop_map(|(user_id, password_hash, ends_sessions)| {
+            Command::SetPassword { user_id, password_hash, ends_sessions }
+        }),
+        (id(), path(), id(), prop::collection::vec(change, 0..5)).prop_map(
+            |(namespace_id, path, actor_user_id, changes)| {
+                Command::PatchProps(Box::new(PropPatch { namespace_id, path, actor_user_id, changes }))
+            }
+        ),
+        (id(), id(), id(), path(), any::<bool>(), scope()).prop_map(
+            |(id, creator_user_id, namespace_id, path, folder, token_hash)| {
+                let link = Link {
+                    id,
+                    token_hash,
+                    creator_user_id,
+                    namespace_id,
+                    path: path.as_str().to_owned(),
+                    folder,
+                    created_ms: 0,
+                    expires_ms: None,
+                    password_hash: None,
+                    max_downloads: Some(2),
+                    downloads: 0,
+                };
+                Command::CreateLink { link: Box::new(link), links_max: 3 }
+            }
+        ),
+        (id(), id(), proptest::option::of(id())).prop_map(|(actor_user_id, link_id, namespace_id)| {
+            Command::RevokeLink { actor_user_id, link_id, namespace_id }
+        }),
+        (id(), proptest::option::of(extreme()))
+            .prop_map(|(job_id, min_interval_ms)| Command::RunJobNow { job_id, min_interval_ms }),
     ]
 }
 
@@ -155,13 +200,14 @@ fn other_command() -> impl Strategy<Value = Command> {
             namespace_id,
             name
         }),
-        (id(), id(), hostile(), scope(), proptest::option::of(extreme())).prop_map(
-            |(token_id, user_id, name, token_hash, expires_ms)| Command::CreateToken {
+        (id(), id(), hostile(), scope(), proptest::option::of(extreme()), proptest::option::of(0u64..3)).prop_map(
+            |(token_id, user_id, name, token_hash, expires_ms, session_epoch)| Command::CreateToken {
                 token_id,
                 user_id,
                 name,
                 token_hash,
-                expires_ms
+                expires_ms,
+                session_epoch,
             }
         ),
         (id(), id()).prop_map(|(user_id, token_id)| Command::RevokeToken { user_id, token_id }),
@@ -296,7 +342,7 @@ fn sharing_command() -> impl Strategy<Value = Command> {
             user_id,
             member
         }),
-        (0u32..4).prop_map(|schema| Command::Migrate { schema }),
+        (0u32..=raftbox_storage::format::FORMAT).prop_map(|schema| Command::Migrate { schema }),
     ]
 }
 

@@ -1,0 +1,3 @@
+//! `raftbox_api::fuzz::schedule` under libFuzzer.
+#![no_main]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| raftbox_api::fuzz::schedule(data));
