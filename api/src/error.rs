@@ -75,6 +75,9 @@ pub enum ApiError {
     QuotaExceeded(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The request's body stopped coming (`crate::BODY_IDLE`): 408.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// What was asked for is gone for good (an expired or used-up share link): 410.
     #[error("{0}")]
     Gone(String),
@@ -117,6 +120,7 @@ impl ApiError {
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not-found", "Not found"),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict", "Conflict"),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large", "Payload too large"),
+            ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "request-timeout", "Request timeout"),
             ApiError::Gone(_) => (StatusCode::GONE, "gone", "Gone"),
             ApiError::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", "Unprocessable"),
             ApiError::QuotaExceeded(_) => {
@@ -264,4 +268,20 @@ pub async fn problems_everywhere(request: axum::extract::Request, next: axum::mi
     }
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
     response
+}
+
+/// Why a request body could not be read whole within `limit` bytes: too long (413), or it
+/// stopped coming within the router's idle bound (408); told apart by the error's kind.
+pub fn body_refusal(error: axum::Error, limit: usize) -> ApiError {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(cause) = source {
+        if cause.is::<tower_http::timeout::TimeoutError>() {
+            return ApiError::RequestTimeout(format!(
+                "the request body stopped coming for {} s; nothing was done",
+                crate::BODY_IDLE.as_secs()
+            ));
+        }
+        source = cause.source();
+    }
+    ApiError::PayloadTooLarge(format!("this body is at most {limit} bytes"))
 }

@@ -7,8 +7,10 @@
 //!   their quota leaves (`[quotas] stored_bytes_per_user` less what they store), reserved as
 //!   bytes arrive, given back when the spool ends (507 beyond); and [`PUT_BYTES_MAX`] each;
 //! - **by the disk**: a spool is refused (503), at its start and at every piece, once the data
-//!   disk would keep less than [`DISK_MARGIN_BYTES`] above the NOSPACE minimum, so spools give
-//!   way long before the node's own writes would (a leader never steps down for them);
+//!   disk would keep less than twice the NOSPACE minimum (`raft.min_free_disk_mb`; where the
+//!   alarm clears), so spools give way long before the node's own writes would (a leader
+//!   never steps down for them); the disk is read every 250 ms, and the minimum is the
+//!   margin for what arrives in between;
 //! - **by time**: a body must send something every `crate::TRANSFER_BODY_IDLE`, and the
 //!   whole request ends by `crate::TRANSFER_DEADLINE`; [`SPOOLS_MAX`] at once per node,
 //!   [`SPOOLS_PER_USER_MAX`] per user.
@@ -32,9 +34,6 @@ const CUT_AHEAD_BLOCKS: usize = 2;
 /// Uploads spooling at once on a node, and per user (more are refused with 503).
 pub const SPOOLS_MAX: usize = 32;
 pub const SPOOLS_PER_USER_MAX: usize = 4;
-/// Free bytes a spool leaves the data disk above its NOSPACE minimum, at least: the disk is
-/// read every 250 ms, so this also covers what arrives between two readings.
-pub const DISK_MARGIN_BYTES: u64 = 512 << 20;
 
 /// The uploads spooling on this node: per user, how many and the bytes they hold.
 #[derive(Default)]
@@ -123,14 +122,14 @@ fn over_quota(bytes_max: u64) -> ApiError {
     ))
 }
 
-/// 503 when this node's data disk would keep less than [`DISK_MARGIN_BYTES`] above its
-/// minimum after `more` bytes.
+/// 503 when this node's data disk would keep less than twice its NOSPACE minimum after `more`
+/// bytes.
 fn disk_takes(state: &AppState, more: u64) -> Result<(), ApiError> {
     let disk = state.node.disk();
     if disk.full {
         return Err(ApiError::Unavailable(disk.refusal()));
     }
-    let floor = disk.min_free_bytes.saturating_add(DISK_MARGIN_BYTES);
+    let floor = disk.min_free_bytes.saturating_mul(2);
     match disk.free_bytes {
         Some(free) if free.saturating_sub(more) < floor => Err(ApiError::Unavailable(format!(
             "this node keeps its last {} MiB of disk for the cluster's own writes; try the upload again later, \

@@ -67,7 +67,12 @@ impl std::fmt::Display for Latency {
 impl Bystander {
     /// A new user committing through node `node`, started.
     pub async fn start(cluster: &Cluster, node: u64) -> Result<Bystander> {
-        let (_, token) = new_user(cluster, node, "bystander", "bystander-token").await?;
+        Bystander::start_as(cluster, node, "bystander").await
+    }
+
+    /// [`Bystander::start`] as a new user named `name` (one cluster, several attacks).
+    pub async fn start_as(cluster: &Cluster, node: u64, name: &str) -> Result<Bystander> {
+        let (_, token) = new_user(cluster, node, name, "bystander-token").await?;
         let (http, url) = (cluster.client(), cluster.http_url(node));
         let hash = put_block(&http, &url, &token, b"a bystander's file").await?;
         let samples = Arc::new(Mutex::new(Vec::new()));

@@ -67,6 +67,10 @@ const SHUTDOWN_LOG_FRAGMENTS: [&str; 2] = ["core_result=Err(Stopped)", "recv_msg
 
 /// Interval between two probes of a condition awaited with a deadline.
 pub const POLL_INTERVAL_MS: u64 = 25;
+/// The data format the binary under test reads and raises a cluster to
+/// (`raftbox_storage::format::FORMAT`; the harness drives the binary only, so it is stated
+/// here, and a test of upgrades fails when the two part).
+pub const DATA_FORMAT: u64 = 5;
 /// Deadline of one client request made by the harness; a request that exceeds it is unknown.
 pub const REQUEST_TIMEOUT_MS: u64 = 5_000;
 /// Deadline of one probe (`/readyz`, `/v1/cluster`) made while polling.

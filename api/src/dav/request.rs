@@ -47,7 +47,7 @@ pub async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     let mut stream = body.into_data_stream();
     let mut data = Vec::new();
     while let Some(piece) = stream.next().await {
-        let piece = piece.map_err(|e| ApiError::BadRequest(format!("the request body could not be read: {e}")))?;
+        let piece = piece.map_err(|e| crate::error::body_refusal(e, BODY_BYTES_MAX))?;
         if data.len() + piece.len() > BODY_BYTES_MAX {
             return Err(ApiError::PayloadTooLarge(format!("a WebDAV request body is at most {BODY_BYTES_MAX} bytes")));
         }

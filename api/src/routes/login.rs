@@ -364,9 +364,9 @@ fn wrong() -> ApiError {
 /// Reads a small JSON body (a login, a password change) whole, at most
 /// [`LOGIN_BODY_BYTES_MAX`] bytes, each piece within the router's body idle bound.
 async fn small_body(request: Request) -> Result<Bytes, ApiError> {
-    axum::body::to_bytes(request.into_body(), LOGIN_BODY_BYTES_MAX).await.map_err(|_| {
-        ApiError::PayloadTooLarge(format!("this body is at most {LOGIN_BODY_BYTES_MAX} bytes, sent in time"))
-    })
+    axum::body::to_bytes(request.into_body(), LOGIN_BODY_BYTES_MAX)
+        .await
+        .map_err(|e| crate::error::body_refusal(e, LOGIN_BODY_BYTES_MAX))
 }
 
 /// `POST /v1/login`: a session token for a name and password. The client's attempt is taken

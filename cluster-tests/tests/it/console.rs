@@ -384,7 +384,7 @@ async fn everyday(cluster: &Cluster, seed: &Seed) -> Result<()> {
     let name = format!("everyday-{}", seed.value());
     let friend = format!("friend-{}", seed.value());
     let (user_id, token) = new_user(cluster, 1, &name, "browser").await?;
-    new_user(cluster, 1, &friend, "friend").await?;
+    let (_, friend_token) = new_user(cluster, 1, &friend, "friend").await?;
     let me = get(&http, &format!("{url}/v1/me"), &token).await?;
     let personal = me["namespaceId"].as_str().context("namespaceId")?.to_owned();
 
@@ -417,6 +417,9 @@ async fn everyday(cluster: &Cluster, seed: &Seed) -> Result<()> {
     if result.is_ok() {
         result = share_link(&browser, &http, &url, &big_copy, &shots).await;
     }
+    if result.is_ok() {
+        result = hostile_page(&browser, cluster, (&name, &token), (&friend, &friend_token), &shots).await;
+    }
     if result.is_err() {
         let _ = browser.screenshot(&shots.join("failure.png")).await;
     }
@@ -435,6 +438,48 @@ async fn everyday(cluster: &Cluster, seed: &Seed) -> Result<()> {
 }
 
 const DROPPED: &str = "dropped into the console\n";
+
+/// A page a member puts in a shared folder to run script on the console's origin.
+const HOSTILE_PAGE: &str = "<!doctype html><html><body><script>localStorage.setItem('pwned', 'yes');\
+     document.title = 'pwned';</script>hostile</body></html>";
+
+/// Issue 34, item 3: a member's HTML file, opened by another member in the browser through
+/// WebDAV (the URL with its Basic credentials, as a user would paste it): it downloads as an
+/// attachment, sandboxed, and no script of it runs on the console's origin.
+async fn hostile_page(
+    browser: &Browser,
+    cluster: &Cluster,
+    (owner, owner_token): (&str, &str),
+    (member, member_token): (&str, &str),
+    shots: &std::path::Path,
+) -> Result<()> {
+    let (http, url) = (cluster.client(), cluster.http_url(1));
+    let folder = create_folder(&http, &url, owner_token, "pages").await?;
+    let pages = folder.body().and_then(|b| b["namespaceId"].as_str()).context("namespaceId")?.to_owned();
+    ensure!(grant(&http, &url, owner_token, &pages, json!({ "userName": member }), "editor").await?.is_ok(), "grant");
+    ensure!(accept_invitation(&http, &url, member_token, &pages).await?.is_ok(), "accept");
+    let put = http
+        .put(format!("{url}/dav/Shared/pages/hostile.html"))
+        .basic_auth(member, Some(member_token))
+        .body(HOSTILE_PAGE)
+        .send()
+        .await?;
+    ensure!(put.status().as_u16() == 201, "the member's PUT of hostile.html: {}", put.status());
+    let host = url.trim_start_matches("http://");
+    browser.goto(&format!("http://{owner}:{owner_token}@{host}/dav/Shared/pages/hostile.html")).await?;
+    let downloaded = browser.download_dir().join("hostile.html");
+    let wait = Deadline::after(PAGE_WAIT, "hostile.html downloaded");
+    while std::fs::read(&downloaded).ok().as_deref() != Some(HOSTILE_PAGE.as_bytes()) {
+        wait.tick("not yet").await?;
+    }
+    browser.goto(&url).await?;
+    let title = browser.script("return document.title").await?;
+    let planted = browser.script("return localStorage.getItem('pwned')").await?;
+    browser.screenshot(&shots.join("11-hostile-page-downloaded.png")).await?;
+    ensure!(planted.is_null(), "the hostile page's script ran on the console's origin: localStorage {planted}");
+    ensure!(title != "pwned", "the hostile page's script ran: title {title}");
+    Ok(())
+}
 
 #[allow(clippy::too_many_arguments)]
 async fn organize(

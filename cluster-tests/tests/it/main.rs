@@ -35,6 +35,9 @@
 //! - `shared_rate_limit`: a limit holds across all nodes hammered at once.
 //! - `hostile_tenants`: one ordinary user's attacks (deep JSON, …) while a bystander commits:
 //!   the term does not move, no bystander commit fails, its p99 stays within 3x.
+//! - `hostile_input`: the same judge over input attacks on WebDAV, passwords and uploads:
+//!   deep XML, a backslash in `Destination`, trickled bodies, guessed passwords, spools
+//!   against a small disk.
 //! - `idempotency_across_nodes`: one key sent to every node at once runs once.
 //! - `limiter_failure_modes`: without quorum, fail-open admits and fail-closed rejects.
 //! - `membership`: nodes join and leave under load; five nodes survive two down; bad changes refused.
@@ -82,6 +85,7 @@ mod files_sync;
 mod folder_sync;
 mod grpc_secret;
 mod guards_chaos;
+mod hostile_input;
 mod hostile_tenants;
 mod idempotency_across_nodes;
 mod install_step;

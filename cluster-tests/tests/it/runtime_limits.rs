@@ -48,7 +48,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     loop {
         let seen = view(cluster, ids[2]).await?;
         if seen["source"] == "cluster" {
-            ensure!(seen["revision"] == 1 && seen["clusterFormat"] == 4, "{seen}");
+            ensure!(seen["revision"] == 1 && seen["clusterFormat"] == raftbox_cluster_tests::DATA_FORMAT, "{seen}");
             ensure!(seen["limits"]["rate_limits"][0]["name"] == "me", "the TOML's limits: {seen}");
             break;
         }

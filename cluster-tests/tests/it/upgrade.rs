@@ -3,7 +3,7 @@
 //! format 2 only) are each stopped, replaced by this build and started, while writers
 //! create users through every node. Nothing acknowledged is lost; while any node is of the
 //! previous release, a runtime-limits change (a format-3 command) is refused with 409 and the
-//! cluster stays at format 2; once all are upgraded the leader raises it to the current format (4) and the change
+//! cluster stays at format 2; once all are upgraded the leader raises it to the current format and the change
 //! works. A node of the previous release is refused at `cluster add` once the cluster is at
 //! a newer format. And a data directory written by the previous release (the committed fixture) is
 //! served by this build: its files byte for byte, its users, folder and job.
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context as _, Result};
 use raftbox_cluster_tests::{
     acknowledged_users, add_member, cluster_members, ensure_distinct_ids, ensure_none_rejected, within, Cluster,
-    ClusterOptions, Deadline, Outcome, Seed, Workload, WorkloadSpec, WriteSummary, STARTUP_DEADLINE_MS,
+    ClusterOptions, Deadline, Outcome, Seed, Workload, WorkloadSpec, WriteSummary, DATA_FORMAT, STARTUP_DEADLINE_MS,
 };
 use serde_json::{json, Value};
 
@@ -127,12 +127,12 @@ async fn rolling(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     }
     let upgraded_after = started.elapsed();
 
-    // Every node reads format 4 now: the leader raises the cluster's format.
-    let wait = Deadline::after(RAISE_DEADLINE, "the cluster's format raised to 4");
+    // Every node reads the current format now: the leader raises the cluster's format.
+    let wait = Deadline::after(RAISE_DEADLINE, "the cluster's format raised to the current one");
     let raise_started = Instant::now();
     loop {
         let (status, view) = limits(cluster, ids[0], None).await?;
-        if status == 200 && view["clusterFormat"] == 4 {
+        if status == 200 && view["clusterFormat"] == DATA_FORMAT {
             break;
         }
         wait.tick(&format!("{status} {view}")).await?;
@@ -171,10 +171,10 @@ async fn a_node_older_than_the_cluster_is_refused_at_cluster_add() {
 
 async fn older_node(cluster: &mut Cluster) -> Result<()> {
     cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
-    let wait = Deadline::after(RAISE_DEADLINE, "the cluster at format 4");
+    let wait = Deadline::after(RAISE_DEADLINE, "the cluster at the current format");
     loop {
         let (status, view) = limits(cluster, 1, None).await?;
-        if status == 200 && view["clusterFormat"] == 4 {
+        if status == 200 && view["clusterFormat"] == DATA_FORMAT {
             break;
         }
         wait.tick(&format!("{status} {view}")).await?;
@@ -190,11 +190,11 @@ async fn older_node(cluster: &mut Cluster) -> Result<()> {
             Outcome::Rejected(409, body) => break body,
             // Node 4 not listening yet.
             Outcome::Rejected(503, why) | Outcome::Unknown(why) => wait.tick(&why).await?,
-            other => bail!("cluster add of a node of format 2 into a cluster at format 4: {other:?}"),
+            other => bail!("cluster add of a node of format 2 into a cluster at format {DATA_FORMAT}: {other:?}"),
         }
     };
     ensure!(
-        refusal.contains("reads data formats up to 2") && refusal.contains("format 4"),
+        refusal.contains("reads data formats up to 2") && refusal.contains(&format!("format {DATA_FORMAT}")),
         "the refusal names both: {refusal}"
     );
     match cluster_members(&http, &cluster.http_url(1), cluster.admin_token()).await? {
@@ -253,12 +253,12 @@ async fn fixture(cluster: &mut Cluster) -> Result<()> {
     let response = http.get(format!("{url}/v1/jobs/{job}")).bearer_auth(&alice_token).send().await?;
     ensure!(response.status() == 200, "the job: {}", response.status());
 
-    // A one-node cluster reads format 4 throughout: the leader raises the format, and the
+    // A one-node cluster reads the current format throughout: the leader raises the format, and the
     // bootstrap node seeds the limits from its TOML.
-    let wait = Deadline::after(RAISE_DEADLINE, "format 4 and seeded limits");
+    let wait = Deadline::after(RAISE_DEADLINE, "the current format and seeded limits");
     loop {
         let (status, view) = limits(cluster, 1, None).await?;
-        if status == 200 && view["clusterFormat"] == 4 && view["source"] == "cluster" {
+        if status == 200 && view["clusterFormat"] == DATA_FORMAT && view["source"] == "cluster" {
             break;
         }
         wait.tick(&format!("{status} {view}")).await?;

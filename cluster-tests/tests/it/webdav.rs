@@ -15,6 +15,8 @@
 //! - A shared folder is `/Shared/<name>/` with the caller's role: its owner writes, a viewer
 //!   lists and reads and is refused a PUT (403); a MOVE out of it into the personal
 //!   namespace copies, then deletes.
+//! - A user's file is never active content: an HTML file comes back sandboxed
+//!   (`Content-Security-Policy: sandbox`), `nosniff`, as an attachment.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,14 +28,8 @@ use raftbox_cluster_tests::{new_user, within, Cluster, ClusterOptions, Seed};
 const TEST_DEADLINE: Duration = Duration::from_secs(420);
 const USER: &str = "dav-alice";
 
-/// litmus tests that fail, and why. All need dead properties (PROPPATCH of properties WebDAV
-/// does not define, which raftbox does not store: a file's metadata is its versions).
-const LITMUS_EXPECTED_FAILURES: &[(&str, &str)] = &[
-    ("propset", "PROPPATCH of dead properties: not stored (501)"),
-    ("propmanyns", "PROPPATCH of dead properties in many namespaces: not stored (501)"),
-    ("propget", "reads back the properties propset would have set"),
-    ("owner_modify", "PROPPATCH of a dead property on a locked resource: not stored (501)"),
-];
+/// litmus tests that fail, and why: none since dead properties are stored (issue 34).
+const LITMUS_EXPECTED_FAILURES: &[(&str, &str)] = &[];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outside_webdav_clients_agree() {
@@ -438,5 +434,23 @@ async fn refusals_change_nothing(cluster: &Cluster, (alice, bob): (&str, &str), 
         ensure!(file.status() == 200, "{path} is gone after the refusals: {}", file.status());
     }
     eprintln!("refusals: a viewer's deep lock binds only the viewer; refused DELETEs and MOVE change nothing");
+    user_content_is_inert(cluster, alice).await
+}
+
+/// An HTML file put through WebDAV comes back as inert data on the console's origin.
+async fn user_content_is_inert(cluster: &Cluster, alice: &str) -> Result<()> {
+    let page = "<html><script>localStorage.setItem('pwned', '1')</script></html>";
+    let put = dav(cluster, 1, (USER, alice), "PUT", "/hostile.html").await?.body(page).send().await?;
+    ensure!(put.status() == 201, "PUT /hostile.html: {}", put.status());
+    let got = dav(cluster, 2, (USER, alice), "GET", "/hostile.html").await?.send().await?;
+    let header = |name: &str| got.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let (policy, sniff, disposition) =
+        (header("content-security-policy"), header("x-content-type-options"), header("content-disposition"));
+    ensure!(policy.contains("sandbox") && policy.contains("default-src 'none'"), "an HTML file's policy: {policy:?}");
+    ensure!(
+        sniff == "nosniff" && disposition.starts_with("attachment"),
+        "nosniff {sniff:?}, disposition {disposition:?}"
+    );
+    eprintln!("user content: an HTML file is sandboxed, nosniff, an attachment");
     Ok(())
 }
