@@ -69,7 +69,7 @@ pub async fn serve() -> impl IntoResponse {
         ops::get_file, ops::commit_file, ops::put_file_content, ops::get_file_content, ops::file_history, ops::restore_file, ops::delete_file, ops::move_file,
         ops::list_folder,
         ops::create_job, ops::list_jobs, ops::get_job, ops::patch_job, ops::cancel_job, ops::job_method,
-        ops::create_link, ops::list_links, ops::revoke_link, ops::open_link, ops::open_link_under, ops::job_runs,
+        ops::create_link, ops::list_links, ops::revoke_link, ops::list_namespace_links, ops::revoke_namespace_link, ops::open_link, ops::open_link_under, ops::job_runs,
         ops::sync, ops::sync_post, ops::notify, ops::notify_post, ops::notify_ws,
         ops::create_namespace, ops::list_namespaces, ops::get_namespace, ops::delete_namespace, ops::get_acl, ops::grant,
         ops::revoke_user, ops::revoke_group, ops::leave, ops::accept_invitation, ops::decline_invitation,
@@ -200,6 +200,7 @@ mod ops {
 
     #[utoipa::path(get, path = "/metrics", tag = "probes", responses(
         (status = 200, description = "Prometheus text exposition (README \"Metrics\").", body = String, content_type = "text/plain"),
+        (status = 403, description = "A caller from outside `[http] metrics_allow` (loopback by default) without the admin token.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn metrics() {}
 
@@ -510,6 +511,21 @@ mod ops {
         (status = 404, description = "No such link of the caller's.", body = Problem, content_type = "application/problem+json"),
     ))]
     fn revoke_link() {}
+
+    #[utoipa::path(get, path = "/v1/namespaces/{namespace_id}/links", tag = "sharing", params(("namespace_id" = String, Path), crate::routes::PageQuery), responses(
+        (status = 200, description = "Every link into a namespace the caller owns, whoever made it (never their tokens).", body = LinkList),
+        (status = 403, description = "The caller reads the namespace but does not own it.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "A namespace the caller cannot read.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A node still runs a release that does not index links by namespace (the cluster's data format is below 5).", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn list_namespace_links() {}
+
+    #[utoipa::path(delete, path = "/v1/namespaces/{namespace_id}/links/{link_id}", tag = "sharing", params(("namespace_id" = String, Path), ("link_id" = String, Path)), responses(
+        (status = 204, description = "Revoked: a link into a namespace the caller owns, whoever made it."),
+        (status = 404, description = "No such link in a namespace the caller owns.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The cluster's data format is below 5.", body = Problem, content_type = "application/problem+json"),
+    ))]
+    fn revoke_namespace_link() {}
 
     #[utoipa::path(get, path = "/s/{token}", tag = "sharing", params(("token" = String, Path, description = "The link's token."), crate::routes::PageQuery), responses(
         (status = 200, description = "A file link: the file. A folder link: its listing, HTML or (for `Accept: application/json`) JSON.", content((Vec<u8> = "application/octet-stream"), (String = "text/html"), (LinkFolder = "application/json"))),

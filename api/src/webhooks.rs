@@ -189,16 +189,21 @@ impl WebhookPolicy {
         }
         let port = url.port_or_known_default().unwrap_or(80);
         let lookup = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name, port))).await;
+        // What a name resolves to is the cluster's network's business: a refusal says that it
+        // was refused, never to what (an internal name's addresses are no one else's to learn).
         let addrs: Vec<SocketAddr> = match lookup {
             Ok(Ok(addrs)) => addrs.collect(),
-            Ok(Err(e)) => return Err(format!("webhook host {name:?} does not resolve: {e}")),
+            Ok(Err(_)) => return Err(format!("webhook host {name:?} does not resolve")),
             Err(_) => return Err(format!("webhook host {name:?} did not resolve within {RESOLVE_TIMEOUT:?}")),
         };
         if addrs.is_empty() {
             return Err(format!("webhook host {name:?} resolves to no address"));
         }
-        for addr in addrs {
-            self.address_ok(addr.ip()).map_err(|e| format!("{name:?} resolves to {}: {e}", addr.ip()))?;
+        if addrs.iter().any(|addr| !self.allows_ip(addr.ip())) {
+            return Err(format!(
+                "webhook host {name:?} resolves to an address webhooks may not call (private, loopback, \
+                 link-local or reserved; an operator may allow it in [webhooks] allow)"
+            ));
         }
         Ok(())
     }
@@ -221,7 +226,7 @@ fn is_special(ip: IpAddr) -> bool {
 }
 
 fn is_special_v4(ip: Ipv4Addr) -> bool {
-    let [a, b, ..] = ip.octets();
+    let [a, b, c, _] = ip.octets();
     ip.is_private()
         || ip.is_loopback()
         || ip.is_link_local()
@@ -231,21 +236,35 @@ fn is_special_v4(ip: Ipv4Addr) -> bool {
         || ip.is_documentation()
         || a == 0 // "this network"
         || (a == 100 && (64..128).contains(&b)) // shared address space (carrier-grade NAT)
-        || (a == 192 && b == 0 && ip.octets()[2] == 0) // IETF protocol assignments
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 192 && b == 88 && c == 99) // 6to4 relay anycast
         || (a == 198 && (b == 18 || b == 19)) // benchmarking
         || a >= 240 // reserved
 }
 
+/// Every IPv6 range that is not plain global unicast, or that carries an IPv4 address a
+/// relay or translator may reach (RFC 6890's registry and the transition mechanisms).
 fn is_special_v6(ip: Ipv6Addr) -> bool {
-    let first = ip.segments()[0];
+    let s = ip.segments();
+    let (first, second) = (s[0], s[1]);
     ip.is_loopback()
         || ip.is_unspecified()
         || ip.is_multicast()
+        || s[..6] == [0; 6] // ::/96, IPv4-compatible (deprecated): ::10.0.0.1
+        || s[..4] == [0, 0, 0, 0] && s[4] == 0xffff && s[5] == 0 // ::ffff:0:0/96, SIIT translated
+        || s[..4] == [0x0100, 0, 0, 0] // 100::/64, discard-only
         || (first & 0xfe00) == 0xfc00 // unique local
         || (first & 0xffc0) == 0xfe80 // link-local
         || (first & 0xffc0) == 0xfec0 // site-local (deprecated)
-        || first == 0x2001 && ip.segments()[1] == 0x0db8 // documentation
-        || first == 0x0064 && ip.segments()[1] == 0xff9b // NAT64, may reach IPv4 private space
+        || first == 0x2001 && second == 0x0db8 // documentation
+        || first == 0x2001 && second == 0x0000 // Teredo: an IPv4 address inside
+        || first == 0x2001 && (second & 0xfff0) == 0x0010 // ORCHID
+        || first == 0x2001 && (second & 0xfff0) == 0x0020 // ORCHIDv2
+        || first == 0x2001 && second == 0x0002 && s[2] == 0 // benchmarking
+        || first == 0x2002 // 6to4: an IPv4 address inside
+        || first == 0x0064 && second == 0xff9b // NAT64 (64:ff9b::/96 and 64:ff9b:1::/48)
+        || first == 0x3fff && (second & 0xf000) == 0 // documentation (3fff::/20)
+        || first == 0x5f00 // SRv6 SIDs
 }
 
 #[cfg(test)]
@@ -287,6 +306,16 @@ mod tests {
             "http://[fd00::1]/",
             "http://[fe80::1]/",
             "http://2130706433/",
+            // IPv4 inside IPv6, every way a relay or translator reads it.
+            "http://[::10.0.0.1]/",
+            "http://[::127.0.0.1]/",
+            "http://[::ffff:0:10.0.0.1]/",
+            "http://[64:ff9b::a00:1]/",
+            "http://[64:ff9b:1::a00:1]/",
+            "http://[2002:a00:1::]/",
+            "http://[2001:0:4136:e378:8000:63bf:3fff:fdd2]/",
+            "http://[100::1]/",
+            "http://192.88.99.1/",
         ] {
             assert!(p.check_form(target).is_err(), "{target} must be refused");
         }
@@ -320,7 +349,9 @@ mod tests {
     async fn a_name_counts_by_the_addresses_it_resolves_to() {
         let closed = policy(&[]);
         let error = closed.check("http://localhost:9/").await.expect_err("localhost resolves to loopback");
-        assert!(error.contains("resolves to"), "{error}");
+        assert!(error.contains("may not call"), "{error}");
+        // The refusal never tells what the name resolves to.
+        assert!(!error.contains("127.0.0.1") && !error.contains("::1"), "{error}");
         assert!(policy(&["127.0.0.0/8", "::1/128"]).check("http://localhost:9/").await.is_ok());
         assert!(policy(&["localhost"]).check("http://localhost:9/").await.is_ok());
     }

@@ -3,6 +3,7 @@
 //! `raftbox_raft::recover` for what they do to it and what they cost).
 
 use std::io::Write as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -127,6 +128,9 @@ pub async fn run_backup(args: BackupArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A backup file's mode: its owner's only (it holds password hashes and webhook secrets).
+pub const BACKUP_FILE_MODE: u32 = 0o600;
+
 /// Streams the node's backup into `partial` (synced): the index and term it reflects, and
 /// its length.
 async fn fetch_image(api: &Api, partial: &Path) -> anyhow::Result<(String, String, u64)> {
@@ -141,12 +145,17 @@ async fn fetch_image(api: &Api, partial: &Path) -> anyhow::Result<(String, Strin
         Ok(value.to_str().with_context(|| format!("{name} is not text"))?.to_string())
     };
     let (index, term) = (header("x-raftbox-backup-index")?, header("x-raftbox-backup-term")?);
+    // The image holds password hashes and webhook secrets: readable by its owner only, from
+    // its first byte (an existing file keeps its mode, so it is set again).
     let mut out = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
+        .mode(BACKUP_FILE_MODE)
         .open(partial)
         .with_context(|| format!("create {}", partial.display()))?;
+    out.set_permissions(std::fs::Permissions::from_mode(BACKUP_FILE_MODE))
+        .with_context(|| format!("make {} private", partial.display()))?;
     let mut stream = response.bytes_stream();
     let mut bytes = 0u64;
     while let Some(chunk) = stream.next().await {

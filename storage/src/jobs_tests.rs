@@ -603,3 +603,32 @@ fn run_now_fires_once_fenced_and_the_schedule_goes_on() {
     assert!(matches!(at(&sm, 505, now("j")), Outcome::Rejected(Rejection::Conflict(_))));
     assert!(matches!(at(&sm, 505, now("nope")), Outcome::Rejected(Rejection::NotFound(_))));
 }
+
+/// Issue 34, item 9: a run now made again within the owner's shortest interval is refused,
+/// judged on the replicated clock; one after it, or one without a bound (an admin), passes.
+#[test]
+fn run_now_is_bounded_by_the_least_interval_it_carries() {
+    let (_dir, sm) = open();
+    let cron = CronSchedule::parse("0 * * * *", "UTC").expect("cron");
+    at(&sm, 0, Command::CreateJob(Box::new(job("j", Schedule::Cron(cron), 0))));
+    let bounded = || Command::RunJobNow { job_id: "j".into(), min_interval_ms: Some(60_000) };
+    let fire = |t: u64, fence: u64| {
+        let claimed = claim(&sm, t, "w");
+        assert_eq!(claimed.len(), 1, "the run now is due at {t}");
+        start(&sm, t + 1, "j", fence, "w");
+        at(&sm, t + 2, report("j", fence, RunStatus::Succeeded, 0));
+    };
+    // (The job is first due at 1,000.)
+    assert_eq!(at(&sm, 500, bounded()), Outcome::Done);
+    fire(500, 1);
+    let early = at(&sm, 30_000, bounded());
+    assert!(matches!(early, Outcome::Rejected(Rejection::LimitReached(ref why)) if why.contains("60 s")), "{early:?}");
+    assert_eq!(
+        sm.job("j").expect("read").expect("job").next_run_at_ms,
+        Some(3_600_000),
+        "a refused run changes nothing"
+    );
+    assert_eq!(at(&sm, 30_001, Command::RunJobNow { job_id: "j".into(), min_interval_ms: None }), Outcome::Done);
+    fire(30_001, 2);
+    assert_eq!(at(&sm, 61_000, bounded()), Outcome::Done, "a minute after the last bounded run");
+}

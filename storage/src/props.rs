@@ -190,3 +190,7 @@ impl StateMachine {
         Ok(self.read::<u64>("property bytes", &keys::prop_bytes(user_id))?.unwrap_or(0))
     }
 }
+
+#[cfg(test)]
+#[path = "props_tests.rs"]
+mod tests;

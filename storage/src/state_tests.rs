@@ -332,3 +332,63 @@ fn a_range_of_keys_merges_the_entrys_own_writes_and_stops_at_its_bound() {
     assert_eq!(txn.keys_in(&start, &end, 2).expect("keys"), vec![key(4), key(5)]);
     assert_eq!(txn.keys_in(&start, &end, 0).expect("keys"), Vec::<Vec<u8>>::new());
 }
+
+fn apply_one(sm: &StateMachine, now_ms: u64, command: Command) -> Outcome {
+    sm.apply(b"m", Some(&batch(now_ms, vec![command]))).expect("apply").pop().expect("an outcome")
+}
+
+fn token(token_id: &str, byte: u8, expires_ms: Option<u64>, session_epoch: Option<u64>) -> Command {
+    Command::CreateToken {
+        token_id: token_id.into(),
+        user_id: "u1".into(),
+        name: "t".into(),
+        token_hash: [byte; 32],
+        expires_ms,
+        session_epoch,
+    }
+}
+
+/// Issue 34, item 9: expired tokens were never purged; from format 5 they are, once due by
+/// the replicated clock, index entry and all. Before it (a node of the previous release could
+/// still apply the same entries) nothing is indexed, so nothing is purged.
+#[test]
+fn expiring_tokens_are_purged_once_due_from_format_5() {
+    let (_dir, sm) = open();
+    apply_one(&sm, 1, create_user("u1", "ann"));
+    apply_one(&sm, 2, token("old", 1, Some(1_000), None));
+    apply_one(&sm, 3, Command::Migrate { schema: 5 });
+    apply_one(&sm, 4, token("new", 2, Some(2_000), None));
+    apply_one(&sm, 5, token("forever", 3, None, None));
+    let ids =
+        |sm: &StateMachine| -> Vec<String> { sm.tokens("u1").expect("tokens").into_iter().map(|t| t.id).collect() };
+    assert_eq!(ids(&sm), ["forever", "new", "old"]);
+    apply_one(&sm, 1_999, Command::PurgeExpired { max_records: 10 });
+    assert_eq!(ids(&sm), ["forever", "new", "old"], "nothing is due yet");
+    apply_one(&sm, 2_000, Command::PurgeExpired { max_records: 10 });
+    assert_eq!(ids(&sm), ["forever", "old"], "the expired token indexed at format 5 is gone, with its index");
+    assert!(sm.token(&[2; 32]).expect("read").is_none());
+}
+
+/// Issue 34, item 4: a password change ends the login sessions made before it, and a login
+/// checked under a password since changed is refused; other tokens are untouched.
+#[test]
+fn a_password_change_ends_the_sessions_made_before_it() {
+    let (_dir, sm) = open();
+    apply_one(&sm, 1, create_user("u1", "ann"));
+    apply_one(&sm, 2, token("session", 1, Some(10_000), Some(0)));
+    apply_one(&sm, 3, token("laptop", 2, None, None));
+    let works =
+        |sm: &StateMachine, byte: u8| sm.token(&[byte; 32]).expect("read").is_some_and(|(t, u)| t.current_for(&u));
+    assert!(works(&sm, 1) && works(&sm, 2));
+    let change =
+        |ends_sessions| Command::SetPassword { user_id: "u1".into(), password_hash: Some("h".into()), ends_sessions };
+    apply_one(&sm, 4, change(false));
+    assert!(works(&sm, 1), "a change from before format 5 ends nothing");
+    apply_one(&sm, 5, change(true));
+    assert!(!works(&sm, 1) && works(&sm, 2), "the session ended, the laptop's token did not");
+    assert!(!sm.token_active(&[1; 32], "u1", "session").expect("read"));
+    let late = apply_one(&sm, 6, token("late", 3, Some(10_000), Some(0)));
+    assert!(matches!(late, Outcome::Rejected(Rejection::Conflict(_))), "{late:?}");
+    assert!(matches!(apply_one(&sm, 7, token("fresh", 4, Some(10_000), Some(1))), Outcome::TokenCreated { .. }));
+    assert!(works(&sm, 4));
+}

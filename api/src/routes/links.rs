@@ -72,6 +72,9 @@ pub(crate) struct CreateRequest {
 pub struct LinkView {
     pub link_id: String,
     pub namespace_id: String,
+    /// Who made it.
+    #[serde(default)]
+    pub creator_user_id: String,
     /// The file, or the folder, shared.
     pub path: String,
     pub folder: bool,
@@ -129,6 +132,7 @@ fn view(link: &Link, now: u64) -> LinkView {
     LinkView {
         link_id: link.id.clone(),
         namespace_id: link.namespace_id.clone(),
+        creator_user_id: link.creator_user_id.clone(),
         path: link.path.clone(),
         folder: link.folder,
         created_at: format_utc(link.created_ms),
@@ -248,6 +252,47 @@ pub async fn revoke(
     Path(link_id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let command = Command::RevokeLink { actor_user_id: principal.user.id.clone(), link_id, namespace_id: None };
+    match state.node.write(command).await? {
+        Outcome::Rejected(rejection) => Err(rejection.into()),
+        _ => Ok(StatusCode::NO_CONTENT),
+    }
+}
+
+/// The cluster format from which an owner lists and revokes the links into their namespaces.
+pub const OWNER_LINKS_FORMAT: u32 = raftbox_storage::links::NAMESPACE_INDEX_FORMAT;
+
+/// `GET /v1/namespaces/{namespaceId}/links`: every link into a namespace the caller owns,
+/// by id, whoever made it.
+pub async fn list_in_namespace(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path(namespace_id): Path<String>,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<LinkList>, ApiError> {
+    let limit = page_limit(query.limit, PAGE_DEFAULT, PAGE_MAX)?;
+    access::own(&state, &principal, &namespace_id).await?;
+    if state.node.cluster_format() < OWNER_LINKS_FORMAT {
+        return Err(ApiError::Conflict(format!(
+            "links are listed by folder from data format {OWNER_LINKS_FORMAT}, once every node runs this release"
+        )));
+    }
+    let after = query.page_token.clone();
+    let found =
+        read_state(&state, move |sm| Ok(sm.namespace_links_page(&namespace_id, after.as_deref(), limit + 1)?)).await?;
+    let now = now_ms();
+    let links = found.iter().take(limit).map(|l| view(l, now)).collect();
+    Ok(Json(LinkList { links, next_page_token: (found.len() > limit).then(|| found[limit - 1].id.clone()) }))
+}
+
+/// `DELETE /v1/namespaces/{namespaceId}/links/{linkId}`: the owner revokes any link into
+/// their namespace (the ownership is judged in apply, in log order).
+pub async fn revoke_in_namespace(
+    State(state): State<AppState>,
+    principal: Principal,
+    Path((namespace_id, link_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let command =
+        Command::RevokeLink { actor_user_id: principal.user.id.clone(), link_id, namespace_id: Some(namespace_id) };
     match state.node.write(command).await? {
         Outcome::Rejected(rejection) => Err(rejection.into()),
         _ => Ok(StatusCode::NO_CONTENT),

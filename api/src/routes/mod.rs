@@ -126,6 +126,8 @@ pub fn router() -> Router<AppState> {
         .route("/v1/files/list", get(files::list))
         .route("/v1/links", post(links::create).get(links::list))
         .route("/v1/links/{link_id}", delete(links::revoke))
+        .route("/v1/namespaces/{namespace_id}/links", get(links::list_in_namespace))
+        .route("/v1/namespaces/{namespace_id}/links/{link_id}", delete(links::revoke_in_namespace))
         .route("/v1/jobs", post(jobs::create).get(jobs::list))
         .route("/v1/jobs/{job_id}", get(jobs::get).patch(jobs::patch).delete(jobs::cancel).post(jobs::action))
         .route("/v1/jobs/{job_id}/runs", get(jobs::runs))

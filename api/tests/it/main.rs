@@ -8,6 +8,7 @@ mod files;
 mod fuzz;
 mod fuzz_targets;
 mod guards;
+mod hostile;
 mod jobs;
 mod links;
 mod login;

@@ -188,6 +188,9 @@ async fn backup_and_restore(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     ])
     .await?;
     let took = asked.elapsed();
+    // It holds password hashes and webhook secrets: its owner's only (issue 34).
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file)?.permissions()) & 0o777;
+    ensure!(mode == 0o600, "the backup file's mode is {mode:o}, not 600");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.await?;
     let acked = std::mem::take(&mut *acked.lock().expect("acked"));
