@@ -7,6 +7,10 @@
 #                             sure cargo is on PATH
 
 readonly DEPS_LIBFAKETIME=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
+# The security-header scanner (scripts/check-headers), in a venv of its own: its
+# dependencies would otherwise meet Schemathesis's.
+readonly DEPS_SCANNER_VENV="${XDG_CACHE_HOME:-$HOME/.cache}/raftbox/drheader-venv"
+readonly DEPS_SCANNER_REQUIREMENT="drheaderplus==3.0.4"
 
 deps_have_libclang() {
     if [[ -n ${LIBCLANG_PATH:-} ]] && ls "$LIBCLANG_PATH"/libclang*.so* >/dev/null 2>&1; then
@@ -93,6 +97,15 @@ mfusepy mfusepy==3.1.1
 standardwebhooks standardwebhooks==1.1.0
 schemathesis schemathesis==4.32.5
 PACKAGES
+        if ! "$DEPS_SCANNER_VENV/bin/drheader" --version 2>/dev/null | grep -q "${DEPS_SCANNER_REQUIREMENT#*==}"; then
+            echo "installing: $DEPS_SCANNER_REQUIREMENT (pip, in $DEPS_SCANNER_VENV)" >&2
+            rm -rf "$DEPS_SCANNER_VENV"
+            python3 -m venv "$DEPS_SCANNER_VENV" &&
+                "$DEPS_SCANNER_VENV/bin/python" -m pip install --quiet "$DEPS_SCANNER_REQUIREMENT" || {
+                echo "could not install $DEPS_SCANNER_REQUIREMENT into $DEPS_SCANNER_VENV" >&2
+                return 1
+            }
+        fi
     fi
     if ! command -v cargo >/dev/null; then
         if [[ -x $HOME/.cargo/bin/cargo ]]; then

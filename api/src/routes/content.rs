@@ -153,7 +153,9 @@ pub(crate) fn file_response(
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(version.size));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("private, no-cache"));
+    // A user's bytes, maybe served to someone without an account: kept by no cache, so a
+    // revoked link or token reaches nothing through one (drHEADer's rule too).
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store, max-age=0"));
     if let Ok(etag) = HeaderValue::try_from(format!("\"{etag}\"")) {
         headers.insert(header::ETAG, etag);
     }
