@@ -35,8 +35,12 @@ fn not_found(namespace_id: &str) -> ApiError {
 /// the revoked token anything. Every route that reads a user's data passes one.
 pub async fn barrier(state: &AppState, principal: &Principal) -> Result<(), ApiError> {
     state.node.read_barrier().await?;
-    // A password's caller (WebDAV) was checked after a barrier already.
+    // A password's caller (WebDAV): its password still the one it was checked against.
     if principal.token_id.is_empty() {
+        let stored = state.node.state().password_hash(&principal.user.id)?;
+        if stored.is_none_or(|hash| crate::routes::login::password_fingerprint(&hash) != principal.token_hash) {
+            return Err(ApiError::Unauthenticated("this password was changed or removed".into()));
+        }
         return Ok(());
     }
     let active = state.node.state().token_active(&principal.token_hash, &principal.user.id, &principal.token_id)?;

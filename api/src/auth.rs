@@ -149,6 +149,9 @@ impl FromRequestParts<AppState> for Principal {
             }
             return Err(ApiError::Unauthenticated("unknown token, or a token of another user".into()));
         }
+        if let Some(Refused(why)) = parts.extensions.get::<Refused>() {
+            return Err(ApiError::Unauthenticated(why.clone()));
+        }
         if let Some(LookedUp(None)) = parts.extensions.get::<LookedUp>() {
             return Err(ApiError::Unauthenticated("unknown token".into()));
         }
@@ -220,6 +223,11 @@ pub async fn resolve(
     let found = lookup(state, &hash_token(credentials.token())).await?;
     Ok(found.filter(|principal| credentials.names(principal)))
 }
+
+/// Why the request's credentials were refused before the route (an expired token): the
+/// route's 401 says so, if the route needs a caller.
+#[derive(Debug, Clone)]
+pub struct Refused(pub String);
 
 /// What the rate limiter's lookup of the request's token found (`None`: unknown after a read
 /// barrier), so the route does not look it up again.

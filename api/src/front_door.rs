@@ -1,20 +1,22 @@
 //! The front door: who is at it, and the places for requests in flight, shared so that no one
 //! client address or user takes them all (mini-redis's `MAX_CONNECTIONS`, per client).
 //!
-//! - **The client's address** ([`Client`]) is found once per request, by [`admit`], and every
-//!   layer after reads that (the login and share-link attempt limits, the `ip` rate-limit
-//!   scope): the connection's peer, or, when that peer is one of `[http] trusted_proxies`, the
-//!   rightmost address of `X-Forwarded-For` that is not itself a trusted proxy (what a
-//!   reverse proxy appends). An IPv6 address counts by its /64 (one host's whole allocation),
-//!   an IPv4-mapped one as the IPv4 address.
+//! - **The client's address** ([`ClientAddress`], and the [`Client`] the limits count it as)
+//!   is found once per request, by [`identify`], and every layer after reads that (the login
+//!   and share-link attempt limits, the `ip` rate-limit scope, `/metrics`' allow-list): the
+//!   connection's peer, or, when that peer is one of `[http] trusted_proxies`, the entry of
+//!   `X-Forwarded-For` the nearest untrusted hop appended, read from the right (what a
+//!   client writes to the left of it is never read). An IPv6 address counts by its /64 (one
+//!   host's whole allocation), an IPv4-mapped one as the IPv4 address.
 //! - **Places**: `[http] requests_in_flight_max` in all; one client address holds at most
 //!   `requests_in_flight_per_client_max`, one user (admins aside) at most
 //!   `requests_in_flight_per_user_max`. Beyond any of them: 503 with `Retry-After`, at once,
 //!   before the body is read. A request takes its address's place first (no credentials
 //!   needed), its user's once the caller is known (`ratelimit::enforce`).
-//! - **Readiness**: `/readyz` answers 503 while this node refused more requests than it
-//!   admitted over the last [`READINESS_WINDOW`] (at least [`READINESS_REFUSALS_MIN`]), so a
-//!   balancer sends its clients elsewhere and an operator sees it.
+//! - **Readiness**: `/readyz` answers 503 while this node refused more requests for want of a
+//!   place (its own cap, not one client's or user's share) than it admitted over the last
+//!   [`READINESS_WINDOW`] (at least [`READINESS_REFUSALS_MIN`]), so a balancer sends its
+//!   clients elsewhere and an operator sees it; one client past its share cannot make it so.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -36,6 +38,10 @@ pub const READINESS_WINDOW: Duration = Duration::from_secs(5);
 pub const READINESS_REFUSALS_MIN: u64 = 20;
 /// Addresses in one `X-Forwarded-For`, at most (a longer header is not believed).
 pub const FORWARDED_HOPS_MAX: usize = 16;
+
+/// The address a request comes from, as [`identify`] found it (whole, not by /64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddress(pub IpAddr);
 
 /// A client as the limits count it: an IPv4 address, or an IPv6 /64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,13 +144,15 @@ impl InFlight {
     /// A place for a request from `client`: one of the node's and one of the client's.
     fn admit_client(self: &Arc<Self>, client: Client) -> Result<Place, ApiError> {
         let global = self.places.clone().try_acquire_owned().map_err(|_| {
-            self.refuse(format!(
+            // The node's own cap: what readiness counts.
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            ApiError::Unavailable(format!(
                 "this node serves {} requests at once, the most it takes; try again shortly",
                 self.total
             ))
         })?;
         let mut place = self.share(Holder::Client(client), self.per_client_max).ok_or_else(|| {
-            self.refuse(format!(
+            ApiError::Unavailable(format!(
                 "your address has {} requests in flight on this node, the most one client may; try again shortly",
                 self.per_client_max
             ))
@@ -156,37 +164,40 @@ impl InFlight {
     /// One of `user_id`'s places, or 503 when the user holds their share.
     pub fn admit_user(self: &Arc<Self>, user_id: &str) -> Result<Place, ApiError> {
         self.share(Holder::User(user_id.to_owned()), self.per_user_max).ok_or_else(|| {
-            self.refuse(format!(
+            ApiError::Unavailable(format!(
                 "you have {} requests in flight on this node, the most one user may; try again shortly",
                 self.per_user_max
             ))
         })
     }
 
-    fn refuse(&self, why: String) -> ApiError {
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        ApiError::Unavailable(why)
-    }
-
-    /// The client a request comes from: its peer, or what a trusted proxy says it forwards.
-    pub fn client_of(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> Client {
+    /// The address a request comes from: its peer, or, from a trusted proxy, the entry of
+    /// `X-Forwarded-For` the nearest untrusted hop appended. Read from the right, past trusted
+    /// proxies, at most [`FORWARDED_HOPS_MAX`] entries; what lies left of the entry taken (the
+    /// client's own words) is never read. An entry that is no address (`ip`, `ip:port`,
+    /// `[v6]:port`) where one is needed means the proxy is not one this node understands: the
+    /// nearest address known, then.
+    pub fn address_of(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> IpAddr {
         let trusted = |address: &IpAddr| self.trusted_proxies.iter().any(|net| net.contains(address));
         if !trusted(&peer) {
-            return Client::of(peer);
+            return peer;
         }
-        // Each proxy appends the address it took the request from: read from the right, past
-        // the trusted ones, to the first address no trusted proxy vouches for being itself.
-        let mut hops: Vec<IpAddr> = Vec::new();
-        for value in headers.get_all("x-forwarded-for") {
-            let Ok(text) = value.to_str() else { return Client::of(peer) };
-            for hop in text.split(',') {
-                match hop.trim().parse::<IpAddr>() {
-                    Ok(address) if hops.len() < FORWARDED_HOPS_MAX => hops.push(address),
-                    _ => return Client::of(peer),
-                }
+        let values: Vec<&str> = headers.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).collect();
+        let entries = values.iter().rev().flat_map(|value| value.rsplit(','));
+        let mut nearest = peer;
+        for entry in entries.take(FORWARDED_HOPS_MAX) {
+            let Some(address) = forwarded_address(entry.trim()) else { return nearest };
+            if !trusted(&address) {
+                return address;
             }
+            nearest = address;
         }
-        Client::of(hops.into_iter().rev().find(|hop| !trusted(hop)).unwrap_or(peer))
+        nearest
+    }
+
+    /// The client a request comes from (see [`InFlight::address_of`]).
+    pub fn client_of(&self, peer: IpAddr, headers: &axum::http::HeaderMap) -> Client {
+        Client::of(self.address_of(peer, headers))
     }
 
     /// Records the totals (called once a second by [`sample_forever`]).
@@ -209,6 +220,17 @@ impl InFlight {
     }
 }
 
+/// An address as a proxy writes it in `X-Forwarded-For`: `ip`, `ip:port` or `[v6]:port`.
+fn forwarded_address(entry: &str) -> Option<IpAddr> {
+    if let Ok(address) = entry.parse::<IpAddr>() {
+        return Some(address);
+    }
+    if let Ok(socket) = entry.parse::<SocketAddr>() {
+        return Some(socket.ip());
+    }
+    entry.strip_prefix('[')?.strip_suffix(']')?.parse::<IpAddr>().ok()
+}
+
 /// Samples the admission counters once a second, for as long as `in_flight` is in use.
 pub async fn sample_forever(in_flight: std::sync::Weak<InFlight>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -221,22 +243,28 @@ pub async fn sample_forever(in_flight: std::sync::Weak<InFlight>) {
     }
 }
 
-/// Middleware: finds the client ([`Client`], left in the request's extensions for every
-/// later layer) and takes its place, or answers 503 at once: a flood queues nowhere inside
-/// the node.
-pub async fn admit(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+/// Middleware on every route: finds the client once ([`ClientAddress`] and [`Client`], left
+/// in the request's extensions for every later layer).
+pub async fn identify(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    let client = match peer {
-        Some(peer) => state.in_flight.client_of(peer, request.headers()),
-        // No connection info: a router served in-process (tests); one client.
-        None => Client::of(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
-    };
+    // No connection info: a router served in-process (tests); one client.
+    let unknown = IpAddr::V6(Ipv6Addr::UNSPECIFIED);
+    let address = peer.map_or(unknown, |peer| state.in_flight.address_of(peer, request.headers()));
+    request.extensions_mut().insert(ClientAddress(address));
+    request.extensions_mut().insert(Client::of(address));
+    next.run(request).await
+}
+
+/// Middleware: takes the client's place ([`identify`] found it), or answers 503 at once: a
+/// flood queues nowhere inside the node.
+pub async fn admit(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let unknown = Client::of(IpAddr::V6(Ipv6Addr::UNSPECIFIED));
+    let client = request.extensions().get::<Client>().copied().unwrap_or(unknown);
     let place = match state.in_flight.admit_client(client) {
         Ok(place) => place,
         Err(refused) => return refused.into_response(),
     };
     state.in_flight.admitted.fetch_add(1, Ordering::Relaxed);
-    request.extensions_mut().insert(client);
     let response = next.run(request).await;
     drop(place);
     response
@@ -318,8 +346,34 @@ mod tests {
         assert_eq!(in_flight.client_of(ip("10.0.0.5"), &headers), Client::of(ip("198.51.100.4")));
         // From anyone else: the header is the client's own word, not believed.
         assert_eq!(in_flight.client_of(ip("192.0.2.1"), &headers), Client::of(ip("192.0.2.1")));
-        headers.insert("x-forwarded-for", "not an address".parse().expect("a value"));
-        assert_eq!(in_flight.client_of(ip("10.0.0.5"), &headers), Client::of(ip("10.0.0.5")));
+        // What a client writes left of the entry its proxy appended is never read: junk there,
+        // or many entries, changes nothing.
+        headers.insert("x-forwarded-for", "junk, 1.1.1.1, x, 198.51.100.4".parse().expect("a value"));
+        assert_eq!(in_flight.address_of(ip("10.0.0.5"), &headers), ip("198.51.100.4"));
+        let many = format!("{}198.51.100.7", "9.9.9.9, ".repeat(40));
+        headers.insert("x-forwarded-for", many.parse().expect("a value"));
+        assert_eq!(in_flight.address_of(ip("10.0.0.5"), &headers), ip("198.51.100.7"));
+        // Ports and brackets, as some proxies write them.
+        headers.insert("x-forwarded-for", "[2001:db8::7]:4711".parse().expect("a value"));
+        assert_eq!(in_flight.address_of(ip("10.0.0.5"), &headers), ip("2001:db8::7"));
+        headers.insert("x-forwarded-for", "198.51.100.8:5000".parse().expect("a value"));
+        assert_eq!(in_flight.address_of(ip("10.0.0.5"), &headers), ip("198.51.100.8"));
+        // The nearest entry is no address: the proxy is not understood; its own address.
+        headers.insert("x-forwarded-for", "198.51.100.4, not-an-address".parse().expect("a value"));
+        assert_eq!(in_flight.address_of(ip("10.0.0.5"), &headers), ip("10.0.0.5"));
+    }
+
+    #[test]
+    fn only_the_nodes_own_cap_counts_toward_readiness() {
+        let in_flight = InFlight::new(&config(4, 1, 1, &[]));
+        let a = Client::of(ip("10.0.0.1"));
+        let _held = in_flight.admit_client(a).expect("a's place");
+        let _user = in_flight.admit_user("u").expect("u's place");
+        for _ in 0..100 {
+            assert!(in_flight.admit_client(a).is_err(), "a's second place");
+            assert!(in_flight.admit_user("u").is_err(), "u's second place");
+        }
+        assert_eq!(in_flight.refused.load(Ordering::Relaxed), 0, "one client's share is not the node's cap");
     }
 
     #[test]

@@ -250,8 +250,9 @@ pub fn router(state: AppState) -> Router {
     router_with(Router::new(), state)
 }
 
-/// The node's routes plus `extra` (tests add some). What a request meets, in order: the
-/// front door (its client's share of the places in flight, `front_door::admit`), the caller
+/// The node's routes plus `extra` (tests add some). What a request meets, in order: who the
+/// client is (`front_door::identify`, every route), the front door (its client's share of
+/// the places in flight, `front_door::admit`), the caller
 /// found and the rate limits (`ratelimit::enforce`), the caller's share (`admit_user`), the
 /// deadline, then its body, read with an idle bound. Probes and notification channels take
 /// no place (they bound themselves). Every answer then gets the security headers.
@@ -284,6 +285,7 @@ pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
         .merge(transfers)
         .merge(probes)
         .merge(routes::notify_router().layer(limiter))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), front_door::identify))
         .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
         .layer(axum::middleware::from_fn(error::problems_everywhere))
         .with_state(state);

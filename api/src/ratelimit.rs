@@ -291,9 +291,14 @@ pub async fn enforce(State(state): State<AppState>, mut request: Request, next: 
     // The limits in force for this request's whole check (a change swaps them whole).
     let in_force = state.limits.get();
     let mut checked_anonymous = false;
+    // Credentials refused here (an expired token) leave the request anonymous: a route that
+    // needs a caller answers 401 with why (`auth::Refused`); one that does not serves it.
     let (caller, known) = match crate::auth::resolve_local(&state, request.uri().path(), request.headers()) {
         Ok(found) => found,
-        Err(refused) => return refused.into_response(),
+        Err(refused) => {
+            request.extensions_mut().insert(crate::auth::Refused(refused.to_string()));
+            (None, true)
+        }
     };
     let mut caller = caller;
     if !known {
@@ -417,7 +422,11 @@ fn applicable<'a>(in_force: &'a Limits, request: &Request, caller: Option<&Princ
         .filter_map(|limit| {
             let value = match limit.scope {
                 Scope::User => format!("user:{}", caller?.user.id),
-                Scope::Token => format!("token:{}", caller?.token_id),
+                // A password's caller (WebDAV) has no token: its password is its "token".
+                Scope::Token => match caller? {
+                    c if c.token_id.is_empty() => format!("token:password:{}", c.user.id),
+                    c => format!("token:{}", c.token_id),
+                },
                 Scope::Ip => format!("ip:{}", ip.as_ref()?),
                 Scope::Tenant => format!("tenant:{}", caller?.tenant()),
                 Scope::Global => "global".to_string(),

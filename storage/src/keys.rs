@@ -359,7 +359,7 @@ pub fn file_props(file_id: &str) -> Vec<u8> {
     tagged(tag::FILE_PROPS, file_id.as_bytes())
 }
 
-/// Bytes of dead properties on the files of a user's namespaces (u64).
+/// Bytes of dead properties a user set (u64).
 pub fn prop_bytes(user_id: &str) -> Vec<u8> {
     tagged(tag::PROP_BYTES, user_id.as_bytes())
 }

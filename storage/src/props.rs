@@ -7,15 +7,16 @@
 //!   read with a bounded depth). A new version keeps them; a move takes them along; a delete
 //!   (a tombstone version) removes them, and so does the purge of a deleted folder.
 //! - **Bounded:** at most [`PROPS_PER_FILE_MAX`] properties of at most [`PROP_BYTES_MAX`]
-//!   bytes each, [`PROP_BYTES_PER_FILE_MAX`] on one file, and [`PROP_BYTES_PER_USER_MAX`] on
-//!   the files of one user's namespaces (charged to the namespace's owner, as the blocks of
-//!   a shared folder count in its files). A patch past a bound is refused whole.
+//!   bytes each, [`PROP_BYTES_PER_FILE_MAX`] on one file, and [`PROP_BYTES_PER_USER_MAX`] set
+//!   by one user (each property charged to who set it, given back when it goes: an editor of
+//!   a shared folder spends their own budget, never the owner's). A patch past a bound is
+//!   refused whole.
 
 use serde::{Deserialize, Serialize};
 
 use crate::command::{Outcome, Rejection};
 use crate::paths::FilePath;
-use crate::records::{FileRecord, Namespace};
+use crate::records::FileRecord;
 use crate::state::{StateMachine, Txn};
 use crate::{keys, StorageError};
 
@@ -38,6 +39,9 @@ pub struct DeadProp {
     pub name: String,
     /// The whole property element, as XML text.
     pub xml: String,
+    /// Who set it: whose budget it is charged to.
+    #[serde(default)]
+    pub set_by: String,
 }
 
 impl DeadProp {
@@ -96,35 +100,45 @@ pub(crate) fn patch(txn: &mut Txn<'_>, p: &PropPatch) -> Result<Outcome, Storage
     };
     let key = keys::file_props(&file.id);
     let mut props = txn.get::<DeadProps>("dead properties", &key)?.unwrap_or_default();
-    let before = props.bytes();
+    // What each user's budget gains (the actor's sets) or gets back (what is replaced or
+    // removed, to whoever set it), in one deterministic order.
+    let mut deltas: std::collections::BTreeMap<String, i128> = std::collections::BTreeMap::new();
     for change in &p.changes {
-        props.props.retain(|prop| !(prop.namespace == change.namespace && prop.name == change.name));
+        props.props.retain(|prop| {
+            let gone = prop.namespace == change.namespace && prop.name == change.name;
+            if gone {
+                *deltas.entry(prop.set_by.clone()).or_default() -= i128::from(prop.bytes());
+            }
+            !gone
+        });
         if let Some(xml) = &change.xml {
-            let prop = DeadProp { namespace: change.namespace.clone(), name: change.name.clone(), xml: xml.clone() };
+            let prop = DeadProp {
+                namespace: change.namespace.clone(),
+                name: change.name.clone(),
+                xml: xml.clone(),
+                set_by: p.actor_user_id.clone(),
+            };
             if prop.bytes() > PROP_BYTES_MAX as u64 {
                 return Ok(limit(format!("a property is at most {PROP_BYTES_MAX} bytes")));
             }
+            *deltas.entry(p.actor_user_id.clone()).or_default() += i128::from(prop.bytes());
             props.props.push(prop);
         }
     }
-    let after = props.bytes();
-    if props.props.len() > PROPS_PER_FILE_MAX || after > PROP_BYTES_PER_FILE_MAX {
+    if props.props.len() > PROPS_PER_FILE_MAX || props.bytes() > PROP_BYTES_PER_FILE_MAX {
         return Ok(limit(format!(
             "a file holds at most {PROPS_PER_FILE_MAX} properties, {PROP_BYTES_PER_FILE_MAX} bytes in all"
         )));
     }
-    let Some(owner) = owner_of(txn, &p.namespace_id)? else {
-        return Ok(Outcome::Rejected(Rejection::NotFound(format!("namespace {}", p.namespace_id))));
-    };
-    let used = used(txn, &owner)?;
-    let used_after = used.saturating_sub(before).saturating_add(after);
-    if after > before && used_after > PROP_BYTES_PER_USER_MAX {
-        return Ok(limit(format!(
-            "the files of this owner's namespaces hold at most {PROP_BYTES_PER_USER_MAX} bytes of properties"
-        )));
+    let grows = deltas.get(&p.actor_user_id).copied().unwrap_or(0);
+    if grows > 0 && i128::from(used(txn, &p.actor_user_id)?) + grows > i128::from(PROP_BYTES_PER_USER_MAX) {
+        return Ok(limit(format!("one user sets at most {PROP_BYTES_PER_USER_MAX} bytes of properties")));
     }
     store(txn, &file.id, &props)?;
-    set_used(txn, &owner, used_after);
+    for (user, delta) in deltas {
+        let now = (i128::from(used(txn, &user)?) + delta).clamp(0, i128::from(u64::MAX));
+        set_used(txn, &user, now as u64);
+    }
     Ok(Outcome::Done)
 }
 
@@ -133,22 +147,24 @@ pub(crate) fn carry(txn: &mut Txn<'_>, from: &str, to: &str) -> Result<(), Stora
     let Some(props) = txn.get::<DeadProps>("dead properties", &keys::file_props(from))? else {
         return Ok(());
     };
-    assert_ne!(from, to, "a file's properties carried onto itself");
+    if from == to {
+        return Ok(());
+    }
     txn.delete(keys::file_props(from));
     store(txn, to, &props)
 }
 
 /// Removes a file's properties (its delete, or its folder's purge), giving their bytes back
-/// to the owner of `namespace_id`.
+/// to whoever set each.
 pub(crate) fn remove(txn: &mut Txn<'_>, file: &FileRecord) -> Result<(), StorageError> {
     let key = keys::file_props(&file.id);
     let Some(props) = txn.get::<DeadProps>("dead properties", &key)? else {
         return Ok(());
     };
     txn.delete(key);
-    if let Some(owner) = owner_of(txn, &file.namespace_id)? {
-        let left = used(txn, &owner)?.saturating_sub(props.bytes());
-        set_used(txn, &owner, left);
+    for prop in &props.props {
+        let left = used(txn, &prop.set_by)?.saturating_sub(prop.bytes());
+        set_used(txn, &prop.set_by, left);
     }
     Ok(())
 }
@@ -161,10 +177,6 @@ fn store(txn: &mut Txn<'_>, file_id: &str, props: &DeadProps) -> Result<(), Stor
         txn.put(key, props);
     }
     Ok(())
-}
-
-fn owner_of(txn: &Txn<'_>, namespace_id: &str) -> Result<Option<String>, StorageError> {
-    Ok(txn.get::<Namespace>("namespace", &keys::namespace(namespace_id))?.map(|ns| ns.owner_user_id))
 }
 
 fn used(txn: &Txn<'_>, user_id: &str) -> Result<u64, StorageError> {
@@ -185,7 +197,7 @@ impl StateMachine {
         Ok(self.read::<DeadProps>("dead properties", &keys::file_props(file_id))?.unwrap_or_default())
     }
 
-    /// Bytes of dead properties on the files of `user_id`'s namespaces.
+    /// Bytes of dead properties `user_id` set.
     pub fn prop_bytes(&self, user_id: &str) -> Result<u64, StorageError> {
         Ok(self.read::<u64>("property bytes", &keys::prop_bytes(user_id))?.unwrap_or(0))
     }

@@ -88,3 +88,60 @@ fn properties_are_bounded_move_with_their_file_and_go_with_it() {
     assert!(sm.dead_props(&moved_id).expect("props").props.is_empty());
     assert_eq!(sm.prop_bytes("ann").expect("bytes"), 0);
 }
+
+/// What an editor sets on a shared folder's file is charged to the editor, never the owner,
+/// and given back to the editor when it goes.
+#[test]
+fn properties_are_charged_to_who_sets_them() {
+    use crate::records::{Grantee, Role};
+    let (_dir, sm) = open();
+    for user in ["ann", "bob"] {
+        apply(&sm, Command::CreateUser { user_id: user.into(), namespace_id: format!("ns-{user}"), name: user.into() });
+    }
+    let team = |c: &mut FileCommit| c.namespace_id = "team".into();
+    apply(
+        &sm,
+        Command::CreateSharedFolder {
+            namespace_id: "team".into(),
+            name: "T".into(),
+            owner_user_id: "ann".into(),
+            folders_max: None,
+        },
+    );
+    let grant = Command::SetAccess {
+        actor_user_id: "ann".into(),
+        namespace_id: "team".into(),
+        grantee: Grantee::User("bob".into()),
+        role: Some(Role::Editor),
+        invite: true,
+    };
+    apply(&sm, grant);
+    let accept = Command::RespondInvitation {
+        actor_user_id: "bob".into(),
+        namespace_id: "team".into(),
+        grantee: Grantee::User("bob".into()),
+        accept: true,
+    };
+    apply(&sm, accept);
+    let Command::CommitFile(mut c) = commit("/a", false, 0) else { unreachable!("a commit") };
+    team(&mut c);
+    assert!(matches!(apply(&sm, Command::CommitFile(c)), Outcome::FileCommitted { .. }));
+    let by = |actor: &str, xml: Option<&str>| {
+        Command::PatchProps(Box::new(PropPatch {
+            namespace_id: "team".into(),
+            path: path("/a"),
+            actor_user_id: actor.into(),
+            changes: vec![PropChange { namespace: "urn:x".into(), name: "p".into(), xml: xml.map(str::to_owned) }],
+        }))
+    };
+    assert_eq!(apply(&sm, by("bob", Some("<x:p xmlns:x=\"urn:x\">bob's</x:p>"))), Outcome::Done);
+    assert!(sm.prop_bytes("bob").expect("bytes") > 0);
+    assert_eq!(sm.prop_bytes("ann").expect("bytes"), 0, "the owner pays nothing for an editor's property");
+    // The owner replaces it: bob gets his bytes back, ann is charged hers.
+    assert_eq!(apply(&sm, by("ann", Some("<x:p xmlns:x=\"urn:x\">ann's</x:p>"))), Outcome::Done);
+    assert_eq!(sm.prop_bytes("bob").expect("bytes"), 0);
+    assert!(sm.prop_bytes("ann").expect("bytes") > 0);
+    // A stranger may set none.
+    assert!(matches!(apply(&sm, by("eve", Some("<v/>"))), Outcome::Rejected(_)));
+    assert_eq!(sm.prop_bytes("eve").expect("bytes"), 0);
+}

@@ -97,8 +97,11 @@ async fn handle(State(state): State<AppState>, request: Request) -> Response {
     // The caller, resolved once before the rate limits (`ratelimit::enforce`): a token, or a
     // user's name and password.
     let Some(principal) = request.extensions().get::<Principal>().cloned() else {
-        let error = ApiError::Unauthenticated("log in with your name and password, or a token".into());
-        return refusal(request.uri().path(), error);
+        let why = match request.extensions().get::<crate::auth::Refused>() {
+            Some(crate::auth::Refused(why)) => why.clone(),
+            None => "log in with your name and password, or a token".into(),
+        };
+        return refusal(request.uri().path(), ApiError::Unauthenticated(why));
     };
     let (request, destination) = match checked(request).await {
         Ok(checked) => checked,
@@ -159,6 +162,13 @@ pub struct RaftFs {
     state: AppState,
     /// What this request may remove or overwrite.
     fence: std::sync::Arc<Fence>,
+    /// The request's read barrier (with the caller's token checked after it), passed once:
+    /// every call after it reads the state as of then or later. A listing asks `dav-server`'s
+    /// property calls once per entry; they cost a point read each, not a barrier.
+    barrier: std::sync::Arc<tokio::sync::OnceCell<()>>,
+    /// The caller's shared folders as the request first named them (one listing of
+    /// `/Shared` per request, and one naming for all its paths).
+    named: std::sync::Arc<std::sync::OnceLock<Vec<Share>>>,
 }
 
 /// The places one request may remove or overwrite, each checked whole before `dav-server`
@@ -345,19 +355,39 @@ fn name_shares(accesses: Vec<raftbox_storage::sharing::Access>, personal: &str, 
         *uses.entry(share_name(&access.namespace)).or_default() += 1;
     }
     let taken: std::collections::HashSet<&String> = taken.iter().collect();
-    shared
+    let mut shares: Vec<Share> = shared
         .into_iter()
         .map(|access| {
             let base = share_name(&access.namespace);
             let id = &access.namespace.id;
             let name = if uses.get(&base).copied().unwrap_or(0) > 1 || taken.contains(&base) {
-                format!("{base} ({})", &id[id.len().saturating_sub(8)..])
+                let tail: String = id.chars().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
+                format!("{base} ({tail})")
             } else {
                 base
             };
             Share { name, namespace_id: access.namespace.id, writable: access.role.can_write() }
         })
-        .collect()
+        .collect();
+    // A folder named like another's suffixed name (`Team (9f3c2a1b)`) must not meet it: any
+    // name still held twice, or by a personal entry, falls back to the folder's whole id
+    // (ids are unique), until none is, so a path names one folder or none. Each round turns
+    // at least one name into its id, so it ends.
+    loop {
+        let mut counts: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        for share in &shares {
+            *counts.entry(share.name.clone()).or_default() += 1;
+        }
+        let clashes = |share: &Share| counts.get(&share.name).copied().unwrap_or(0) > 1 || taken.contains(&share.name);
+        let clashing: Vec<usize> =
+            (0..shares.len()).filter(|&i| clashes(&shares[i]) && shares[i].name != shares[i].namespace_id).collect();
+        if clashing.is_empty() {
+            return shares;
+        }
+        for i in clashing {
+            shares[i].name = shares[i].namespace_id.clone();
+        }
+    }
 }
 
 impl RaftFs {
@@ -366,7 +396,9 @@ impl RaftFs {
     /// them, anything else the personal namespace (its own `/Shared/<other>` included).
     async fn locate(&self, principal: &Principal, path: &DavPath) -> FsResult<Place> {
         let path = path_of(path)?;
-        crate::access::barrier(&self.state, principal).await.map_err(fs_error)?;
+        self.barrier
+            .get_or_try_init(|| async { crate::access::barrier(&self.state, principal).await.map_err(fs_error) })
+            .await?;
         let shared_root = format!("/{SHARED_FOLDER}");
         if path == shared_root {
             return Ok(Place::Shares);
@@ -398,6 +430,9 @@ impl RaftFs {
 
     /// The caller's shared folders, named (see [`name_shares`]).
     fn shares(&self, principal: &Principal) -> FsResult<Vec<Share>> {
+        if let Some(named) = self.named.get() {
+            return Ok(named.clone());
+        }
         let sm = self.state.node.state();
         let personal = &principal.user.namespace_id;
         let own = sm
@@ -411,7 +446,8 @@ impl RaftFs {
             })
             .collect();
         let accesses = sm.namespaces_of(&principal.user.id).map_err(|e| fs_error(e.into()))?;
-        Ok(name_shares(accesses, personal, &taken))
+        let named = name_shares(accesses, personal, &taken);
+        Ok(self.named.get_or_init(|| named).clone())
     }
 
     /// The file system for one request by `principal`, with its [`Fence`]: a DELETE, MOVE or
@@ -428,7 +464,12 @@ impl RaftFs {
         (method, target): (&str, &str),
         destination: Option<&DavPath>,
     ) -> FsResult<RaftFs> {
-        let mut fs = RaftFs { state: state.clone(), fence: std::sync::Arc::default() };
+        let mut fs = RaftFs {
+            state: state.clone(),
+            fence: std::sync::Arc::default(),
+            barrier: std::sync::Arc::default(),
+            named: std::sync::Arc::default(),
+        };
         if !matches!(method, "DELETE" | "MOVE" | "COPY") {
             return Ok(fs);
         }
@@ -469,7 +510,10 @@ impl RaftFs {
             fs.within_tree_bound(&to)?;
             places.push((namespace_id.clone(), path.clone()));
         }
-        assert!(places.iter().all(|(_, path)| path != "/" && !is_marker(path)), "a protected place in the fence");
+        if places.iter().any(|(_, path)| path == "/" || is_marker(path)) {
+            tracing::error!(?places, "webdav: a protected place reached the fence; the request is refused");
+            return Err(FsError::Forbidden);
+        }
         fs.fence = std::sync::Arc::new(Fence { places });
         Ok(fs)
     }
@@ -679,6 +723,13 @@ mod tests {
         // The personal namespace's own /Shared/Team keeps its name.
         let mine = vec![access("ns-bbbbbbbb", "Team", Role::Viewer)];
         assert_eq!(names(mine, &["Team".to_string()]), ["Team (bbbbbbbb)"]);
+        // A folder named like another's suffixed name meets it nowhere: both fall back to ids.
+        let mimic = vec![
+            access("ns-aaaaaaaa", "Team", Role::Editor),
+            access("ns-bbbbbbbb", "Team", Role::Editor),
+            access("ns-evilevil", "Team (bbbbbbbb)", Role::Owner),
+        ];
+        assert_eq!(names(mimic, &[]), ["Team (aaaaaaaa)", "ns-bbbbbbbb", "ns-evilevil"]);
         // A name that cannot be a path component is replaced by the id.
         let odd = vec![access("ns-cccccccc", "a/b", Role::Viewer), access("ns-dddddddd", "..", Role::Viewer)];
         assert_eq!(names(odd, &[]), ["a_b", "ns-dddddddd"]);

@@ -169,6 +169,20 @@ fn entity_tag(text: &[u8]) -> Option<(bool, &str, &[u8])> {
     Some((weak, std::str::from_utf8(opaque).ok()?, rest))
 }
 
+/// A resource tag of `If` rebuilt from what was parsed: its scheme and host as they are, its
+/// path read as [`destination`] reads one (under [`PREFIX`]) and percent-encoded again, so
+/// the library's URL parser reads the path this node read.
+fn resource_tag(url: &str) -> Option<String> {
+    let uri: axum::http::Uri = url.parse().ok()?;
+    let scheme = uri.scheme_str().filter(|s| matches!(*s, "http" | "https"))?;
+    let authority = uri.authority()?.as_str();
+    if authority.contains('@') {
+        return None;
+    }
+    let path = destination(&HeaderValue::from_str(url).ok()?).ok()?;
+    Some(format!("{scheme}://{authority}{}", path.with_prefix().as_url_string()))
+}
+
 /// The `If` header (RFC 4918 10.4): lists of conditions, each list maybe tagged with the
 /// resource it is about; rebuilt from what was parsed (the library reads that, not the
 /// client's text). A state token may come bare, as some clients send it (the library takes
@@ -193,11 +207,7 @@ pub fn if_header(value: &HeaderValue) -> Result<HeaderValue, ApiError> {
         let mut tag = None;
         if text.starts_with(b"<") {
             let (url, rest) = coded(text).ok_or_else(|| bad("a resource tag is <an http or https URL>"))?;
-            let parsed = url::Url::parse(url).map_err(|_| bad("a resource tag is <an http or https URL>"))?;
-            if !matches!(parsed.scheme(), "http" | "https") {
-                return Err(bad("a resource tag is <an http or https URL>"));
-            }
-            tag = Some(url.to_owned());
+            tag = Some(resource_tag(url).ok_or_else(|| bad("a resource tag is <an http or https URL under /dav/>"))?);
             text = &rest[skip(rest)..];
         }
         text = text.strip_prefix(b"(").ok_or_else(|| bad("a list is (conditions)"))?;
@@ -330,6 +340,7 @@ mod tests {
             ("(<opaquelocktoken:a-b>)", "(<opaquelocktoken:a-b>)"),
             ("  (<urn:uuid:1> [W/\"e1\"])  (Not <DAV:no-lock>)", "(<urn:uuid:1> [W/\"e1\"]) (Not <DAV:no-lock>)"),
             ("<http://h/dav/a> ([\"x\"])", "<http://h/dav/a> ([\"x\"])"),
+            ("<http://h:8080/dav/a/../b%20c> (<a:b>)", "<http://h:8080/dav/b%20c> (<a:b>)"),
             ("(opaquelocktoken:bare)", "(<opaquelocktoken:bare>)"),
             ("(Not[\"x\"])", "(Not [\"x\"])"),
         ] {
@@ -348,6 +359,8 @@ mod tests {
             "(Not)",
             "(nocolon)",
             "<relative/path> (<a:b>)",
+            "<http://h/elsewhere> (<a:b>)",
+            "<http://h/dav/x\\..\\y> (<a:b>)",
             "(<a:b>",
             "((<a:b>))",
         ] {

@@ -511,6 +511,8 @@ async fn listing(
         HeaderValue::from_static("default-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"),
     );
     headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // This node's own page, shown (sandboxed, as every answer here): not a user's file.
+    headers.insert(header::CONTENT_DISPOSITION, HeaderValue::from_static("inline"));
     Ok(response)
 }
 

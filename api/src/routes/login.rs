@@ -58,6 +58,10 @@ pub const PASSWORD_CHARS_MIN: usize = 8;
 pub const PASSWORD_CHARS_MAX: usize = 1024;
 /// How long a session token from `POST /v1/login` works.
 pub const SESSION_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The cluster format from which sessions end with their password (`session_epoch`,
+/// `ends_sessions`): before it, during a rolling upgrade, logins and changes work as in
+/// format 4.
+pub const SESSIONS_FORMAT: u32 = 5;
 /// How young a token must be to stand as fresh proof of who calls.
 pub const FRESH_PROOF: Duration = Duration::from_secs(10 * 60);
 /// Password hashes computed at once on one node.
@@ -79,6 +83,9 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// (name, address) pairs whose failures are remembered at once, at most (the oldest are
 /// forgotten beyond).
 const FAILURES_TRACKED_MAX: usize = 100_000;
+/// How long after its back-off ends a (name, address)'s failures are forgotten: an address
+/// that failed once long ago is no longer held back by a name's busy minute.
+pub const FAILURES_FORGOTTEN_AFTER: Duration = Duration::from_secs(10 * 60);
 
 /// A (name, address) pair's failures, and until when it waits.
 #[derive(Debug, Clone, Copy)]
@@ -126,7 +133,16 @@ impl Attempts {
     pub fn on_name(&self, name: &str, client: Client) -> Result<(), ApiError> {
         let now = Instant::now();
         let key = (name.to_owned(), client);
-        let backoff = self.backoff.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied();
+        let backoff = {
+            let mut backoffs = self.backoff.lock().unwrap_or_else(|e| e.into_inner());
+            let found = backoffs.get(&key).copied();
+            if found.is_some_and(|b| now > b.until + FAILURES_FORGOTTEN_AFTER) {
+                backoffs.remove(&key);
+                None
+            } else {
+                found
+            }
+        };
         if let Some(backoff) = backoff {
             if now < backoff.until {
                 return Err(limited(backoff.until - now));
@@ -151,7 +167,7 @@ impl Attempts {
         }
         let now = Instant::now();
         if backoffs.len() >= FAILURES_TRACKED_MAX && !backoffs.contains_key(&key) {
-            backoffs.retain(|_, backoff| backoff.until + BACKOFF_MAX > now);
+            backoffs.retain(|_, backoff| backoff.until + FAILURES_FORGOTTEN_AFTER > now);
             if backoffs.len() >= FAILURES_TRACKED_MAX {
                 backoffs.clear();
             }
@@ -179,7 +195,27 @@ pub struct Passwords {
     /// Passwords checked lately (see [`CHECKED_FOR`]), by a hash of name, password and stored
     /// hash.
     checked: Mutex<HashMap<[u8; 32], Instant>>,
+    /// The checks under way, by the same key: one at a time per key ([`Passwords::turn`]).
+    checking: Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
     pub attempts: Attempts,
+}
+
+/// One check's turn ([`Passwords::turn`]); its entry goes when the last waiter is done.
+pub(super) struct CheckTurn<'a> {
+    passwords: &'a Passwords,
+    key: [u8; 32],
+    lock: Arc<tokio::sync::Mutex<()>>,
+    _guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for CheckTurn<'_> {
+    fn drop(&mut self) {
+        let mut checking = self.passwords.checking.lock().unwrap_or_else(|e| e.into_inner());
+        // This turn, its guard, and the table's: no one else waits.
+        if Arc::strong_count(&self.lock) <= 3 {
+            checking.remove(&self.key);
+        }
+    }
 }
 
 impl Default for Passwords {
@@ -187,6 +223,7 @@ impl Default for Passwords {
         Passwords {
             hashing: Arc::new(tokio::sync::Semaphore::new(HASHES_IN_FLIGHT)),
             checked: Mutex::new(HashMap::new()),
+            checking: Mutex::new(HashMap::new()),
             attempts: Attempts::default(),
         }
     }
@@ -226,14 +263,30 @@ impl Passwords {
         self.checked.lock().map(|checked| checked.get(key).is_some_and(fresh)).unwrap_or(false)
     }
 
-    /// Remembers a check that succeeded.
+    /// Remembers a check that succeeded (the stale ones go first when the table is full; if
+    /// all are fresh, all go: each is checked again once).
     pub(super) fn remember_checked(&self, key: [u8; 32]) {
         if let Ok(mut checked) = self.checked.lock() {
             if checked.len() >= CHECKED_MAX {
-                checked.clear();
+                checked.retain(|_, at| at.elapsed() < CHECKED_FOR);
+                if checked.len() >= CHECKED_MAX {
+                    checked.clear();
+                }
             }
             checked.insert(key, Instant::now());
         }
+    }
+
+    /// A turn to check `key`'s credentials: checks of the same credentials at once (a WebDAV
+    /// client opening many connections with one password) wait for one another, so the first
+    /// does the argon2 work and spends the attempt, and the rest find it remembered.
+    pub(super) async fn turn(&self, key: [u8; 32]) -> CheckTurn<'_> {
+        let lock = {
+            let mut checking = self.checking.lock().unwrap_or_else(|e| e.into_inner());
+            checking.entry(key).or_default().clone()
+        };
+        let guard = lock.clone().lock_owned().await;
+        CheckTurn { passwords: self, key, lock, _guard: guard }
     }
 }
 
@@ -272,6 +325,11 @@ pub async fn check_password(
     };
     let (mut user, mut stored) = lookup()?;
     let mut key = state.passwords.checked_key(name, secret, stored.as_deref().unwrap_or(""));
+    let _turn;
+    if !(stored.is_some() && state.passwords.checked_lately(&key)) {
+        // One check at a time of these credentials; a check done meanwhile is taken as done.
+        _turn = state.passwords.turn(key).await;
+    }
     if !(stored.is_some() && state.passwords.checked_lately(&key)) {
         let attempts = &state.passwords.attempts;
         attempts.from_client(client)?;
@@ -281,7 +339,7 @@ pub async fn check_password(
         state.node.read_barrier().await?;
         (user, stored) = lookup()?;
         key = state.passwords.checked_key(name, secret, stored.as_deref().unwrap_or(""));
-        let right = verify(state, stored, secret.to_owned()).await?;
+        let right = verify(state, stored.clone(), secret.to_owned()).await?;
         attempts.record(name, client, right);
         if !right {
             return Err(wrong());
@@ -289,15 +347,24 @@ pub async fn check_password(
         state.passwords.remember_checked(key);
     }
     let user = user.ok_or_else(wrong)?;
+    let stored = stored.ok_or_else(wrong)?;
     Ok(Principal {
         token_id: String::new(),
         token_name: "password".into(),
         token_expires_ms: None,
         token_created_ms: 0,
         token_session: false,
-        token_hash: [0; 32],
+        // What the password's caller holds: the stored hash it was checked against, which a
+        // read barrier compares again (`access::barrier`).
+        token_hash: password_fingerprint(&stored),
         user,
     })
+}
+
+/// What a password's caller is known by: a hash of the stored password hash it was checked
+/// against (a change of the password changes it).
+pub fn password_fingerprint(stored: &str) -> [u8; 32] {
+    *blake3::hash(stored.as_bytes()).as_bytes()
 }
 
 fn check_password_shape(password: &str) -> Result<(), ApiError> {
@@ -407,7 +474,9 @@ pub async fn login(State(state): State<AppState>, request: Request) -> Result<Re
         name: "login".into(),
         token_hash: hash_token(&token),
         expires_ms: Some(expires_ms),
-        session_epoch: Some(user.password_epoch),
+        // A session ends with its password once every node knows how (format 5); during a
+        // rolling upgrade sessions are made as before.
+        session_epoch: (state.node.cluster_format() >= SESSIONS_FORMAT).then_some(user.password_epoch),
     };
     match state.node.write(command).await? {
         Outcome::Rejected(rejection) => Err(rejection.into()),
@@ -437,7 +506,8 @@ pub struct PasswordRemoval {
 
 /// Sets (or removes) a user's password; every login session made under the one before ends.
 async fn set(state: &AppState, user_id: &str, hash: Option<String>) -> Result<Response, ApiError> {
-    let command = Command::SetPassword { user_id: user_id.to_string(), password_hash: hash, ends_sessions: true };
+    let ends_sessions = state.node.cluster_format() >= SESSIONS_FORMAT;
+    let command = Command::SetPassword { user_id: user_id.to_string(), password_hash: hash, ends_sessions };
     match state.node.write(command).await? {
         Outcome::Rejected(rejection) => Err(rejection.into()),
         _ => Ok(StatusCode::NO_CONTENT.into_response()),

@@ -123,8 +123,12 @@ pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
 /// disk among them), so only addresses in `[http] metrics_allow` (loopback by default) read
 /// them without a token; anyone else needs the admin's.
 pub async fn metrics(State(state): State<AppState>, request: Request) -> Result<impl IntoResponse, ApiError> {
-    let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-    let allowed = peer.is_none_or(|peer| state.config.http.metrics_allow.iter().any(|net| net.contains(&peer)));
+    // The client as the front door found it: behind a trusted proxy, the forwarded address,
+    // never the proxy's own (a proxy on this host would make everyone loopback).
+    let address = request.extensions().get::<crate::front_door::ClientAddress>().map(|a| a.0);
+    let in_process = request.extensions().get::<ConnectInfo<SocketAddr>>().is_none();
+    let allowed = in_process
+        || address.is_some_and(|address| state.config.http.metrics_allow.iter().any(|net| net.contains(&address)));
     let admin = request.extensions().get::<crate::auth::Principal>().is_some_and(|principal| principal.user.admin);
     if !allowed && !admin {
         return Err(ApiError::Forbidden(

@@ -62,6 +62,9 @@ async fn links_share_files_and_folders_without_an_account_until_they_stop() {
     let (status, headers, page) = node.get_raw(&format!("{folder_url}/sub/"), &[]).await;
     assert_eq!(status, StatusCode::OK);
     assert!(headers["content-type"].to_str().expect("ascii").starts_with("text/html"));
+    // The node's own page: shown, sandboxed, not sent as a download like a user's file.
+    assert_eq!(headers["content-disposition"], "inline");
+    assert!(headers["content-security-policy"].to_str().expect("ascii").starts_with("sandbox"));
     let page = String::from_utf8(page).expect("utf-8");
     assert!(page.contains("&lt;b&gt;.txt") && !page.contains("<b>.txt"), "names are text on the page: {page}");
     let (status, _, body) = node.get_raw(&format!("{folder_url}/sub/%3Cb%3E.txt"), &[]).await;
