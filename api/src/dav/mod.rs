@@ -130,8 +130,9 @@ async fn handle(State(state): State<AppState>, request: Request) -> Response {
 }
 
 /// The request as `dav-server` gets it: its body read and checked ([`request::read_body`];
-/// a PUT's streams on), its `Destination` and `If` parsed once and rewritten to what was
-/// parsed ([`request::destination`], [`request::if_header`]), and no `X-Litmus` (the library answers PROPFIND with Depth:
+/// a PUT's streams on), its `Destination`, `If` and entity-tag conditions parsed once and
+/// rewritten to what was parsed ([`request::destination`], [`request::if_header`],
+/// [`request::etags`]), and no `X-Litmus` (the library answers PROPFIND with Depth:
 /// infinity, a walk of the whole tree, to a client that says it is litmus; this node answers
 /// it as to anyone else: 403, RFC 4918 9.1).
 pub(crate) async fn checked(request: Request) -> Result<(Request, Option<DavPath>), ApiError> {
@@ -140,6 +141,15 @@ pub(crate) async fn checked(request: Request) -> Result<(Request, Option<DavPath
     if let Some(value) = parts.headers.get("if") {
         let rebuilt = request::if_header(value)?;
         parts.headers.insert("if", rebuilt);
+    }
+    for (name, if_range) in [(header::IF_MATCH, false), (header::IF_NONE_MATCH, false), (header::IF_RANGE, true)] {
+        if parts.headers.get_all(&name).iter().count() > 1 {
+            return Err(ApiError::BadRequest(format!("{name} is given once")));
+        }
+        if let Some(value) = parts.headers.get(&name) {
+            let rebuilt = request::etags(value, if_range)?;
+            parts.headers.insert(name, rebuilt);
+        }
     }
     let destination = match parts.headers.get("destination") {
         Some(value) => {

@@ -14,7 +14,9 @@
 //! - **`If`** is parsed by [`if_header`] (RFC 4918 10.4, bounded) and handed on rebuilt from
 //!   what was parsed: the library's own scanner reads past the end of an unclosed `[` or `<`
 //!   and panics (the fuzz target `dav_request` found it), so it only ever reads well-formed
-//!   lists this node wrote.
+//!   lists this node wrote. **`If-Match`, `If-None-Match` and `If-Range`** likewise
+//!   ([`etags`]): the library slices a lone `"` as an entity tag and panics (`scripts/fuzz`
+//!   found it).
 
 use axum::body::{Body, Bytes};
 use axum::http::HeaderValue;
@@ -167,6 +169,39 @@ fn entity_tag(text: &[u8]) -> Option<(bool, &str, &[u8])> {
     }
     let rest = rest[end + 1..].strip_prefix(b"]")?;
     Some((weak, std::str::from_utf8(opaque).ok()?, rest))
+}
+
+/// An entity tag as this node takes one: `"…"` or `W/"…"`, the opaque part visible ASCII
+/// but `"`, `,` and whitespace (what the library splits lists on).
+fn strict_etag(text: &str) -> Option<&str> {
+    let opaque = text.strip_prefix("W/").unwrap_or(text);
+    let inner = opaque.strip_prefix('"')?.strip_suffix('"')?;
+    inner.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b'"' && b != b',').then_some(text)
+}
+
+/// `If-Match` or `If-None-Match` (`*`, or entity tags separated by commas), or `If-Range`
+/// (`if_range`: one entity tag, or an HTTP date, which is left as it is), rebuilt from what
+/// was parsed. Refused (400): a malformed entity tag (the library would slice a lone `"`
+/// and panic), more than [`IF_LISTS_MAX`] tags.
+pub fn etags(value: &HeaderValue, if_range: bool) -> Result<HeaderValue, ApiError> {
+    let bad =
+        || ApiError::BadRequest("an entity tag is \"…\" or W/\"…\", and a list of them is comma-separated".into());
+    let text = value.to_str().map_err(|_| bad())?.trim();
+    if if_range {
+        if !(text.starts_with('"') || text.starts_with("W/")) {
+            return Ok(value.clone());
+        }
+        return strict_etag(text).and_then(|t| HeaderValue::from_str(t).ok()).ok_or_else(bad);
+    }
+    if text == "*" {
+        return Ok(HeaderValue::from_static("*"));
+    }
+    let tags: Vec<&str> = text.split(',').map(str::trim).collect();
+    if tags.len() > IF_LISTS_MAX {
+        return Err(bad());
+    }
+    let tags = tags.into_iter().map(|t| strict_etag(t).ok_or_else(bad)).collect::<Result<Vec<_>, _>>()?;
+    HeaderValue::from_str(&tags.join(", ")).map_err(|_| bad())
 }
 
 /// A resource tag of `If` rebuilt from what was parsed: its scheme and host as they are, its
@@ -366,6 +401,24 @@ mod tests {
         ] {
             assert!(if_of(refused).is_err(), "{refused:?} was taken");
         }
+    }
+
+    #[test]
+    fn entity_tags_are_parsed_and_rebuilt_or_refused() {
+        let of = |text: &str, if_range: bool| {
+            etags(&HeaderValue::from_str(text).expect("a value"), if_range)
+                .map(|v| v.to_str().expect("ascii").to_owned())
+        };
+        assert_eq!(of("\"a\",W/\"b\" ,  \"c\"", false).expect("a list"), "\"a\", W/\"b\", \"c\"");
+        assert_eq!(of(" * ", false).expect("star"), "*");
+        assert_eq!(of("W/\"x\"", true).expect("a tag"), "W/\"x\"");
+        assert_eq!(of("Sat, 28 Nov 2026 04:00:00 GMT", true).expect("a date"), "Sat, 28 Nov 2026 04:00:00 GMT");
+        // A lone quote: what the library sliced and panicked on (found by scripts/fuzz).
+        for refused in ["\"", "W/\"", "\"a\", \"", "\"a\"b\"", "a", "\"a b\"", ""] {
+            assert!(of(refused, false).is_err(), "{refused:?} was taken");
+        }
+        assert!(of("\"", true).is_err());
+        assert!(of("W/\"", true).is_err());
     }
 
     #[test]

@@ -571,7 +571,7 @@ pub async fn set_mine(
     let body = small_body(request).await?;
     let request: PasswordRequest = json::parse(&body)?;
     check_password_shape(&request.password)?;
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let stored = state.node.state().password_hash(&principal.user.id)?;
     // Once a password is set, only it changes it (fresh proof is for the first one).
     if stored.is_some() && request.current_password.is_none() {
@@ -593,7 +593,7 @@ pub async fn remove_mine(
     let body = small_body(request).await?;
     let removal: PasswordRemoval =
         if body.iter().all(u8::is_ascii_whitespace) { PasswordRemoval::default() } else { json::parse(&body)? };
-    state.node.read_barrier().await?;
+    crate::access::barrier(&state, &principal).await?;
     let stored = state.node.state().password_hash(&principal.user.id)?;
     if stored.is_none() {
         return Err(ApiError::NotFound("no password is set".into()));

@@ -303,7 +303,7 @@ async fn the_worst_inputs_of_every_fuzz_target_leave_the_node_up() {
     }
     for value in seeds("dav_request") {
         let text: String = String::from_utf8_lossy(&value).chars().filter(|c| (' '..='~').contains(c)).collect();
-        for name in ["if", "depth", "timeout", "lock-token", "range"] {
+        for name in ["if", "if-match", "if-none-match", "if-range", "depth", "timeout", "lock-token", "range"] {
             let headers = [("authorization", auth.as_str()), (name, text.as_str())];
             let (status, _, _) = node.send_raw("LOCK", "/dav/x.txt", None, &headers, None).await;
             check(format!("LOCK with {name}: {text:?}"), status);
