@@ -334,6 +334,7 @@ impl GuardedFileSystem<Principal> for RaftFs {
             let patch_command =
                 PropPatch { namespace_id, path: file_path(&at)?, actor_user_id: principal.user.id.clone(), changes };
             let outcome = self.state.node.write(Command::PatchProps(Box::new(patch_command))).await;
+            self.wrote().await;
             let status = match outcome.map_err(|e| fs_error(e.into()))? {
                 Outcome::Done => StatusCode::OK,
                 Outcome::Rejected(Rejection::LimitReached(_)) => StatusCode::INSUFFICIENT_STORAGE,

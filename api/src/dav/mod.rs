@@ -172,10 +172,14 @@ pub struct RaftFs {
     state: AppState,
     /// What this request may remove or overwrite.
     fence: std::sync::Arc<Fence>,
-    /// The request's read barrier (with the caller's token checked after it), passed once:
-    /// every call after it reads the state as of then or later. A listing asks `dav-server`'s
-    /// property calls once per entry; they cost a point read each, not a barrier.
-    barrier: std::sync::Arc<tokio::sync::OnceCell<()>>,
+    /// Whether the request's read barrier (with the caller's token checked after it) holds:
+    /// passed, and nothing written by this request since. Every call after it reads the state
+    /// as of then or later; a listing asks `dav-server`'s property calls once per entry, and
+    /// they cost a point read each, not a barrier. A write clears it ([`RaftFs::wrote`]): on a
+    /// follower the leader answers before this node applied the write, so the next call (a
+    /// COPY's copy after its overwrite's delete) passes a barrier again and reads its own
+    /// write.
+    barrier: std::sync::Arc<tokio::sync::Mutex<bool>>,
     /// The caller's shared folders as the request first named them (one listing of
     /// `/Shared` per request, and one naming for all its paths).
     named: std::sync::Arc<std::sync::OnceLock<Vec<Share>>>,
@@ -406,9 +410,13 @@ impl RaftFs {
     /// them, anything else the personal namespace (its own `/Shared/<other>` included).
     async fn locate(&self, principal: &Principal, path: &DavPath) -> FsResult<Place> {
         let path = path_of(path)?;
-        self.barrier
-            .get_or_try_init(|| async { crate::access::barrier(&self.state, principal).await.map_err(fs_error) })
-            .await?;
+        {
+            let mut holds = self.barrier.lock().await;
+            if !*holds {
+                crate::access::barrier(&self.state, principal).await.map_err(fs_error)?;
+                *holds = true;
+            }
+        }
         let shared_root = format!("/{SHARED_FOLDER}");
         if path == shared_root {
             return Ok(Place::Shares);
@@ -613,7 +621,9 @@ impl RaftFs {
 
     /// Proposes `command` and reads its outcome as a file system result.
     async fn commit(&self, command: Command) -> FsResult<(String, u64)> {
-        let outcome = self.state.node.write(command).await.map_err(|e| fs_error(e.into()))?;
+        let outcome = self.state.node.write(command).await;
+        self.wrote().await;
+        let outcome = outcome.map_err(|e| fs_error(e.into()))?;
         match outcome {
             Outcome::FileCommitted { file_id, version, .. } => Ok((file_id, version)),
             Outcome::FileConflict { .. } => Err(FsError::Exists),
@@ -628,6 +638,12 @@ impl RaftFs {
 
     fn empty_commit(principal: &Principal, namespace_id: &str, path: FilePath, base_version: u64) -> FileCommit {
         crate::routes::files::empty_commit(principal, namespace_id.to_string(), path, base_version, DEVICE.to_string())
+    }
+
+    /// After a write of this request (whatever its outcome): the next call passes a read
+    /// barrier again, so it sees the write even where this node has not applied it yet.
+    async fn wrote(&self) {
+        *self.barrier.lock().await = false;
     }
 
     /// The current version of the live file at `path`, or 0.

@@ -18,13 +18,13 @@
 //!   or a token made within [`FRESH_PROOF`] that is not itself a login session, so a token
 //!   someone stole and kept cannot plant a permanent login; `GET /v1/me` says whether a
 //!   password is set.
-//! - **Bounded:** at most [`HASHES_IN_FLIGHT`] hashes at once per node (a login flood costs
-//!   this node two cores' worth at most, and waits at most [`HASH_WAIT`] for a place, then
+//! - **Bounded:** at most [`hashes_in_flight`] hashes at once per node (a login flood costs
+//!   this node half its cores at most, and waits at most [`HASH_WAIT`] for a place, then
 //!   503). Each password check (a login, WebDAV's Basic, a share link's password, a change) is
 //!   an attempt ([`Attempts`]), judged before any hashing and before a login's body is read:
 //!   at most [`ATTEMPTS_PER_CLIENT`] a minute from one client address (an IPv6 /64 counts as
-//!   one); then, per (name, address), a back-off that doubles with each failure up to
-//!   [`BACKOFF_MAX`]; and a name's failures beyond [`FAILURES_PER_NAME`] a minute stop only
+//!   one); then, per (name, address), a back-off after the [`FAILURES_FREE`] first failures
+//!   (a typo costs no wait) that doubles with each further failure up to [`BACKOFF_MAX`]; and a name's failures beyond [`FAILURES_PER_NAME`] a minute stop only
 //!   the addresses that failed on it. No one can lock a user out: a right password from an
 //!   address that has not failed is always checked.
 //! - **No oracle:** an unknown name, a user without a password and a wrong password answer the
@@ -64,8 +64,15 @@ pub const SESSION_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const SESSIONS_FORMAT: u32 = 5;
 /// How young a token must be to stand as fresh proof of who calls.
 pub const FRESH_PROOF: Duration = Duration::from_secs(10 * 60);
-/// Password hashes computed at once on one node.
-pub const HASHES_IN_FLIGHT: usize = 2;
+/// Password hashes computed at once on one node: half its cores, at least one, so a flood
+/// of logins leaves the other half to everyone else.
+pub fn hashes_in_flight() -> usize {
+    std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
+}
+/// The niceness of the threads that hash: the lowest priority, so serving requests always
+/// comes first and a flood of password checks waits for spare CPU (on two cores, argon2 run
+/// at normal priority more than tripled a bystander's p99: `hostile_input`'s guesses).
+const HASHER_NICENESS: i32 = 19;
 /// How long a request waits for a place to hash before 503.
 pub const HASH_WAIT: Duration = Duration::from_secs(5);
 /// Bytes of a login or password body, at most.
@@ -76,7 +83,10 @@ pub const ATTEMPTS_PER_CLIENT: u32 = 30;
 /// Failed checks of one name (or share link), per minute, on one node, past which the
 /// addresses that failed on it wait out their back-off.
 pub const FAILURES_PER_NAME: u32 = 10;
-/// The wait after a (name, address)'s first failure; it doubles with each one after.
+/// Failures of a (name, address) that cost no wait: someone who mistypes their password
+/// once tries again at once.
+pub const FAILURES_FREE: u32 = 1;
+/// The wait after the first failure beyond [`FAILURES_FREE`]; it doubles with each one after.
 pub const BACKOFF_FIRST: Duration = Duration::from_secs(1);
 /// The longest wait a back-off imposes.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
@@ -174,8 +184,10 @@ impl Attempts {
         }
         let entry = backoffs.entry(key).or_insert(Backoff { failures: 0, until: now });
         entry.failures = entry.failures.saturating_add(1);
-        let doubled = BACKOFF_FIRST.saturating_mul(1u32 << entry.failures.saturating_sub(1).min(16));
-        entry.until = now + doubled.min(BACKOFF_MAX);
+        entry.until = match entry.failures.checked_sub(FAILURES_FREE + 1) {
+            None => now,
+            Some(beyond) => now + BACKOFF_FIRST.saturating_mul(1u32 << beyond.min(16)).min(BACKOFF_MAX),
+        };
         drop(backoffs);
         let mut per_name = self.failures_per_name.lock().unwrap_or_else(|e| e.into_inner());
         if per_name.len() >= FAILURES_TRACKED_MAX && !per_name.contains_key(name) {
@@ -221,11 +233,53 @@ impl Drop for CheckTurn<'_> {
 impl Default for Passwords {
     fn default() -> Passwords {
         Passwords {
-            hashing: Arc::new(tokio::sync::Semaphore::new(HASHES_IN_FLIGHT)),
+            hashing: Arc::new(tokio::sync::Semaphore::new(hashes_in_flight())),
             checked: Mutex::new(HashMap::new()),
             checking: Mutex::new(HashMap::new()),
             attempts: Attempts::default(),
         }
+    }
+}
+
+/// One piece of hashing work.
+type HashJob = Box<dyn FnOnce() + Send>;
+
+/// The threads that hash passwords, at [`HASHER_NICENESS`], one per [`hashes_in_flight`]:
+/// the process's, shared by its nodes (each bounds its own work with its places to hash).
+struct Hashers {
+    jobs: Mutex<std::sync::mpsc::Sender<HashJob>>,
+}
+
+static HASHERS: LazyLock<Hashers> = LazyLock::new(Hashers::start);
+
+impl Hashers {
+    fn start() -> Hashers {
+        let (jobs, queue) = std::sync::mpsc::channel::<HashJob>();
+        let queue = Arc::new(Mutex::new(queue));
+        for n in 0..hashes_in_flight() {
+            let queue = queue.clone();
+            let spawned = std::thread::Builder::new().name(format!("password-hasher-{n}")).spawn(move || {
+                // On Linux a thread id names the thread alone.
+                let me = rustix::thread::gettid();
+                if let Err(e) = rustix::process::setpriority_process(Some(me), HASHER_NICENESS) {
+                    tracing::warn!(error = %e, "password hashing runs at normal priority");
+                }
+                loop {
+                    let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok(job) = job else { return };
+                    job();
+                }
+            });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "a password hasher could not start");
+            }
+        }
+        Hashers { jobs: Mutex::new(jobs) }
+    }
+
+    fn run(&self, job: HashJob) -> Result<(), ApiError> {
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        jobs.send(job).map_err(|_| ApiError::Internal("no password hasher runs".into()))
     }
 }
 
@@ -243,13 +297,12 @@ impl Passwords {
             .await
             .map_err(|_| ApiError::Unavailable("this node is busy checking passwords; try again shortly".into()))?
             .map_err(|_| ApiError::Internal("the password places are closed".into()))?;
-        let result = tokio::task::spawn_blocking(move || {
+        let (answer, result) = tokio::sync::oneshot::channel();
+        HASHERS.run(Box::new(move || {
             let _place = place;
-            work()
-        })
-        .await
-        .map_err(|e| ApiError::Internal(format!("hashing failed: {e}")))?;
-        Ok(result)
+            let _ = answer.send(work());
+        }))?;
+        result.await.map_err(|_| ApiError::Internal("hashing failed: the hasher stopped".into()))
     }
 
     /// What a check of `secret` for `who` against `stored` is remembered by.

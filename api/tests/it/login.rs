@@ -8,8 +8,8 @@ use serde_json::json;
 
 use crate::{assert_problem, TestNode, ADMIN_TOKEN};
 
-/// A login, once any back-off of an earlier wrong try from this address is over (a wrong
-/// password makes the next try of that name wait a second, doubling).
+/// A login, once any back-off of earlier wrong tries from this address is over (a second
+/// wrong password makes the next try of that name wait a second, doubling).
 async fn login(node: &TestNode, name: &str, password: &str) -> (StatusCode, serde_json::Value) {
     let body = json!({ "name": name, "password": password }).to_string();
     in_time(node, "POST", "/v1/login", None, &body).await
@@ -30,7 +30,7 @@ async fn in_time(
             return (status, answer);
         }
         let wait: u64 = headers["retry-after"].to_str().expect("ascii").parse().expect("seconds");
-        assert!(wait <= 2, "a back-off after one or two failures is a second or two, not {wait} s");
+        assert!(wait <= 2, "a back-off after two or three failures is a second or two, not {wait} s");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
@@ -109,15 +109,17 @@ async fn a_guesser_backs_off_per_address_and_never_locks_the_user_out() {
     let set = json!({ "password": "the right one" }).to_string();
     assert_eq!(node.call("PUT", &path, Some(ADMIN_TOKEN), Some(&set)).await.0, StatusCode::NO_CONTENT);
 
-    // A wrong guess, then at once another: the second waits out a back-off.
+    // A wrong guess is a typo, tried again at once; after a second one, a third waits out a
+    // back-off.
     assert_eq!(login_from(&node, "127.0.0.2", "target", "guess guess 1").await, StatusCode::UNAUTHORIZED);
+    assert_eq!(login_from(&node, "127.0.0.2", "target", "guess guess 2").await, StatusCode::UNAUTHORIZED);
     let (status, headers, body) = node
         .call_from(
             "127.0.0.2".parse().expect("ip"),
             "POST",
             "/v1/login",
             None,
-            Some(&json!({ "name": "target", "password": "guess guess 2" }).to_string()),
+            Some(&json!({ "name": "target", "password": "guess guess 3" }).to_string()),
         )
         .await;
     assert_problem(status, &body, StatusCode::TOO_MANY_REQUESTS, "rate-limited");

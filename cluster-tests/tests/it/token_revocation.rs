@@ -4,13 +4,17 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
-use raftbox_cluster_tests::{me, new_user, send, within, Cluster, ClusterOptions, Outcome};
+use raftbox_cluster_tests::{me, new_user, send, within, Cluster, ClusterOptions, Outcome, RaftTuning};
 
 const TEST_DEADLINE: Duration = Duration::from_secs(60);
 /// How soon after the revocation's answer every node must refuse the token.
 const EVERYWHERE_WITHIN: Duration = Duration::from_secs(1);
 /// Pause between two probes of a node.
 const POLL: Duration = Duration::from_millis(10);
+/// The write timeout (so the bound on a read barrier) of the cluster with a node behind.
+const BEHIND_WRITE_TIMEOUT_MS: u64 = 2_000;
+/// Within this a node behind a revocation answers: two barrier bounds and slack.
+const BEHIND_ANSWER_WITHIN: Duration = Duration::from_millis(3 * BEHIND_WRITE_TIMEOUT_MS);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_token_is_refused_on_every_node_within_a_second() {
@@ -64,7 +68,10 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
 /// behind answers 503 (its barrier cannot complete), never 200, and once it has caught up, 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_behind_a_revocation_serves_the_revoked_token_nothing() {
-    let options = ClusterOptions { network_namespaces: true, ..ClusterOptions::default() };
+    // A node that cannot pass its barrier answers 503 once the write timeout is out: kept
+    // short here so the reads behind the revocation answer well within the test's deadline.
+    let raft = RaftTuning { write_timeout_ms: BEHIND_WRITE_TIMEOUT_MS, ..RaftTuning::default() };
+    let options = ClusterOptions { network_namespaces: true, raft, ..ClusterOptions::default() };
     let mut cluster = Cluster::start(options).await.expect("start the cluster");
     let result = within(TEST_DEADLINE, behind(&mut cluster)).await;
     cluster.conclude(result);
@@ -107,7 +114,9 @@ async fn behind(cluster: &mut Cluster) -> Result<()> {
     ensure!(matches!(revoked, Outcome::Ok(_)), "revoke: {revoked:?}");
     // Behind the revocation, the node serves the token nothing.
     for read in reads(lagging_url.clone()) {
-        let status = http.get(&read).bearer_auth(&token).send().await?.status().as_u16();
+        // The request outlasts the server's bound (a barrier and the token's own lookup).
+        let request = http.get(&read).bearer_auth(&token).timeout(BEHIND_ANSWER_WITHIN);
+        let status = request.send().await?.status().as_u16();
         ensure!(status == 503 || status == 401, "{read} on the node behind the revocation: {status}, not 503");
     }
     cluster.network().context("network namespaces")?.heal()?;
