@@ -644,8 +644,12 @@ pub async fn remove_mine(
 ) -> Result<Response, ApiError> {
     let client = client_of(&request);
     let body = small_body(request).await?;
-    let removal: PasswordRemoval =
-        if body.iter().all(u8::is_ascii_whitespace) { PasswordRemoval::default() } else { json::parse(&body)? };
+    // No body, or JSON `null` (the description's body is optional and nullable), is none.
+    let removal: PasswordRemoval = if body.iter().all(u8::is_ascii_whitespace) {
+        PasswordRemoval::default()
+    } else {
+        json::parse::<Option<PasswordRemoval>>(&body)?.unwrap_or_default()
+    };
     crate::access::barrier(&state, &principal).await?;
     let stored = state.node.state().password_hash(&principal.user.id)?;
     if stored.is_none() {

@@ -191,7 +191,8 @@ async fn a_planted_password_is_seen_removed_and_its_sessions_end() {
     // The user sees it, and removes it with a token made for them just now.
     let (_, _, me) = node.call("GET", "/v1/me", Some(&token), None).await;
     assert_eq!(me["passwordSet"], true, "{me}");
-    let (status, _, body) = node.call("DELETE", "/v1/me/password", Some(&token), None).await;
+    // As Schemathesis sends it: a JSON null for the optional body is no body.
+    let (status, _, body) = node.call("DELETE", "/v1/me/password", Some(&token), Some("null")).await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     let (_, _, me) = node.call("GET", "/v1/me", Some(&token), None).await;
     assert_eq!(me["passwordSet"], false, "{me}");
