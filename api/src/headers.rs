@@ -20,6 +20,7 @@
 use axum::body::Body;
 use axum::http::{header, HeaderName, HeaderValue, Response};
 use axum::Router;
+use tower::ServiceBuilder;
 use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::AppState;
@@ -55,27 +56,35 @@ fn disposition<B>(response: &Response<B>) -> Option<HeaderValue> {
     ((status == 200 || status == 206) && !shown_inline(content_type)).then(|| HeaderValue::from_static("attachment"))
 }
 
+// Each policy is one `ServiceBuilder` stack applied with one `Router::layer`: axum boxes
+// every route once per `layer` call, and nine calls cost a commit at 256 clients about a
+// tenth of its throughput (a profile showed the boxed futures' allocations on top).
+
 /// The layers of [`user_content`] on `router`.
 pub fn user_content(router: Router<AppState>) -> Router<AppState> {
-    router
-        .layer(SetResponseHeaderLayer::overriding(
-            header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static(USER_CONTENT_POLICY),
-        ))
-        .layer(SetResponseHeaderLayer::if_not_present(header::CONTENT_DISPOSITION, disposition::<Body>))
+    router.layer(
+        ServiceBuilder::new()
+            .layer(SetResponseHeaderLayer::if_not_present(header::CONTENT_DISPOSITION, disposition::<Body>))
+            .layer(SetResponseHeaderLayer::overriding(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(USER_CONTENT_POLICY),
+            )),
+    )
 }
 
 /// The layers of [`console`] on `router`.
 pub fn console(router: Router<AppState>) -> Router<AppState> {
-    router
-        .layer(SetResponseHeaderLayer::overriding(
-            header::CONTENT_SECURITY_POLICY,
-            HeaderValue::from_static(CONSOLE_POLICY),
-        ))
-        .layer(SetResponseHeaderLayer::overriding(
-            HeaderName::from_static("cross-origin-opener-policy"),
-            HeaderValue::from_static("same-origin"),
-        ))
+    router.layer(
+        ServiceBuilder::new()
+            .layer(SetResponseHeaderLayer::overriding(
+                HeaderName::from_static("cross-origin-opener-policy"),
+                HeaderValue::from_static("same-origin"),
+            ))
+            .layer(SetResponseHeaderLayer::overriding(
+                header::CONTENT_SECURITY_POLICY,
+                HeaderValue::from_static(CONSOLE_POLICY),
+            )),
+    )
 }
 
 /// The layers every answer passes ([`everywhere`]), on the whole router.
@@ -86,16 +95,18 @@ pub fn everywhere(router: Router) -> Router {
     let unless_set = |name: HeaderName, value: &'static str| {
         SetResponseHeaderLayer::if_not_present(name, HeaderValue::from_static(value))
     };
-    router
-        .layer(unless_set(header::CONTENT_SECURITY_POLICY, API_POLICY))
-        .layer(unless_set(header::X_FRAME_OPTIONS, "DENY"))
-        .layer(unless_set(header::CACHE_CONTROL, "no-store, max-age=0"))
-        .layer(always(header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
-        .layer(always(header::REFERRER_POLICY, "no-referrer"))
-        .layer(always(HeaderName::from_static("cross-origin-resource-policy"), "same-origin"))
-        .layer(always(HeaderName::from_static("x-permitted-cross-domain-policies"), "none"))
-        .layer(always(header::X_XSS_PROTECTION, "0"))
-        .layer(always(HeaderName::from_static("permissions-policy"), PERMISSIONS_POLICY))
+    router.layer(
+        ServiceBuilder::new()
+            .layer(always(HeaderName::from_static("permissions-policy"), PERMISSIONS_POLICY))
+            .layer(always(header::X_XSS_PROTECTION, "0"))
+            .layer(always(HeaderName::from_static("x-permitted-cross-domain-policies"), "none"))
+            .layer(always(HeaderName::from_static("cross-origin-resource-policy"), "same-origin"))
+            .layer(always(header::REFERRER_POLICY, "no-referrer"))
+            .layer(always(header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+            .layer(unless_set(header::CACHE_CONTROL, "no-store, max-age=0"))
+            .layer(unless_set(header::X_FRAME_OPTIONS, "DENY"))
+            .layer(unless_set(header::CONTENT_SECURITY_POLICY, API_POLICY)),
+    )
 }
 
 #[cfg(test)]

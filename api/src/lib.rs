@@ -49,6 +49,7 @@ use axum::Router;
 use raftbox_raft::RaftNode;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
+use tower::ServiceBuilder;
 use tower_http::map_request_body::MapRequestBodyLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
@@ -265,29 +266,37 @@ pub fn router_with(extra: Router<AppState>, state: AppState) -> Router {
     let bounded = routes::router()
         .merge(routes::console_router())
         .merge(extra)
-        .layer(MapRequestBodyLayer::new(axum::body::Body::new))
-        .layer(RequestBodyTimeoutLayer::new(BODY_IDLE))
-        .layer(timeout)
-        .layer(admit_user.clone())
-        .layer(limiter.clone())
-        .layer(admit.clone());
+        // One stack, one `layer` call (axum boxes every route once per call), outermost first.
+        .layer(
+            ServiceBuilder::new()
+                .layer(admit.clone())
+                .layer(limiter.clone())
+                .layer(admit_user.clone())
+                .layer(timeout)
+                .layer(RequestBodyTimeoutLayer::new(BODY_IDLE))
+                .layer(MapRequestBodyLayer::new(axum::body::Body::new)),
+        );
     // WebDAV and the whole-file routes carry whole files in one request: a longer deadline,
     // and a longer wait for each piece of a body.
-    let transfers = headers::user_content(dav::router())
-        .merge(routes::transfer_router())
-        .layer(MapRequestBodyLayer::new(axum::body::Body::new))
-        .layer(RequestBodyTimeoutLayer::new(TRANSFER_BODY_IDLE))
-        .layer(axum::middleware::from_fn(transfer_timeout))
-        .layer(admit_user)
-        .layer(limiter.clone())
-        .layer(admit);
+    let transfers = headers::user_content(dav::router()).merge(routes::transfer_router()).layer(
+        ServiceBuilder::new()
+            .layer(admit)
+            .layer(limiter.clone())
+            .layer(admit_user)
+            .layer(axum::middleware::from_fn(transfer_timeout))
+            .layer(RequestBodyTimeoutLayer::new(TRANSFER_BODY_IDLE))
+            .layer(MapRequestBodyLayer::new(axum::body::Body::new)),
+    );
     let app = bounded
         .merge(transfers)
         .merge(probes)
         .merge(routes::notify_router().layer(limiter))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), front_door::identify))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
-        .layer(axum::middleware::from_fn(error::problems_everywhere))
+        .layer(
+            ServiceBuilder::new()
+                .layer(axum::middleware::from_fn(error::problems_everywhere))
+                .layer(axum::middleware::from_fn_with_state(state.clone(), metrics::track))
+                .layer(axum::middleware::from_fn_with_state(state.clone(), front_door::identify)),
+        )
         .with_state(state);
     headers::everywhere(app)
 }
