@@ -57,8 +57,8 @@ fn disposition<B>(response: &Response<B>) -> Option<HeaderValue> {
 }
 
 // Each policy is one `ServiceBuilder` stack applied with one `Router::layer`: axum boxes
-// every route once per `layer` call, and nine calls cost a commit at 256 clients about a
-// tenth of its throughput (a profile showed the boxed futures' allocations on top).
+// every route once per `layer` call (a profile of commits at 256 clients showed zeroed
+// allocations of the nested boxed futures at the top).
 
 /// The layers of [`user_content`] on `router`.
 pub fn user_content(router: Router<AppState>) -> Router<AppState> {
