@@ -24,8 +24,9 @@
 //!   an attempt ([`Attempts`]), judged before any hashing and before a login's body is read:
 //!   at most [`ATTEMPTS_PER_CLIENT`] a minute from one client address (an IPv6 /64 counts as
 //!   one); then, per (name, address), a back-off after the [`FAILURES_FREE`] first failures
-//!   (a typo costs no wait) that doubles with each further failure up to [`BACKOFF_MAX`]; and a name's failures beyond [`FAILURES_PER_NAME`] a minute stop only
-//!   the addresses that failed on it. No one can lock a user out: a right password from an
+//!   (a typo costs no wait) that doubles with each further failure up to [`BACKOFF_MAX`];
+//!   and a name's failures beyond [`FAILURES_PER_NAME`] a minute stop only the addresses
+//!   that failed on it. No one can lock a user out: a right password from an
 //!   address that has not failed is always checked.
 //! - **No oracle:** an unknown name, a user without a password and a wrong password answer the
 //!   same 401 after the same work (a dummy hash is checked when there is nothing to check).
