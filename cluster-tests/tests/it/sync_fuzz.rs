@@ -267,8 +267,40 @@ impl World {
                 .map(|(i, t)| {
                     let only_here: Vec<&String> = t.keys().filter(|k| server.get(*k) != t.get(*k)).collect();
                     let only_there: Vec<&String> = server.keys().filter(|k| t.get(*k) != server.get(*k)).collect();
+                    if only_here.is_empty() && only_there.is_empty() {
+                        return format!("device{i}: converged");
+                    }
+                    // What each side holds of every path that differs (which writer's write,
+                    // how long), and the device's own failures: enough to tell a missed
+                    // change from a held retry without the folders, which are gone by then.
+                    let describe = |content: Option<&Vec<u8>>| match content {
+                        None => "nothing".to_string(),
+                        Some(c) => format!(
+                            "{:?} ({} bytes)",
+                            String::from_utf8_lossy(
+                                &c[..c.iter().position(|b| *b == b'\n').unwrap_or(c.len()).min(40)]
+                            ),
+                            c.len()
+                        ),
+                    };
+                    let paths: BTreeSet<&String> = only_here.iter().chain(&only_there).copied().collect();
+                    let sides: Vec<String> = paths
+                        .iter()
+                        .map(|p| {
+                            let logs = self.devices[i].logs();
+                            let mentions: Vec<&str> = logs.lines().filter(|l| l.contains(p.as_str())).collect();
+                            format!(
+                                "  {p}: here {}, there {}; the device's log of it:\n    {}",
+                                describe(t.get(*p)),
+                                describe(server.get(*p)),
+                                mentions.join("\n    ")
+                            )
+                        })
+                        .collect();
+                    let failures = self.devices[i].status().map(|s| s["failures"].to_string()).unwrap_or_default();
                     format!(
-                        "device{i}: differs here {only_here:?}, there {only_there:?}\n{}",
+                        "device{i}: differs\n{}\n  failures: {failures}\n{}",
+                        sides.join("\n"),
                         self.devices[i].log_tail()
                     )
                 })
