@@ -295,6 +295,16 @@ fn summary(views: &[(String, Result<Value, String>)]) -> String {
             }
         }
     }
+    let clusters: std::collections::BTreeSet<&str> =
+        answered.iter().map(|v| v["clusterId"].as_str().unwrap_or("(none)")).collect();
+    if clusters.len() > 1 {
+        let _ = writeln!(
+            out,
+            "warning: these nodes belong to different clusters ({}): the members a recovery or restore \
+             replaced still run on their old data; they never join the new cluster",
+            clusters.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
     out
 }
 
@@ -323,5 +333,14 @@ mod tests {
         assert!(lines[2].contains("Follower") && lines[2].trim_end().ends_with("10"), "{text}");
         assert!(lines[3].contains("Leader") && lines[3].trim_end().ends_with(" 0"), "{text}");
         assert!(lines[4].contains("unreachable"), "{text}");
+        assert_eq!(lines.len(), 5, "one cluster: no warning\n{text}");
+        let mut other = node(3, "Leader", 5, 5);
+        other["clusterId"] = json!("new-cluster");
+        let views = vec![
+            ("http://127.0.0.1:2".to_string(), Ok(node(2, "Leader", 100, 100))),
+            ("http://127.0.0.1:3".to_string(), Ok(other)),
+        ];
+        let text = summary(&views);
+        assert!(text.lines().last().is_some_and(|l| l.contains("different clusters ((none), new-cluster)")), "{text}");
     }
 }

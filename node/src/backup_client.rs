@@ -241,13 +241,14 @@ pub fn run_restore(args: RestoreArgs) -> anyhow::Result<()> {
     let restored = raftbox_raft::restore_backup(&args.file, &config.data_dir, id, &http_addr, &grpc_addr)?;
     eprintln!(
         "restored log index {} (term {}) into {} as node {}, the only voter of a new configuration \
-         (entry {}, term {}), in {:.1} s",
+         (entry {}, term {}) of a new cluster {}, in {:.1} s",
         restored.backup_index,
         restored.backup_term,
         config.data_dir.display(),
         config.node_id,
         restored.recovered.membership_index,
         restored.recovered.term,
+        restored.recovered.cluster_id,
         started.elapsed().as_secs_f64()
     );
     eprintln!(
@@ -292,12 +293,16 @@ pub fn run_recover(args: RecoverArgs) -> anyhow::Result<()> {
     let (id, http_addr, grpc_addr) = node_identity(&config);
     let recovered = raftbox_raft::force_new_cluster(&config.data_dir, id, &http_addr, &grpc_addr)?;
     eprintln!(
-        "node {} is now the only voter of a new configuration (log entry {}, term {}), with all the \
-         data it held (log up to entry {}).\n\
-         Whatever only the lost nodes held is gone. Never start the lost nodes on their old data: \
-         wipe their data directories, then start the recovered node and add them back \
-         (scripts/cluster add N, or raftbox cluster add N HTTP GRPC).",
-        config.node_id, recovered.membership_index, recovered.term, recovered.previous_index
+        "node {} is now the only voter of a new configuration (log entry {}, term {}) of a new cluster {}, \
+         with all the data it held (log up to entry {}).\n\
+         Whatever only the lost nodes held is gone. The lost nodes can never rejoin on their old data \
+         (the new cluster refuses them, and they it): wipe their data directories, then start the \
+         recovered node and add them back (scripts/cluster add N, or raftbox cluster add N HTTP GRPC).",
+        config.node_id,
+        recovered.membership_index,
+        recovered.term,
+        recovered.cluster_id,
+        recovered.previous_index
     );
     Ok(())
 }

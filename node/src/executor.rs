@@ -203,6 +203,11 @@ pub async fn run(
         if !burst && !ctx.node.state().claimable_at(now_ms()).unwrap_or(false) {
             continue;
         }
+        // A node whose clock the cluster does not agree with claims nothing: it would judge
+        // what is due, and when, by a wrong clock.
+        if !ctx.node.clock().may_lead() {
+            continue;
+        }
         let Ok(held) = ctx.held.clone().try_acquire_many_owned(free as u32) else { continue };
         let ctx = ctx.clone();
         tokio::spawn(async move {
@@ -533,7 +538,12 @@ impl reqwest::dns::Resolve for CheckedResolver {
 async fn maintain(ctx: &Context, kind: &str) -> Result<RunResult, String> {
     let mut total = 0;
     for _ in 0..MAINTENANCE_ROUNDS_MAX {
-        let now = now_ms();
+        // Every cutoff from the replicated clock (the newest leader stamp applied here, after
+        // a read barrier), never this node's wall clock: a node whose clock runs ahead would
+        // expire history and collect chunks that are still within their retention. It may lag
+        // real time, which only keeps more.
+        ctx.node.read_barrier().await.map_err(|e| e.to_string())?;
+        let now = ctx.node.state().clock_ms().map_err(|e| e.to_string())?;
         let command = match kind {
             "maintenance.purge_expired" => Command::PurgeExpired { max_records: MAINTENANCE_BATCH_RECORDS },
             "maintenance.expire_versions" => Command::ExpireVersions {

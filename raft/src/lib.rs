@@ -16,7 +16,8 @@
 //! - [`status`]: this node's view of the cluster as plain data, and its applied index.
 //! - [`metrics`]: the node's Prometheus series (write path, Raft state), one registry.
 //! - [`membership`]: online membership change; a node that lost its data does not vote.
-//! - [`secret`]: the cluster secret every node-to-node call carries.
+//! - [`secret`]: the cluster secret every node-to-node call carries; [`cluster_id`]: the
+//!   cluster's identity, which every call carries too, so no node joins another cluster.
 //! - [`tls`]: TLS of the node (HTTPS, gRPC between nodes, mutual TLS), one crypto provider.
 //! - [`clock`]: the clock-offset check that keeps a node with a wrong clock from leading.
 //! - [`recover`]: offline: a one-member cluster from a survivor, or from a backup.
@@ -24,6 +25,7 @@
 mod blocks;
 mod boot_clock;
 mod clock;
+mod cluster_id;
 mod disk;
 mod error;
 mod format;

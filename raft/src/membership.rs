@@ -108,12 +108,13 @@ pub(crate) fn members_of(metrics: &RaftMetrics) -> Vec<Member> {
 
 /// Carries out `change` on this node, which must be the leader, by `deadline`.
 ///
-/// An addition holds `format_gate` throughout, as the raising of the cluster's format does
+/// An addition refuses a node of another cluster (`cluster_id` is this one's), and holds
+/// `format_gate` throughout, as the raising of the cluster's format does
 /// (`crate::format`), so the format never rises past what a node being added reads.
 pub(crate) async fn change_on_leader(
     raft: &Raft,
     peers: &Peers,
-    cluster_format: &ClusterFormat,
+    (cluster_format, cluster_id): (&ClusterFormat, Option<&str>),
     change: &MembershipChange,
     deadline: Instant,
 ) -> Result<MembershipAnswer, MembershipError> {
@@ -129,7 +130,7 @@ pub(crate) async fn change_on_leader(
                     "the leader has entries it has not applied yet; try again".into(),
                 ));
             }
-            add(raft, peers, cluster_format, *id, info, deadline).await
+            add(raft, peers, cluster_format, cluster_id, *id, info, deadline).await
         }
         MembershipChange::Remove { id } => {
             // Serialized with additions (and other removals): the fill below is judged on
@@ -143,10 +144,38 @@ pub(crate) async fn change_on_leader(
     }
 }
 
+/// Why a node whose status is `status` may not join cluster `ours`, if it may not: it has
+/// another cluster's id, or holds data (a log, a configuration) under another id or none —
+/// a machine restarted on its directory from before a recovery or restore, or a member of
+/// another cluster. Only an empty directory, or one of this cluster rejoining, is added.
+fn another_cluster(ours: Option<&str>, status: &PeerStatus) -> Option<String> {
+    let ours = ours.unwrap_or_default();
+    if status.cluster_id == ours {
+        return None;
+    }
+    let holds_data = status.initialized || status.last_log_index > 0;
+    let named = |id: &str| if id.is_empty() { "no cluster id".to_owned() } else { format!("cluster id {id}") };
+    if !status.cluster_id.is_empty() {
+        return Some(format!(
+            "belongs to another cluster ({}; this one has {}): wipe its data directory to add it",
+            named(&status.cluster_id),
+            named(ours)
+        ));
+    }
+    holds_data.then(|| {
+        format!(
+            "holds the data of another cluster (a log, and {}; this one has {}): a machine restarted on its              directory from before a recovery or restore; wipe its data directory to add it",
+            named(&status.cluster_id),
+            named(ours)
+        )
+    })
+}
+
 async fn add(
     raft: &Raft,
     peers: &Peers,
     cluster_format: &ClusterFormat,
+    cluster_id: Option<&str>,
     id: NodeId,
     info: &NodeInfo,
     deadline: Instant,
@@ -183,6 +212,9 @@ async fn add(
         return Err(MembershipError::Invalid(format!(
             "node {id} runs a version without incarnations: upgrade it before adding it"
         )));
+    }
+    if let Some(why) = another_cluster(cluster_id, &status) {
+        return Err(MembershipError::Invalid(format!("node {id} {why}")));
     }
     let format = cluster_format.current();
     if status.format < format {
@@ -542,6 +574,8 @@ pub(crate) struct PeerStatus {
     pub incarnation: String,
     /// The newest data format it reads (2 for a node too old to say).
     pub format: u32,
+    /// The cluster it belongs to; empty if none ([`crate::cluster_id`]).
+    pub cluster_id: String,
 }
 
 /// The format of a node that does not report one: the last before reports began.
@@ -558,5 +592,6 @@ pub(crate) async fn peer_status(peers: &Peers, addr: &str, timeout: Duration) ->
         last_log_index: reply.last_log_index,
         incarnation: reply.incarnation,
         format: if reply.format == 0 { FORMAT_BEFORE_REPORTS } else { reply.format },
+        cluster_id: reply.cluster_id,
     })
 }

@@ -32,6 +32,7 @@ use crate::log_cache::LogCache;
 use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_client::RaftServiceClient;
 use crate::pb::{AppendEntriesFrame, RaftMessage, RaftReply};
+use crate::cluster_id::{ClusterId, Stamp};
 use crate::secret::ClusterSecret;
 use crate::tls::NodeTls;
 use crate::types::{NodeId, NodeInfo, TypeConfig};
@@ -64,8 +65,9 @@ pub const CONNECTION_WINDOW_BYTES: u32 = 4 * STREAM_WINDOW_BYTES;
 /// while a heartbeat still waits behind at most this much on its connection.
 pub const FRAME_BYTES_MAX: u32 = 256 << 10;
 
-/// A client of a peer's `RaftService` whose every call carries the cluster secret.
-pub type PeerClient = RaftServiceClient<InterceptedService<Channel, ClusterSecret>>;
+/// A client of a peer's `RaftService` whose every call carries the cluster secret and this
+/// node's cluster id ([`Stamp`]).
+pub type PeerClient = RaftServiceClient<InterceptedService<Channel, Stamp>>;
 
 /// Which connection to a peer a call travels on: Raft and control calls never queue behind
 /// block transfers (megabytes each) on one HTTP/2 connection, so heartbeats stay on time
@@ -82,7 +84,7 @@ pub enum Lane {
 #[derive(Debug, Clone)]
 pub struct Peers {
     channels: Arc<Mutex<HashMap<(Lane, String), Channel>>>,
-    secret: ClusterSecret,
+    stamp: Stamp,
     tls: Option<NodeTls>,
 }
 
@@ -90,12 +92,12 @@ impl Peers {
     /// Peers dialled in plaintext (tests; a node dials with its TLS settings).
     #[cfg(test)]
     pub fn new(secret: ClusterSecret) -> Peers {
-        Peers::with_tls(secret, None)
+        Peers::with_tls(secret, ClusterId::default(), None)
     }
 
-    /// Peers dialled over TLS when `tls` is given.
-    pub fn with_tls(secret: ClusterSecret, tls: Option<NodeTls>) -> Peers {
-        Peers { channels: Arc::default(), secret, tls }
+    /// Peers dialled over TLS when `tls` is given, every call naming `cluster`.
+    pub fn with_tls(secret: ClusterSecret, cluster: ClusterId, tls: Option<NodeTls>) -> Peers {
+        Peers { channels: Arc::default(), stamp: Stamp::new(secret, cluster), tls }
     }
 
     /// A client for the peer at `grpc_addr` (host:port) on the control lane; connects on
@@ -132,7 +134,7 @@ impl Peers {
                 }
             }
         };
-        Ok(RaftServiceClient::with_interceptor(channel, self.secret.clone())
+        Ok(RaftServiceClient::with_interceptor(channel, self.stamp.clone())
             .max_decoding_message_size(MESSAGE_BYTES_MAX)
             .max_encoding_message_size(MESSAGE_BYTES_MAX))
     }

@@ -28,6 +28,7 @@ use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::ReadIndexRequest;
 use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
 use crate::read_rounds::{self, ReadRounds, Waiting};
+use crate::cluster_id::ClusterId;
 use crate::secret::ClusterSecret;
 use crate::state_machine::{Applied, StateMachineStore};
 use crate::status::{AppliedIndex, Status};
@@ -117,6 +118,8 @@ struct Inner {
     db: Db,
     vote_right: watch::Sender<VoteRight>,
     identity: membership::Identity,
+    /// The cluster this node belongs to ([`crate::cluster_id`]).
+    cluster_id: ClusterId,
     /// The initial configuration handed to this node, for its clock check until it holds one.
     initial_members: watch::Sender<Vec<(NodeId, String)>>,
     blocks: Blocks,
@@ -203,9 +206,16 @@ async fn switch_elections_forever(
         let clock_ok = clock.borrow().may_lead();
         let disk = *disk.borrow();
         let votes = vote_right.borrow().may_vote();
-        raft.runtime_config().heartbeat(clock_ok && !disk.full);
+        raft.runtime_config().heartbeat(keeps_leading(&clock.borrow(), &disk));
         RaftNode::switch_elections(&promises, &raft, id, clock_ok && disk.may_stand(), votes);
     }
+}
+
+/// Whether a leader with this clock verdict and disk keeps its leadership: its heartbeats
+/// stay on, and it confirms read indexes. Otherwise it steps down (the others elect), and
+/// nothing it does may reset their election timers meanwhile.
+fn keeps_leading(clock: &ClockHealth, disk: &DiskHealth) -> bool {
+    clock.may_lead() && !disk.full
 }
 
 /// A cheap, cloneable handle to the node.
@@ -262,7 +272,8 @@ impl RaftNode {
         }
         let sm_store = StateMachineStore::new(state.clone()).map_err(StartError::raft)?;
         let applied = sm_store.clone();
-        let peers = Peers::with_tls(secret.clone(), tls.clone());
+        let cluster_id = ClusterId::load(&db)?;
+        let peers = Peers::with_tls(secret.clone(), cluster_id.clone(), tls.clone());
         let node_metrics = NodeMetrics::new(id);
         node_metrics.set_db(db.clone());
         let log_store = LogStore::new(db.clone(), node_metrics.clone()).guarded_by(sm_store.installing());
@@ -341,6 +352,7 @@ impl RaftNode {
             db,
             vote_right,
             identity,
+            cluster_id,
             initial_members,
             blocks,
             raft,
@@ -412,6 +424,17 @@ impl RaftNode {
     }
 
     /// This data directory's incarnation (see [`crate::membership`]).
+    /// The cluster this node belongs to, once it has an id (see [`crate::cluster_id`]).
+    pub fn cluster_id(&self) -> Option<std::sync::Arc<str>> {
+        self.inner.cluster_id.get()
+    }
+
+    /// Whether this node takes a call (see [`crate::cluster_id`]); `writes`: the call would
+    /// write Raft state, so a fresh node takes the caller's id with it.
+    pub(crate) fn same_cluster<T>(&self, request: &tonic::Request<T>, writes: bool) -> Result<(), tonic::Status> {
+        self.inner.cluster_id.check(&self.inner.db, request, writes)
+    }
+
     pub fn incarnation(&self) -> &str {
         &self.inner.identity.incarnation
     }
@@ -473,10 +496,11 @@ impl RaftNode {
                 .await
                 .map_err(|e| MembershipError::Unavailable(e.to_string()))?;
             let result = if leader == self.inner.id {
+                let cluster_id = self.inner.cluster_id.get();
                 membership::change_on_leader(
                     &self.inner.raft,
                     &self.inner.peers,
-                    &self.inner.cluster_format,
+                    (&self.inner.cluster_format, cluster_id.as_deref()),
                     &change,
                     deadline,
                 )
@@ -508,8 +532,9 @@ impl RaftNode {
             return Err(MembershipError::NotLeader);
         }
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.membership_timeout_ms);
-        membership::change_on_leader(&self.inner.raft, &self.inner.peers, &self.inner.cluster_format, change, deadline)
-            .await
+        let cluster_id = self.inner.cluster_id.get();
+        let cluster = (&self.inner.cluster_format, cluster_id.as_deref());
+        membership::change_on_leader(&self.inner.raft, &self.inner.peers, cluster, change, deadline).await
     }
 
     /// Fetches every block the chunk index names and this node lacks, once this node has
@@ -732,6 +757,13 @@ impl RaftNode {
     /// On the leader: confirms leadership with a quorum and returns the index a linearizable
     /// read must see applied; `None` if it cannot by `deadline` (e.g. it lost its quorum).
     async fn read_index_until(&self, deadline: Instant) -> Option<u64> {
+        // A leader stepping down (its clock disagrees, its disk is full) confirms no read:
+        // openraft's read index sends AppendEntries whether heartbeats are on or not, and each
+        // resets the followers' election timers, so readers alone (one a second through a
+        // follower, or a stranger's forged tokens) would keep a leader that refuses writes.
+        if !keeps_leading(&self.clock(), &self.disk()) {
+            return None;
+        }
         let confirmed = tokio::time::timeout_at(deadline, self.inner.raft.get_read_log_id()).await;
         match confirmed {
             Ok(Ok((read_log_id, _applied))) => Some(read_log_id.map_or(0, |id| id.index)),
@@ -802,6 +834,13 @@ impl RaftNode {
                 waited_since = Instant::now();
             }
             tokio::time::sleep(BOOTSTRAP_POLL).await;
+        }
+        // The new cluster's identity, durable before any member is told it (the Initialize
+        // calls carry it, and each fresh member takes it). A directory holding Raft state
+        // without one (a bootstrap from before identities, repeated) stays without.
+        if self.inner.cluster_id.get().is_some() || !crate::cluster_id::holds_state(&self.inner.db)? {
+            let id = self.inner.cluster_id.mint(&self.inner.db)?;
+            tracing::info!(cluster_id = %id, "bootstrapping cluster {id}");
         }
         let json = serde_json::to_vec(&named).map_err(|e| StartError::Bootstrap(e.to_string()))?;
         let wait = Duration::from_millis(self.inner.settings.bootstrap_wait_ms.max(1_000));

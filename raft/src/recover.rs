@@ -7,13 +7,18 @@
 //! above every term the directory has seen, and the node's vote moves to that term. When the
 //! node starts it is its own majority: it elects itself, and its first commit commits that
 //! configuration and every entry before it. Nodes added back later (`raftbox cluster add`)
-//! join this configuration, with fresh data directories.
+//! join this configuration, with fresh data directories. The result is a new cluster, with
+//! a new cluster id and a new incarnation ([`crate::cluster_id`]): the members it replaced
+//! can never join it, nor it them.
 //!
 //! What it costs, and why it is an operator's decision: whatever only the lost nodes held is
 //! gone (acknowledged writes included, if this node had not received them), and entries this
-//! node held but never saw committed are committed now. The lost nodes must never start again
-//! on their old data: under their old configuration two of them are a majority, and a second
-//! cluster would be born. Opening the database fails while the node runs (RocksDB's lock).
+//! node held but never saw committed are committed now. Should the "lost" nodes come back
+//! on their old data (a partition taken for a loss), two of them are still a majority of
+//! their old configuration and go on as the old cluster: the cluster ids keep the two apart
+//! (each refuses the other's calls, and `cluster add` refuses their directories), but
+//! clients of the old one see none of the new one's writes. Opening the database fails while
+//! the node runs (RocksDB's lock).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -47,8 +52,10 @@ pub struct Recovered {
     pub term: u64,
     /// The last entry of the log before it (for a restore: the backup's index).
     pub previous_index: u64,
-    /// The incarnation of the data directory, now the configuration's.
+    /// The incarnation of the data directory, new, now the configuration's.
     pub incarnation: String,
+    /// The new cluster's id ([`crate::cluster_id`]).
+    pub cluster_id: String,
 }
 
 /// Makes the stopped node at `data_dir` (its `db` directory) the only voter of a new
@@ -157,7 +164,12 @@ fn last_log_id(db: &Db) -> Result<Option<LogId>, RecoverError> {
 
 /// Appends, after `last`, a configuration naming node `id` alone, with this directory's
 /// incarnation, in a term above every term the directory saw, and moves the vote there.
+///
+/// The directory first becomes the first of a new cluster: a new cluster id and a new
+/// incarnation ([`crate::cluster_id::renew_offline`]). The members it replaces, should they
+/// come back, are refused by every node of the new cluster, and refuse it.
 fn sole_voter(db: &Db, last: LogId, id: NodeId, mut info: NodeInfo) -> Result<Recovered, RecoverError> {
+    let cluster_id = crate::cluster_id::renew_offline(db)?;
     let identity = load_identity(db)?;
     info.incarnation = Some(identity.incarnation.clone());
     let seen = stored_vote(db).map_or(0, |vote| vote.leader_id().term).max(last.leader_id.term);
@@ -176,5 +188,12 @@ fn sole_voter(db: &Db, last: LogId, id: NodeId, mut info: NodeInfo) -> Result<Re
     db.meta_put(keys::meta::VOTE, &vote, true)?;
     debug_assert_eq!(last_log_id(db).ok().flatten().map(|l| l.index), Some(index));
     tracing::warn!(node = id, term, index, "this node is now the only voter of a new configuration");
-    Ok(Recovered { membership_index: index, term, previous_index: last.index, incarnation: identity.incarnation })
+    tracing::warn!(cluster_id = %cluster_id, "the new cluster is {cluster_id}; the old members can never rejoin it");
+    Ok(Recovered {
+        membership_index: index,
+        term,
+        previous_index: last.index,
+        incarnation: identity.incarnation,
+        cluster_id,
+    })
 }

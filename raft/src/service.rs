@@ -100,6 +100,7 @@ fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<Ra
 #[tonic::async_trait]
 impl RaftService for RaftGrpc {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
+        self.node.same_cluster(&request, true)?;
         self.addressed_to_this_directory(&request)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
         if !rpc.entries.is_empty() {
@@ -109,6 +110,7 @@ impl RaftService for RaftGrpc {
     }
 
     async fn append_entries_framed(&self, request: Request<AppendEntriesFrame>) -> Result<Response<RaftReply>, Status> {
+        self.node.same_cluster(&request, true)?;
         self.addressed_to_this_directory(&request)?;
         let frame = request.into_inner();
         if !frame.entries.is_empty() {
@@ -128,6 +130,7 @@ impl RaftService for RaftGrpc {
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
+        self.node.same_cluster(&request, false)?;
         let rpc: VoteRequest<NodeId> = decode(request.get_ref())?;
         match self.node.vote(rpc).await {
             Ok(result) => reply(result),
@@ -136,6 +139,7 @@ impl RaftService for RaftGrpc {
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
+        self.node.same_cluster(&request, true)?;
         self.addressed_to_this_directory(&request)?;
         self.disk_has_room()?;
         let rpc = decode(request.get_ref())?;
@@ -143,6 +147,7 @@ impl RaftService for RaftGrpc {
     }
 
     async fn forward(&self, request: Request<ForwardRequest>) -> Result<Response<ForwardReply>, Status> {
+        self.node.same_cluster(&request, false)?;
         let commands: Vec<Command> = serde_json::from_slice(&request.get_ref().commands)
             .map_err(|e| Status::invalid_argument(format!("decode commands: {e}")))?;
         // From the metrics, not a round trip to the Raft core: a caller that gives up must
@@ -173,6 +178,7 @@ impl RaftService for RaftGrpc {
     /// A follower's rate-limit checks, decided here if this node leads (each bounded by the
     /// write timeout; the caller's deadline drops the call sooner).
     async fn rate_check(&self, request: Request<RateCheckRequest>) -> Result<Response<RateCheckReply>, Status> {
+        self.node.same_cluster(&request, false)?;
         let requests: Vec<Vec<raftbox_storage::command::RateCheck>> = serde_json::from_slice(&request.get_ref().checks)
             .map_err(|e| Status::invalid_argument(format!("decode checks: {e}")))?;
         let leader = self.node.metrics().current_leader;
@@ -194,13 +200,15 @@ impl RaftService for RaftGrpc {
         &self,
         request: Request<ConfirmLeaderRequest>,
     ) -> Result<Response<ConfirmLeaderReply>, Status> {
+        self.node.same_cluster(&request, false)?;
         let ConfirmLeaderRequest { term, leader_id } = request.into_inner();
         Ok(Response::new(ConfirmLeaderReply { holds: self.node.confirm_leader(term, leader_id).await }))
     }
 
     /// The leader's read index, after it confirmed its leadership with a quorum (bounded by
     /// the write timeout); a node that cannot confirm says it is not the leader.
-    async fn read_index(&self, _request: Request<ReadIndexRequest>) -> Result<Response<ReadIndexReply>, Status> {
+    async fn read_index(&self, request: Request<ReadIndexRequest>) -> Result<Response<ReadIndexReply>, Status> {
+        self.node.same_cluster(&request, false)?;
         let result = match self.node.confirmed_read_index().await {
             Some(index) => ReadIndexResult::Index(index),
             None => ReadIndexResult::NotLeader(self.node.metrics().current_leader.unwrap_or(0)),
@@ -209,6 +217,7 @@ impl RaftService for RaftGrpc {
     }
 
     async fn put_block(&self, request: Request<BlockData>) -> Result<Response<PutBlockReply>, Status> {
+        self.node.same_cluster(&request, false)?;
         self.disk_has_room()?;
         let BlockData { hash, data } = request.into_inner();
         let block = VerifiedBlock::verify(block_hash(&hash)?, data)
@@ -218,6 +227,7 @@ impl RaftService for RaftGrpc {
     }
 
     async fn get_block(&self, request: Request<BlockRequest>) -> Result<Response<BlockData>, Status> {
+        self.node.same_cluster(&request, false)?;
         let hash = block_hash(&request.get_ref().hash)?;
         let store = self.node.blocks().store().clone();
         let found = tokio::task::spawn_blocking(move || store.get(&hash))
@@ -230,6 +240,8 @@ impl RaftService for RaftGrpc {
         }
     }
 
+    /// Never refused for its cluster id: it is how a node (`cluster add`, a bootstrap) learns
+    /// which cluster another belongs to.
     async fn status(&self, _request: Request<StatusRequest>) -> Result<Response<StatusReply>, Status> {
         // From the metrics (a probe may give up at any time; see `forward`): a node is
         // initialized once it holds a membership from a log entry.
@@ -243,11 +255,13 @@ impl RaftService for RaftGrpc {
             last_log_index: metrics.last_log_index.unwrap_or(0),
             incarnation: self.node.incarnation().to_owned(),
             format: self.node.reads_format(),
+            cluster_id: self.node.cluster_id().as_deref().unwrap_or_default().to_owned(),
         }))
     }
 
     /// The bootstrapping node's initial configuration (see [`RaftNode::initialize_here`]).
     async fn initialize(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.node.same_cluster(&request, true)?;
         let members: std::collections::BTreeMap<NodeId, NodeInfo> = decode(request.get_ref())?;
         let result = self.node.initialize_here(members).await;
         let json = serde_json::to_vec(&result).map_err(|e| Status::internal(format!("encode reply: {e}")))?;
@@ -257,6 +271,7 @@ impl RaftService for RaftGrpc {
     /// The leader, about to promote this learner, asks it to fetch every indexed block it
     /// lacks once it has applied as far as the leader had.
     async fn fill_blocks(&self, request: Request<FillBlocksRequest>) -> Result<Response<FillBlocksReply>, Status> {
+        self.node.same_cluster(&request, false)?;
         let applied_index = request.get_ref().applied_index;
         let report = self.node.fill_blocks(applied_index).await.map_err(Status::unavailable)?;
         Ok(Response::new(FillBlocksReply {
@@ -268,6 +283,7 @@ impl RaftService for RaftGrpc {
 
     /// A membership change forwarded by a follower; carried out only on the leader.
     async fn change_membership(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
+        self.node.same_cluster(&request, false)?;
         let change: MembershipChange = decode(request.get_ref())?;
         let result = self.node.change_membership_here(&change).await;
         let json = serde_json::to_vec(&result).map_err(|e| Status::internal(format!("encode reply: {e}")))?;

@@ -244,6 +244,12 @@ impl Db {
         Ok(())
     }
 
+    /// Removes one Raft metadata value, durably.
+    pub fn meta_delete(&self, key: &[u8]) -> Result<(), StorageError> {
+        self.inner.delete_cf_opt(self.cf(cf::RAFT_META), key, &write_options(true))?;
+        Ok(())
+    }
+
     pub fn meta_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         Ok(self.inner.get_cf(self.cf(cf::RAFT_META), key)?)
     }

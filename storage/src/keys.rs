@@ -32,6 +32,11 @@ pub mod meta {
     /// Present when the incarnation was taken by a data directory that already held Raft
     /// state from a version without incarnations (its membership record names none).
     pub const INCARNATION_LEGACY: &[u8] = b"incarnation_legacy";
+    /// The identity of the cluster this data directory belongs to (raft::cluster_id): minted
+    /// at bootstrap, by `recover --force-new-cluster` and by `restore`, taken by a fresh
+    /// node from the first leader that writes to it; absent for a cluster formed before
+    /// identities, until its next recovery.
+    pub const CLUSTER_ID: &[u8] = b"cluster_id";
 }
 
 /// Table tags of [`crate::cf::STATE`].

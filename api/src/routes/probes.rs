@@ -65,6 +65,10 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Ready>, ApiErr
 #[derive(Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterInfo {
+    /// The cluster this node belongs to: minted when it was bootstrapped, recovered or
+    /// restored (a recovered or restored cluster is a new one); `null` on a fresh node not
+    /// yet written to, or in a cluster formed before identities.
+    cluster_id: Option<String>,
     node_id: u64,
     leader_id: Option<u64>,
     term: u64,
@@ -96,6 +100,7 @@ pub async fn cluster(State(state): State<AppState>) -> Json<ClusterInfo> {
     let status = state.node.status();
     let last = status.last_log_index;
     Json(ClusterInfo {
+        cluster_id: state.node.cluster_id().map(|id| id.to_string()),
         node_id: status.id,
         leader_id: status.leader_id,
         term: status.term,

@@ -2,7 +2,8 @@
 //! and a metric, leading it steps down, the others keep committing, and once space is freed
 //! it recovers by itself and catches up with nothing lost (issue 23; etcd's NOSPACE alarm is
 //! the model, `raft/src/disk.rs`). Each node's data directory is a small tmpfs of its own;
-//! the leader's is filled to below the NOSPACE minimum while users are created.
+//! the leader's is filled to below the NOSPACE minimum while users are created, and a reader
+//! reads through a follower all along (readers kept a full leader in place: issue 35).
 
 use std::time::Duration;
 
@@ -20,6 +21,8 @@ const MIN_FREE_MB: u64 = 32;
 const LEFT_MB: u64 = 12;
 const USERS_BEFORE: usize = 40;
 const USERS_DURING: usize = 120;
+/// How often the reader reads through a follower while the leader's disk is full.
+const READ_EVERY: Duration = Duration::from_millis(100);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_disk_fills_steps_down_and_recovers_with_nothing_lost() {
@@ -43,6 +46,25 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     let mut users: Vec<CreatedUser> =
         create_users(&http, &cluster.http_urls(&[full]), &token, names("before", USERS_BEFORE), 4).await?;
 
+    // A reader through a follower all along (issue 35, item 4): each read passes a read
+    // barrier, which the full leader confirmed with AppendEntries that reset the followers'
+    // election timers, so one read every 100 ms kept it leading while it refused every write.
+    let reader = {
+        let follower = cluster.node_ids().into_iter().find(|id| *id != full).context("a follower")?;
+        let (http, url, token) = (http.clone(), cluster.http_url(follower), token.clone());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut reads = 0usize;
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = http.get(format!("{url}/v1/me")).bearer_auth(&token).send().await;
+                reads += 1;
+                tokio::time::sleep(READ_EVERY).await;
+            }
+            reads
+        });
+        (stop, task)
+    };
     cluster.fill_disk(full, LEFT_MB)?;
     // The alarm: not ready with the NOSPACE error, the metric raised, another node leads.
     let wait = Deadline::after(ALARM_DEADLINE, format!("node {full} to raise the NOSPACE alarm"));
@@ -73,6 +95,9 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     // The others keep committing meanwhile.
     users.extend(create_users(&http, &cluster.http_urls(&others), &token, names("during", USERS_DURING), 4).await?);
     ensure!(cluster.is_running(full), "node {full} exited with a full disk");
+    reader.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.1.await?;
+    ensure!(reads >= 10, "the reader made only {reads} reads during the fault");
 
     // Space freed: the alarm clears by itself and the node catches up with every user.
     cluster.free_disk(full)?;

@@ -48,7 +48,22 @@ fn forward_ensure_admin(token: &str, tag: &str) -> Vec<u8> {
     grpc_frame(commands.to_string().as_bytes())
 }
 
+/// The header naming the caller's cluster (`raft/src/cluster_id.rs`).
+const CLUSTER_ID_KEY: &str = "x-raftbox-cluster-id";
+/// gRPC status code `FAILED_PRECONDITION`: a call from no cluster, or another.
+const GRPC_FAILED_PRECONDITION: &str = "9";
+
 async fn call(addr: &str, method: &str, secret: Option<&str>, body: Vec<u8>) -> Result<Option<String>> {
+    call_from(addr, method, (secret, None), body).await
+}
+
+/// A call presenting `secret` and naming `cluster_id`.
+async fn call_from(
+    addr: &str,
+    method: &str,
+    (secret, cluster_id): (Option<&str>, Option<&str>),
+    body: Vec<u8>,
+) -> Result<Option<String>> {
     let http = reqwest::Client::builder().http2_prior_knowledge().timeout(Duration::from_secs(10)).build()?;
     let mut request = http
         .post(format!("http://{addr}/raftbox.raft.RaftService/{method}"))
@@ -57,6 +72,9 @@ async fn call(addr: &str, method: &str, secret: Option<&str>, body: Vec<u8>) -> 
         .body(body);
     if let Some(secret) = secret {
         request = request.header(SECRET_KEY, secret);
+    }
+    if let Some(cluster_id) = cluster_id {
+        request = request.header(CLUSTER_ID_KEY, cluster_id);
     }
     let response = request.send().await.with_context(|| format!("gRPC {method} to {addr}"))?;
     ensure!(response.status().as_u16() == 200, "HTTP status {}", response.status());
@@ -85,8 +103,14 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     // The control: the same call with the secret mints a working admin token.
     let leader = cluster.wait_for_leader(None, Duration::from_secs(10)).await?;
     let token = generate_token();
-    let status =
-        call(cluster.grpc_addr(leader), "Forward", Some(&secret), forward_ensure_admin(&token, "control")).await?;
+    // The secret alone is not enough: a call must name the node's cluster too.
+    let addr = cluster.grpc_addr(leader).to_owned();
+    let status = call(&addr, "Forward", Some(&secret), forward_ensure_admin(&token, "control")).await?;
+    ensure!(status.as_deref() == Some(GRPC_FAILED_PRECONDITION), "with the secret, naming no cluster: {status:?}");
+    let info = cluster.cluster_info(leader).await?;
+    let cluster_id = info["clusterId"].as_str().context("the leader's cluster id")?.to_owned();
+    let named = (Some(secret.as_str()), Some(cluster_id.as_str()));
+    let status = call_from(&addr, "Forward", named, forward_ensure_admin(&token, "control")).await?;
     ensure!(status.is_none() || status.as_deref() == Some("0"), "with the secret: {status:?}");
     let outcome = me(&http, &cluster.http_url(leader), &token).await?;
     ensure!(

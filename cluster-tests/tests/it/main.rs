@@ -65,6 +65,9 @@
 //! - `admin_cli`: `raftbox users`, `raftbox tokens` and `raftbox status` through any node.
 //! - `backup_restore`: `raftbox backup` under load, every node lost, `raftbox restore`:
 //!   everything back; two of three nodes lost, `raftbox recover --force-new-cluster`.
+//! - `cluster_identity`: a node recovered with `--force-new-cluster` while the majority was
+//!   only cut off, and that majority, never merge once the cut heals; `cluster add` refuses
+//!   a machine holding the old cluster's data.
 //! - `docs_walkthrough`: every `sh` block of README.md and docs/user-guide.md runs, in
 //!   order, against a `scripts/cluster up` cluster.
 //! - `install_step`: `scripts/cluster` and `scripts/test` install through one shared step.
@@ -77,6 +80,7 @@ mod blocks_durable;
 mod chaos;
 mod checker;
 mod clock_skew;
+mod cluster_identity;
 mod console;
 mod disk_full;
 mod docs_walkthrough;
