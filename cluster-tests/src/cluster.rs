@@ -831,6 +831,29 @@ impl Cluster {
         }
     }
 
+    /// Polls until every node of `among` names the same leader, one of them, and it says it
+    /// leads: a majority's leader while another node (cut off, recovered) leads elsewhere.
+    pub async fn wait_for_leader_among(&self, among: &[u64], deadline: Duration) -> Result<u64> {
+        let wait = Deadline::after(deadline, format!("a leader agreed by nodes {among:?}"));
+        loop {
+            let mut agreed = Vec::new();
+            for id in among {
+                agreed.push(self.view(*id).await.ok().and_then(|view| view.leader_id));
+            }
+            let last = match agreed.first().copied().flatten() {
+                Some(leader) if among.contains(&leader) && agreed.iter().all(|l| *l == Some(leader)) => {
+                    match self.view(leader).await {
+                        Ok(view) if view.is_leader() => return Ok(leader),
+                        Ok(view) => format!("node {leader} is named leader but says {}", view.role),
+                        Err(e) => format!("{e:#}"),
+                    }
+                }
+                _ => format!("their leaders: {agreed:?}"),
+            };
+            wait.tick(&last).await?;
+        }
+    }
+
     /// Polls node `id`'s `/v1/cluster` until `done` holds.
     pub async fn wait_view(
         &self,

@@ -295,8 +295,14 @@ fn summary(views: &[(String, Result<Value, String>)]) -> String {
             }
         }
     }
-    let clusters: std::collections::BTreeSet<&str> =
-        answered.iter().map(|v| v["clusterId"].as_str().unwrap_or("(none)")).collect();
+    // A node with no id and no log is fresh (not added yet): it belongs to no cluster.
+    let clusters: std::collections::BTreeSet<&str> = answered
+        .iter()
+        .filter_map(|v| match v["clusterId"].as_str().filter(|id| !id.is_empty()) {
+            Some(id) => Some(id),
+            None => (v["lastLogIndex"].as_u64().unwrap_or(0) > 0).then_some("(none)"),
+        })
+        .collect();
     if clusters.len() > 1 {
         let _ = writeln!(
             out,
@@ -342,5 +348,13 @@ mod tests {
         ];
         let text = summary(&views);
         assert!(text.lines().last().is_some_and(|l| l.contains("different clusters ((none), new-cluster)")), "{text}");
+        // A fresh node (no id, no log) is no other cluster.
+        let mut fresh = node(3, "Learner", 0, 0);
+        fresh["clusterId"] = json!("");
+        let mut ours = node(2, "Leader", 100, 100);
+        ours["clusterId"] = json!("new-cluster");
+        let views = vec![("http://127.0.0.1:2".to_string(), Ok(ours)), ("http://127.0.0.1:3".to_string(), Ok(fresh))];
+        let text = summary(&views);
+        assert!(!text.contains("different clusters"), "{text}");
     }
 }

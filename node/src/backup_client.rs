@@ -298,11 +298,7 @@ pub fn run_recover(args: RecoverArgs) -> anyhow::Result<()> {
          Whatever only the lost nodes held is gone. The lost nodes can never rejoin on their old data \
          (the new cluster refuses them, and they it): wipe their data directories, then start the \
          recovered node and add them back (scripts/cluster add N, or raftbox cluster add N HTTP GRPC).",
-        config.node_id,
-        recovered.membership_index,
-        recovered.term,
-        recovered.cluster_id,
-        recovered.previous_index
+        config.node_id, recovered.membership_index, recovered.term, recovered.cluster_id, recovered.previous_index
     );
     Ok(())
 }

@@ -17,8 +17,9 @@
 //!   [`Stamp`]) once it has one; `Status` answers it, and is the one call never refused.
 //! - A node with an id refuses any call that carries another id, or none.
 //! - A node without one takes the id of the first call that would write Raft state
-//!   (AppendEntries, InstallSnapshot, Initialize) while it holds none: a fresh node being
-//!   added or bootstrapped. A node that holds Raft state without an id (a cluster formed
+//!   (AppendEntries, InstallSnapshot, Initialize) while it holds none, and only if the call
+//!   names this data directory's incarnation (checked first): a fresh node being added or
+//!   bootstrapped, never one a stray leader merely reached. A node that holds Raft state without an id (a cluster formed
 //!   before identities) refuses every call carrying an id and takes those carrying none,
 //!   as before: such a cluster has no id until its next recovery.
 //! - `cluster add` refuses a node with another id, or one holding data under another id

@@ -149,6 +149,10 @@ pub(crate) async fn change_on_leader(
 /// a machine restarted on its directory from before a recovery or restore, or a member of
 /// another cluster. Only an empty directory, or one of this cluster rejoining, is added.
 fn another_cluster(ours: Option<&str>, status: &PeerStatus) -> Option<String> {
+    if ours.is_some() && !status.knows_cluster_ids {
+        // Its calls would carry no id, and every member would refuse them.
+        return Some("runs a release without cluster ids: upgrade it before adding it".to_owned());
+    }
     let ours = ours.unwrap_or_default();
     if status.cluster_id == ours {
         return None;
@@ -164,7 +168,8 @@ fn another_cluster(ours: Option<&str>, status: &PeerStatus) -> Option<String> {
     }
     holds_data.then(|| {
         format!(
-            "holds the data of another cluster (a log, and {}; this one has {}): a machine restarted on its              directory from before a recovery or restore; wipe its data directory to add it",
+            "holds the data of another cluster (a log, and {}; this one has {}): a machine restarted on its \
+             directory from before a recovery or restore; wipe its data directory to add it",
             named(&status.cluster_id),
             named(ours)
         )
@@ -576,6 +581,8 @@ pub(crate) struct PeerStatus {
     pub format: u32,
     /// The cluster it belongs to; empty if none ([`crate::cluster_id`]).
     pub cluster_id: String,
+    /// It runs a release that carries and checks cluster ids.
+    pub knows_cluster_ids: bool,
 }
 
 /// The format of a node that does not report one: the last before reports began.
@@ -593,5 +600,6 @@ pub(crate) async fn peer_status(peers: &Peers, addr: &str, timeout: Duration) ->
         incarnation: reply.incarnation,
         format: if reply.format == 0 { FORMAT_BEFORE_REPORTS } else { reply.format },
         cluster_id: reply.cluster_id,
+        knows_cluster_ids: reply.knows_cluster_ids,
     })
 }

@@ -28,11 +28,11 @@ use serde::Serialize;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::cluster_id::{ClusterId, Stamp};
 use crate::log_cache::LogCache;
 use crate::pb::raft_reply::Result as ReplyResult;
 use crate::pb::raft_service_client::RaftServiceClient;
 use crate::pb::{AppendEntriesFrame, RaftMessage, RaftReply};
-use crate::cluster_id::{ClusterId, Stamp};
 use crate::secret::ClusterSecret;
 use crate::tls::NodeTls;
 use crate::types::{NodeId, NodeInfo, TypeConfig};

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use crate::blocks::Blocks;
 use crate::boot_clock::BootInstant;
 use crate::clock::{watch_clock, ClockHealth};
+use crate::cluster_id::ClusterId;
 use crate::disk::DiskHealth;
 use crate::error::{StartError, WriteError};
 use crate::format::ClusterFormat;
@@ -28,7 +29,6 @@ use crate::pb::read_index_reply::Result as ReadIndexResult;
 use crate::pb::ReadIndexRequest;
 use crate::proposer::{wait_for_leader, Proposer, ProposerContext};
 use crate::read_rounds::{self, ReadRounds, Waiting};
-use crate::cluster_id::ClusterId;
 use crate::secret::ClusterSecret;
 use crate::state_machine::{Applied, StateMachineStore};
 use crate::status::{AppliedIndex, Status};
@@ -423,18 +423,19 @@ impl RaftNode {
         *self.inner.vote_right.borrow()
     }
 
-    /// This data directory's incarnation (see [`crate::membership`]).
     /// The cluster this node belongs to, once it has an id (see [`crate::cluster_id`]).
     pub fn cluster_id(&self) -> Option<std::sync::Arc<str>> {
         self.inner.cluster_id.get()
     }
 
     /// Whether this node takes a call (see [`crate::cluster_id`]); `writes`: the call would
-    /// write Raft state, so a fresh node takes the caller's id with it.
+    /// write Raft state and names this data directory, so a fresh node takes the caller's id
+    /// with it.
     pub(crate) fn same_cluster<T>(&self, request: &tonic::Request<T>, writes: bool) -> Result<(), tonic::Status> {
         self.inner.cluster_id.check(&self.inner.db, request, writes)
     }
 
+    /// This data directory's incarnation (see [`crate::membership`]).
     pub fn incarnation(&self) -> &str {
         &self.inner.identity.incarnation
     }
@@ -761,7 +762,9 @@ impl RaftNode {
         // openraft's read index sends AppendEntries whether heartbeats are on or not, and each
         // resets the followers' election timers, so readers alone (one a second through a
         // follower, or a stranger's forged tokens) would keep a leader that refuses writes.
-        if !keeps_leading(&self.clock(), &self.disk()) {
+        // A single voter steps down to no one: it keeps answering reads (writes are refused
+        // on their own while the disk is full).
+        if !keeps_leading(&self.clock(), &self.disk()) && !self.only_voter() {
             return None;
         }
         let confirmed = tokio::time::timeout_at(deadline, self.inner.raft.get_read_log_id()).await;
@@ -769,6 +772,13 @@ impl RaftNode {
             Ok(Ok((read_log_id, _applied))) => Some(read_log_id.map_or(0, |id| id.index)),
             _ => None,
         }
+    }
+
+    /// Whether this node is its configuration's only voter.
+    fn only_voter(&self) -> bool {
+        let metrics = self.metrics();
+        let mut voters = metrics.membership_config.membership().voter_ids();
+        voters.next() == Some(self.inner.id) && voters.next().is_none()
     }
 
     /// The read index this node hands a follower, if it is the leader and can confirm it
@@ -898,7 +908,14 @@ impl RaftNode {
         let mut client = self.inner.peers.client(addr).map_err(|e| not_yet(e.to_string()))?;
         let mut request = tonic::Request::new(crate::pb::RaftMessage { json: json.to_vec() });
         request.set_timeout(INITIALIZE_CLOCK_WAIT + Duration::from_millis(BOOTSTRAP_PROBE_TIMEOUT_MS));
-        let reply = client.initialize(request).await.map_err(|s| not_yet(s.to_string()))?.into_inner();
+        let reply = match client.initialize(request).await {
+            Ok(reply) => reply.into_inner(),
+            // Another cluster's node (or this one's, recovered since): asking again cannot help.
+            Err(status) if status.code() == tonic::Code::FailedPrecondition => {
+                return Err(Initialize::Refused(status.message().to_string()))
+            }
+            Err(status) => return Err(not_yet(status.to_string())),
+        };
         serde_json::from_slice::<Result<(), Initialize>>(&reply.json).map_err(|e| not_yet(e.to_string()))?
     }
 

@@ -167,7 +167,9 @@ fn last_log_id(db: &Db) -> Result<Option<LogId>, RecoverError> {
 ///
 /// The directory first becomes the first of a new cluster: a new cluster id and a new
 /// incarnation ([`crate::cluster_id::renew_offline`]). The members it replaces, should they
-/// come back, are refused by every node of the new cluster, and refuse it.
+/// come back, are refused by every node of the new cluster, and refuse it. A crash between
+/// the two steps leaves a directory whose new identity matches no configuration: it takes
+/// nothing from anyone (closed), and running the recovery again completes it.
 fn sole_voter(db: &Db, last: LogId, id: NodeId, mut info: NodeInfo) -> Result<Recovered, RecoverError> {
     let cluster_id = crate::cluster_id::renew_offline(db)?;
     let identity = load_identity(db)?;

@@ -68,6 +68,13 @@ impl RaftGrpc {
         )))
     }
 
+    /// Whether `request` names this data directory's incarnation: only such a call may give a
+    /// fresh node its cluster id (never one that merely reached its address).
+    fn names_this_directory<T>(&self, request: &Request<T>) -> bool {
+        let named = request.metadata().get(crate::network::INCARNATION_HEADER);
+        named.is_some_and(|named| named.as_bytes() == self.node.incarnation().as_bytes())
+    }
+
     /// Refuses what would write entries while the NOSPACE alarm is raised (the leader
     /// retries; see [`crate::disk`]).
     fn disk_has_room(&self) -> Result<(), Status> {
@@ -100,8 +107,8 @@ fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<Ra
 #[tonic::async_trait]
 impl RaftService for RaftGrpc {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
-        self.node.same_cluster(&request, true)?;
         self.addressed_to_this_directory(&request)?;
+        self.node.same_cluster(&request, self.names_this_directory(&request))?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
         if !rpc.entries.is_empty() {
             self.disk_has_room()?;
@@ -110,8 +117,8 @@ impl RaftService for RaftGrpc {
     }
 
     async fn append_entries_framed(&self, request: Request<AppendEntriesFrame>) -> Result<Response<RaftReply>, Status> {
-        self.node.same_cluster(&request, true)?;
         self.addressed_to_this_directory(&request)?;
+        self.node.same_cluster(&request, self.names_this_directory(&request))?;
         let frame = request.into_inner();
         if !frame.entries.is_empty() {
             self.disk_has_room()?;
@@ -139,8 +146,8 @@ impl RaftService for RaftGrpc {
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
-        self.node.same_cluster(&request, true)?;
         self.addressed_to_this_directory(&request)?;
+        self.node.same_cluster(&request, self.names_this_directory(&request))?;
         self.disk_has_room()?;
         let rpc = decode(request.get_ref())?;
         reply(self.node.install_snapshot(rpc).await)
@@ -256,13 +263,17 @@ impl RaftService for RaftGrpc {
             incarnation: self.node.incarnation().to_owned(),
             format: self.node.reads_format(),
             cluster_id: self.node.cluster_id().as_deref().unwrap_or_default().to_owned(),
+            knows_cluster_ids: true,
         }))
     }
 
     /// The bootstrapping node's initial configuration (see [`RaftNode::initialize_here`]).
     async fn initialize(&self, request: Request<RaftMessage>) -> Result<Response<RaftMessage>, Status> {
-        self.node.same_cluster(&request, true)?;
         let members: std::collections::BTreeMap<NodeId, NodeInfo> = decode(request.get_ref())?;
+        // The id is taken only from a configuration that names this directory.
+        let names_me =
+            members.get(&self.node.id()).and_then(|info| info.incarnation.as_deref()) == Some(self.node.incarnation());
+        self.node.same_cluster(&request, names_me)?;
         let result = self.node.initialize_here(members).await;
         let json = serde_json::to_vec(&result).map_err(|e| Status::internal(format!("encode reply: {e}")))?;
         Ok(Response::new(RaftMessage { json }))

@@ -55,7 +55,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     let (recovered_write, _) = new_user(cluster, cut, "acknowledged-by-the-recovered-node", "t").await?;
 
     // Meanwhile the old majority goes on.
-    let majority_leader = cluster.wait_for_leader(Some(cut), LEADER_DEADLINE).await?;
+    let majority_leader = cluster.wait_for_leader_among(&majority, LEADER_DEADLINE).await?;
     let mut majority_writes = Vec::new();
     for i in 0..MAJORITY_WRITES {
         majority_writes.push(new_user(cluster, majority_leader, &format!("majority-{i}"), "t").await?.0);
@@ -86,7 +86,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
         tokio::time::sleep(POLL).await;
     }
     // Each side still has what it acknowledged, and only that.
-    let majority_leader = cluster.wait_for_leader(Some(cut), LEADER_DEADLINE).await?;
+    let majority_leader = cluster.wait_for_leader_among(&majority, LEADER_DEADLINE).await?;
     for user in &majority_writes {
         ensure!(user_exists(cluster, majority_leader, user).await?, "the majority lost its acknowledged write {user}");
         ensure!(!user_exists(cluster, cut, user).await?, "the majority's write {user} reached the recovered cluster");
