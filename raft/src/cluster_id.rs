@@ -28,7 +28,6 @@
 use std::sync::{Arc, Mutex, RwLock};
 
 use raftbox_storage::{keys, Db, StorageError};
-use tonic::service::Interceptor as _;
 use tonic::{Request, Status};
 
 use crate::secret::ClusterSecret;
