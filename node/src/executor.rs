@@ -281,7 +281,7 @@ async fn claim(ctx: &Arc<Context>, mut held: OwnedSemaphorePermit, free: usize) 
         // One run id per place, so there is a place for every job claimed.
         let Some(place) = held.split(1) else { break };
         let ctx = ctx.clone();
-        tokio::spawn(async move { attempt(&ctx, job, run_id, place).await });
+        tokio::spawn(async move { attempt(&ctx, job, run_id, place, asked).await });
     }
     all
 }
@@ -290,8 +290,16 @@ async fn claim(ctx: &Arc<Context>, mut held: OwnedSemaphorePermit, free: usize) 
 /// execute, give the slot and the place back, report (fenced). The lease is renewed from the
 /// claim until the work is done. The state machine decides what follows (a retry, the next
 /// fire by the job's current schedule, or the end), so a PATCH made meanwhile governs.
-async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphorePermit) {
-    let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, ctx.config.lease_ms));
+///
+/// A lease stops work: the attempt starts only with [`Lease::margin`] of its lease left, and
+/// is dropped (its HTTP request with it) once the lease is refused or could not be renewed
+/// for all but that margin. The lease is counted on this node's monotonic clock from when the
+/// claim or renewal was *asked*, so this node's view of it ends before the cluster's does: a
+/// later claimer's call (a higher fence) never meets this one's still under way.
+async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphorePermit, asked: tokio::time::Instant) {
+    let lease_ms = ctx.config.lease_ms;
+    let (held_tx, mut held) = watch::channel(Lease::claimed(asked, lease_ms));
+    let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, lease_ms, held_tx));
     // Never closed: the error arm is unreachable, and running without a slot would only
     // exceed the concurrency, never lose the job. A user's attempt first takes a place of its
     // owner's share, so one owner never holds more than that share of the slots.
@@ -306,16 +314,27 @@ async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphoreP
         let late_s = now_ms().saturating_sub(scheduled_ms) as f64 / 1_000.0;
         ctx.node.node_metrics().job_start_lateness_seconds.observe(late_s);
     }
-    let ran = execute(ctx, &job, &run_id).await;
+    let ran = if !held.borrow().may_start(tokio::time::Instant::now()) {
+        tracing::info!(job = %job.id, fence = job.fence, "lease too short to start the attempt; left to expire");
+        None
+    } else {
+        run_while_held(execute(ctx, &job, &run_id), &mut held).await
+    };
     renewer.abort();
     // The work is done: its slot and place go to the next jobs while the report is written.
     // Reports in flight are bounded (a place is free once a report ends, each within its
     // lease), and the semaphore is never closed.
-    let report_place = ctx.reports.clone().acquire_owned().await.ok();
+    let report_place = if ran.is_some() { ctx.reports.clone().acquire_owned().await.ok() } else { None };
     drop(slot);
     ctx.forget_idle_owner(&job.owner_user_id);
     drop(place);
     ctx.freed.notify_one();
+    let Some(ran) = ran else {
+        // Someone may claim it now: nothing more of this attempt may reach the target, and
+        // its report would meet a stale fence.
+        tracing::warn!(job = %job.id, fence = job.fence, "lease lost: the attempt is dropped");
+        return;
+    };
     let report = RunReport {
         job_id: job.id.clone(),
         fence: job.fence,
@@ -374,16 +393,81 @@ fn backoff_ms(base_ms: u64, attempts: u32) -> u64 {
     delay / 2 + rand::thread_rng().gen_range(0..=delay / 2)
 }
 
-async fn renew(node: RaftNode, job_id: String, fence: u64, lease_ms: u64) {
+/// Runs `work` while the lease holds (see [`Lease`]); `None` if it was dropped first.
+async fn run_while_held<T>(work: impl std::future::Future<Output = T>, held: &mut watch::Receiver<Lease>) -> Option<T> {
+    tokio::pin!(work);
+    loop {
+        let until = held.borrow().ends_at();
+        tokio::select! {
+            done = &mut work => return Some(done),
+            changed = held.changed() => {
+                if changed.is_err() || held.borrow().is_lost() {
+                    return None;
+                }
+            }
+            _ = tokio::time::sleep_until(until) => return None,
+        }
+    }
+}
+
+/// Renews the lease every third of it, and tells the attempt how long it holds it.
+async fn renew(node: RaftNode, job_id: String, fence: u64, lease_ms: u64, held: watch::Sender<Lease>) {
     let mut ticks = tokio::time::interval(Duration::from_millis((lease_ms / 3).max(1)));
     ticks.tick().await;
     loop {
         ticks.tick().await;
+        let asked = tokio::time::Instant::now();
         match node.write(Command::RenewLease { job_id: job_id.clone(), fence, lease_ms }).await {
-            Ok(Outcome::Done) => {}
-            Ok(other) => return tracing::info!(job = %job_id, outcome = ?other, "lease lost"),
+            Ok(Outcome::Done) => held.send_modify(|lease| lease.renewed(asked)),
+            Ok(other) => {
+                held.send_modify(Lease::refused);
+                return tracing::info!(job = %job_id, outcome = ?other, "lease lost");
+            }
             Err(e) => tracing::debug!(job = %job_id, error = %e, "lease renewal failed; retrying"),
         }
+    }
+}
+
+/// This node's view of a claimed job's lease: held until `until` (counted from when the claim
+/// or the last renewal was asked), unless refused.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    until: tokio::time::Instant,
+    lease: Duration,
+    refused: bool,
+}
+
+impl Lease {
+    fn claimed(asked: tokio::time::Instant, lease_ms: u64) -> Lease {
+        let lease = Duration::from_millis(lease_ms);
+        Lease { until: asked + lease, lease, refused: false }
+    }
+
+    /// What must be left of the lease for work to start or go on: a third of it (one renewal
+    /// period), so a renewal that fails twice in a row stops the work.
+    fn margin(&self) -> Duration {
+        self.lease / 3
+    }
+
+    fn renewed(&mut self, asked: tokio::time::Instant) {
+        self.until = self.until.max(asked + self.lease);
+    }
+
+    fn refused(&mut self) {
+        self.refused = true;
+    }
+
+    /// When the work must stop unless renewed meanwhile.
+    fn ends_at(&self) -> tokio::time::Instant {
+        self.until.checked_sub(self.margin()).unwrap_or(self.until)
+    }
+
+    fn may_start(&self, now: tokio::time::Instant) -> bool {
+        !self.refused && now < self.ends_at()
+    }
+
+    fn is_lost(&self) -> bool {
+        self.refused
     }
 }
 
@@ -595,6 +679,29 @@ pub fn system_jobs(interval_s: u64) -> Vec<Job> {
             Job::scheduled(spec, Some(first))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use super::*;
+
+    #[test]
+    fn work_starts_and_goes_on_only_with_a_third_of_the_lease_left() {
+        let t0 = tokio::time::Instant::now();
+        let ms = Duration::from_millis;
+        let mut lease = Lease::claimed(t0, 30_000);
+        assert!(lease.may_start(t0 + ms(19_999)));
+        assert!(!lease.may_start(t0 + ms(20_000)), "only a third left: too short to start");
+        assert_eq!(lease.ends_at(), t0 + ms(20_000));
+        // A renewal counts from when it was asked, never from when it was answered.
+        lease.renewed(t0 + ms(10_000));
+        assert_eq!(lease.ends_at(), t0 + ms(30_000));
+        // A renewal asked earlier than the last one never shortens the lease.
+        lease.renewed(t0 + ms(5_000));
+        assert_eq!(lease.ends_at(), t0 + ms(30_000));
+        lease.refused();
+        assert!(lease.is_lost() && !lease.may_start(t0), "a refused lease stops the work at once");
+    }
 }
 
 #[cfg(test)]
