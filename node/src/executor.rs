@@ -291,15 +291,16 @@ async fn claim(ctx: &Arc<Context>, mut held: OwnedSemaphorePermit, free: usize) 
 /// claim until the work is done. The state machine decides what follows (a retry, the next
 /// fire by the job's current schedule, or the end), so a PATCH made meanwhile governs.
 ///
-/// A lease stops work: the attempt starts only with [`Lease::margin`] of its lease left, and
-/// is dropped (its HTTP request with it) once the lease is refused or could not be renewed
-/// for all but that margin. The lease is counted on this node's monotonic clock from when the
-/// claim or renewal was *asked*, so this node's view of it ends before the cluster's does: a
-/// later claimer's call (a higher fence) never meets this one's still under way.
+/// A lease stops work ([`Lease`]): the attempt starts only with half its lease left, and is
+/// dropped (its HTTP request with it) once a renewal is refused, or when only a quarter of
+/// the lease is left unrenewed. The lease is counted on this node's monotonic clock from when
+/// the claim or renewal was *asked*, so this node's view of it ends before the cluster's
+/// does: a later claimer's call (a higher fence) never meets this one's still under way. An
+/// attempt stopped unrenewed reports itself failed (fenced: refused if someone claimed it).
 async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphorePermit, asked: tokio::time::Instant) {
     let lease_ms = ctx.config.lease_ms;
     let (held_tx, mut held) = watch::channel(Lease::claimed(asked, lease_ms));
-    let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, lease_ms, held_tx));
+    let renewer = tokio::spawn(renew(ctx.node.clone(), job.id.clone(), job.fence, lease_ms, held_tx, asked));
     // Never closed: the error arm is unreachable, and running without a slot would only
     // exceed the concurrency, never lose the job. A user's attempt first takes a place of its
     // owner's share, so one owner never holds more than that share of the slots.
@@ -324,16 +325,26 @@ async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphoreP
     // The work is done: its slot and place go to the next jobs while the report is written.
     // Reports in flight are bounded (a place is free once a report ends, each within its
     // lease), and the semaphore is never closed.
-    let report_place = if ran.is_some() { ctx.reports.clone().acquire_owned().await.ok() } else { None };
+    let report_place = ctx.reports.clone().acquire_owned().await.ok();
     drop(slot);
     ctx.forget_idle_owner(&job.owner_user_id);
     drop(place);
     ctx.freed.notify_one();
-    let Some(ran) = ran else {
-        // Someone may claim it now: nothing more of this attempt may reach the target, and
-        // its report would meet a stale fence.
-        tracing::warn!(job = %job.id, fence = job.fence, "lease lost: the attempt is dropped");
-        return;
+    let ran = match ran {
+        Some(ran) => ran,
+        // Claimed by another: nothing more of this attempt may reach the target, and its
+        // report would meet a stale fence.
+        None if held.borrow().is_lost() => {
+            return tracing::warn!(job = %job.id, fence = job.fence, "lease refused: the attempt is dropped");
+        }
+        None => {
+            tracing::warn!(job = %job.id, fence = job.fence, "lease not renewed in time: the attempt is stopped");
+            Ran {
+                status: RunStatus::Failed,
+                error: Some("stopped: this node could not renew the job's lease in time".into()),
+                result: None,
+            }
+        }
     };
     let report = RunReport {
         job_id: job.id.clone(),
@@ -410,20 +421,35 @@ async fn run_while_held<T>(work: impl std::future::Future<Output = T>, held: &mu
     }
 }
 
-/// Renews the lease every third of it, and tells the attempt how long it holds it.
-async fn renew(node: RaftNode, job_id: String, fence: u64, lease_ms: u64, held: watch::Sender<Lease>) {
-    let mut ticks = tokio::time::interval(Duration::from_millis((lease_ms / 3).max(1)));
-    ticks.tick().await;
+/// Renews the lease every quarter of it, counted from when the claim (`claimed`) or the last
+/// renewal was asked (a slow claim renews at once), a failed renewal again after a short
+/// pause; tells the attempt how long it holds the lease.
+async fn renew(
+    node: RaftNode,
+    job_id: String,
+    fence: u64,
+    lease_ms: u64,
+    held: watch::Sender<Lease>,
+    claimed: tokio::time::Instant,
+) {
+    let period = Duration::from_millis((lease_ms / 4).max(1));
+    let mut next = claimed + period;
     loop {
-        ticks.tick().await;
+        tokio::time::sleep_until(next).await;
         let asked = tokio::time::Instant::now();
         match node.write(Command::RenewLease { job_id: job_id.clone(), fence, lease_ms }).await {
-            Ok(Outcome::Done) => held.send_modify(|lease| lease.renewed(asked)),
+            Ok(Outcome::Done) => {
+                held.send_modify(|lease| lease.renewed(asked));
+                next = asked + period;
+            }
             Ok(other) => {
                 held.send_modify(Lease::refused);
                 return tracing::info!(job = %job_id, outcome = ?other, "lease lost");
             }
-            Err(e) => tracing::debug!(job = %job_id, error = %e, "lease renewal failed; retrying"),
+            Err(e) => {
+                tracing::debug!(job = %job_id, error = %e, "lease renewal failed; retrying");
+                next = tokio::time::Instant::now() + FENCED_RETRY_PAUSE;
+            }
         }
     }
 }
@@ -443,10 +469,10 @@ impl Lease {
         Lease { until: asked + lease, lease, refused: false }
     }
 
-    /// What must be left of the lease for work to start or go on: a third of it (one renewal
-    /// period), so a renewal that fails twice in a row stops the work.
+    /// What must be left of the lease for work to go on: a quarter of it (one renewal
+    /// period), so renewals that fail (each tried again shortly) for half the lease stop it.
     fn margin(&self) -> Duration {
-        self.lease / 3
+        self.lease / 4
     }
 
     fn renewed(&mut self, asked: tokio::time::Instant) {
@@ -462,8 +488,10 @@ impl Lease {
         self.until.checked_sub(self.margin()).unwrap_or(self.until)
     }
 
+    /// Work starts only with a renewal period to spare before [`Lease::ends_at`] (half the
+    /// lease left), so it is never started only to be stopped.
     fn may_start(&self, now: tokio::time::Instant) -> bool {
-        !self.refused && now < self.ends_at()
+        !self.refused && now + self.margin() <= self.ends_at()
     }
 
     fn is_lost(&self) -> bool {
@@ -686,15 +714,15 @@ mod lease_tests {
     use super::*;
 
     #[test]
-    fn work_starts_and_goes_on_only_with_a_third_of_the_lease_left() {
+    fn work_starts_with_half_the_lease_left_and_stops_with_a_quarter() {
         let t0 = tokio::time::Instant::now();
         let ms = Duration::from_millis;
         let mut lease = Lease::claimed(t0, 30_000);
-        assert!(lease.may_start(t0 + ms(19_999)));
-        assert!(!lease.may_start(t0 + ms(20_000)), "only a third left: too short to start");
-        assert_eq!(lease.ends_at(), t0 + ms(20_000));
+        assert!(lease.may_start(t0 + ms(15_000)));
+        assert!(!lease.may_start(t0 + ms(15_001)), "less than half left: too short to start");
+        assert_eq!(lease.ends_at(), t0 + ms(22_500), "work stops with a quarter left");
         // A renewal counts from when it was asked, never from when it was answered.
-        lease.renewed(t0 + ms(10_000));
+        lease.renewed(t0 + ms(7_500));
         assert_eq!(lease.ends_at(), t0 + ms(30_000));
         // A renewal asked earlier than the last one never shortens the lease.
         lease.renewed(t0 + ms(5_000));
