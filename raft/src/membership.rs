@@ -512,9 +512,7 @@ pub(crate) fn load_identity(db: &Db) -> Result<Identity, raftbox_storage::Storag
     if let Some(raw) = db.meta_get(keys::meta::INCARNATION)? {
         return Ok(Identity { incarnation: String::from_utf8_lossy(&raw).into_owned(), legacy });
     }
-    let has_state = db.meta_get(keys::meta::VOTE)?.is_some()
-        || db.log_last()?.is_some()
-        || db.meta_get(keys::meta::SNAPSHOT)?.is_some();
+    let has_state = crate::cluster_id::holds_state(db)?;
     // A floor set by the earlier guard: the directory was found wiped, so it is not trusted.
     let floored = db.meta_get(keys::meta::REJOIN_FLOOR)?.is_some_and(|raw| !raw.is_empty());
     let legacy = has_state && !floored;
