@@ -236,7 +236,7 @@ pub struct LookedUp(pub Option<Principal>);
 
 /// The principal holding the token with this hash as this node knows it, without a barrier.
 pub fn lookup_local(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principal>, ApiError> {
-    principal_of(state.node.state().token(hash)?, hash)
+    principal_of(state.node.state().token(hash)?, hash, state.node.cluster_now_ms())
 }
 
 /// The principal holding the token with this hash. A token unknown here may have been
@@ -251,15 +251,16 @@ pub async fn lookup(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principa
         state.node.read_barrier_paced().await?;
         found = state_machine.token(hash)?;
     }
-    principal_of(found, hash)
+    principal_of(found, hash, state.node.cluster_now_ms())
 }
 
 fn principal_of(
     found: Option<(raftbox_storage::records::Token, User)>,
     hash: &[u8; 32],
+    now_ms: u64,
 ) -> Result<Option<Principal>, ApiError> {
     match found {
-        Some((token, _)) if token.expires_ms.is_some_and(|at| at <= now_ms()) => {
+        Some((token, _)) if token.expires_ms.is_some_and(|at| at <= now_ms) => {
             Err(ApiError::Unauthenticated("token expired".into()))
         }
         // A login session whose password changed since: ended, as a revoked token.
@@ -274,11 +275,6 @@ fn principal_of(
             token_hash: *hash,
         })),
     }
-}
-
-/// This node's wall clock, Unix ms (token expiry is judged by the node that reads).
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! `fail`, `sleep` (`payload.ms`) and the node's `maintenance.*` tasks.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use raftbox_raft::RaftNode;
 use raftbox_storage::command::IdempotencyOutcome;
@@ -77,10 +77,6 @@ impl Default for JobsConfig {
     fn default() -> JobsConfig {
         JobsConfig { lease_ms: 30_000, concurrency: 256, run_retention_s: 7 * 24 * 3600 }
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 struct Context {
@@ -200,7 +196,7 @@ pub async fn run(
         if free < enough {
             continue;
         }
-        if !burst && !ctx.node.state().claimable_at(now_ms()).unwrap_or(false) {
+        if !burst && !ctx.node.state().claimable_at(ctx.node.cluster_now_ms()).unwrap_or(false) {
             continue;
         }
         // A node whose clock the cluster does not agree with claims nothing: it would judge
@@ -225,7 +221,7 @@ pub async fn run(
 /// claimed then, not up to one interval late.
 fn next_wake(node: &RaftNode) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
-    let now_ms = now_ms();
+    let now_ms = node.cluster_now_ms();
     let next = node.state().next_claimable_ms(now_ms + POLL_INTERVAL.as_millis() as u64).ok().flatten();
     match next {
         Some(at_ms) if at_ms > now_ms => now + Duration::from_millis(at_ms - now_ms + 1),
@@ -312,7 +308,7 @@ async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphoreP
         (owner_place, ctx.slots.clone().acquire_owned().await.ok())
     };
     if let Some(scheduled_ms) = job.scheduled_for_ms {
-        let late_s = now_ms().saturating_sub(scheduled_ms) as f64 / 1_000.0;
+        let late_s = ctx.node.cluster_now_ms().saturating_sub(scheduled_ms) as f64 / 1_000.0;
         ctx.node.node_metrics().job_start_lateness_seconds.observe(late_s);
     }
     let ran = if !held.borrow().may_start(tokio::time::Instant::now()) {
@@ -352,7 +348,7 @@ async fn attempt(ctx: &Context, job: Job, run_id: String, place: OwnedSemaphoreP
         status: ran.status,
         error: ran.error,
         result: ran.result,
-        retry_at_ms: now_ms() + backoff_ms(job.retry_backoff_ms, job.attempts),
+        retry_at_ms: ctx.node.cluster_now_ms() + backoff_ms(job.retry_backoff_ms, job.attempts),
     };
     // The lease was renewed until now: the report may be repeated until it would lapse.
     let lease_end = tokio::time::Instant::now() + Duration::from_millis(ctx.config.lease_ms);
@@ -564,10 +560,9 @@ async fn webhook(ctx: &Context, job: &Job, run_id: &str) -> Result<RunResult, (S
         .await
         .map_err(|e| (format!("the owner's webhook secret: {e}"), None))?;
     if let Some(secret) = secret {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        let timestamp = now.as_secs();
-        let signature =
-            raftbox_api::webhooks::signature(&secret.signing(now.as_millis() as u64), &message_id, timestamp, &body);
+        let now_ms = ctx.node.cluster_now_ms();
+        let timestamp = now_ms / 1_000;
+        let signature = raftbox_api::webhooks::signature(&secret.signing(now_ms), &message_id, timestamp, &body);
         request = request
             .header("webhook-id", &message_id)
             .header("webhook-timestamp", timestamp.to_string())
@@ -687,9 +682,9 @@ async fn maintain(ctx: &Context, kind: &str) -> Result<RunResult, String> {
 
 /// The built-in recurring maintenance jobs, firing every `interval_s` (any interval: they
 /// use an interval schedule, not cron).
-pub fn system_jobs(interval_s: u64) -> Vec<Job> {
+pub fn system_jobs(interval_s: u64, now_ms: u64) -> Vec<Job> {
     let every_ms = interval_s.max(1).saturating_mul(1_000);
-    let first = now_ms().saturating_add(every_ms);
+    let first = now_ms.saturating_add(every_ms);
     ["purge_expired", "expire_versions", "collect_orphans", "expire_runs"]
         .into_iter()
         .map(|task| {
@@ -749,11 +744,11 @@ mod tests {
 
     #[test]
     fn system_jobs_follow_the_interval() {
-        let jobs = system_jobs(60);
+        let jobs = system_jobs(60, 1_000);
         assert_eq!(jobs.len(), 4);
         assert!(jobs.iter().all(|j| j.owner_user_id == "system" && j.next_run_at_ms.is_some()));
         for interval_s in [1, 45, 60, 7_200] {
-            assert_eq!(system_jobs(interval_s)[0].schedule, Schedule::Interval { every_ms: interval_s * 1_000 });
+            assert_eq!(system_jobs(interval_s, 1_000)[0].schedule, Schedule::Interval { every_ms: interval_s * 1_000 });
         }
     }
 

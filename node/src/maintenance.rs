@@ -5,7 +5,8 @@
 //! expiry, orphan collection, run expiry) runs as built-in recurring jobs of the scheduler
 //! (see `executor`), so it is claimed once and visible in run history.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
 
 use raftbox_raft::RaftNode;
 use raftbox_storage::blocks::BlockHash;
@@ -40,6 +41,7 @@ impl Default for FilesConfig {
 pub async fn run(node: RaftNode, config: FilesConfig, stopped: impl std::future::Future<Output = ()>) {
     let mut ticks = tokio::time::interval(Duration::from_secs(config.maintenance_interval_s.max(1)));
     let mut replicator = Replicator { cursor: None, round: config.replicator_round_chunks.max(1) };
+    let mut reclaimer = Reclaimer { unindexed_since: HashMap::new() };
     tokio::pin!(stopped);
     loop {
         tokio::select! {
@@ -47,7 +49,7 @@ pub async fn run(node: RaftNode, config: FilesConfig, stopped: impl std::future:
             _ = ticks.tick() => {}
         }
         replicator.round(&node).await;
-        reclaim(&node, &config).await;
+        reclaimer.round(&node, &config).await;
         measure_blocks(&node).await;
     }
 }
@@ -93,34 +95,67 @@ impl Replicator {
     }
 }
 
-/// Deletes block files the chunk index no longer names, once older than the grace period —
-/// after a read barrier, so the index consulted is at least as new as the cluster's when the
-/// round began (a restarted node still catching up would otherwise see registered blocks as
-/// unindexed).
-async fn reclaim(node: &RaftNode, config: &FilesConfig) {
-    if let Err(e) = node.read_barrier().await {
-        return tracing::debug!(error = %e, "reclaimer: state not confirmed current; skipping this round");
-    }
-    let store = node.blocks().store().clone();
-    let state = node.state().clone();
-    let grace = Duration::from_secs(config.orphan_grace_s);
-    let result = tokio::task::spawn_blocking(move || -> Result<usize, raftbox_storage::StorageError> {
-        let mut removed = 0;
-        for (hash, modified) in store.list()? {
-            let old = |age: Option<Duration>| age.is_some_and(|age| age >= grace);
-            // Unindexed and old, checked again just before removal (a re-put renews the age).
-            if old(modified.elapsed().ok()) && state.chunk(&hash)?.is_none() && old(store.age(&hash)?) {
-                store.remove(&hash)?;
-                removed += 1;
-            }
+/// Deletes block files the chunk index no longer names once they have stayed unindexed and
+/// untouched for the grace period. The grace is measured on this node's monotonic clock from
+/// the round that first found the file unindexed (a file's modification time is compared only
+/// for equality: a re-put renews it and starts the grace again), so no wall clock — this
+/// node's jumping forward, or a file's time set by another machine — can shorten it. A
+/// restart forgets what was seen and starts every grace again. Each round follows a read
+/// barrier, so the index consulted is at least as new as the cluster's when the round began
+/// (a restarted node still catching up would otherwise see registered blocks as unindexed).
+struct Reclaimer {
+    /// Each block file seen unindexed: when (monotonic) and its modification time then.
+    unindexed_since: HashMap<BlockHash, (Instant, SystemTime)>,
+}
+
+impl Reclaimer {
+    async fn round(&mut self, node: &RaftNode, config: &FilesConfig) {
+        if let Err(e) = node.read_barrier().await {
+            return tracing::debug!(error = %e, "reclaimer: state not confirmed current; skipping this round");
         }
-        Ok(removed)
-    })
-    .await;
-    match result {
-        Ok(Ok(0)) => {}
-        Ok(Ok(removed)) => tracing::info!(removed, "reclaimed unreferenced blocks"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "block reclaimer"),
-        Err(e) => tracing::warn!(error = %e, "block reclaimer task"),
+        let store = node.blocks().store().clone();
+        let state = node.state().clone();
+        let grace = Duration::from_secs(config.orphan_grace_s);
+        let mut seen = std::mem::take(&mut self.unindexed_since);
+        let result = tokio::task::spawn_blocking(move || {
+            let mut removed = 0;
+            let now = Instant::now();
+            let mut still = HashMap::new();
+            let walked = (|| -> Result<(), raftbox_storage::StorageError> {
+                for (hash, modified) in store.list()? {
+                    if state.chunk(&hash)?.is_some() {
+                        continue;
+                    }
+                    let since = match seen.remove(&hash) {
+                        Some((since, was)) if was == modified => since,
+                        _ => now,
+                    };
+                    // Unindexed and untouched for the whole grace; checked again just before
+                    // removal (a re-put between the walk and here changes the time).
+                    if now.saturating_duration_since(since) >= grace && store.modified(&hash)? == Some(modified) {
+                        store.remove(&hash)?;
+                        removed += 1;
+                    } else {
+                        still.insert(hash, (since, modified));
+                    }
+                }
+                Ok(())
+            })();
+            (walked.map(|()| removed), still)
+        })
+        .await;
+        let result = match result {
+            Ok((walked, still)) => {
+                self.unindexed_since = still;
+                Ok(walked)
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(Ok(0)) => {}
+            Ok(Ok(removed)) => tracing::info!(removed, "reclaimed unreferenced blocks"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "block reclaimer"),
+            Err(e) => tracing::warn!(error = %e, "block reclaimer task"),
+        }
     }
 }

@@ -154,9 +154,13 @@ async fn ensure_admin(node: RaftNode, token: String) {
 /// existing one changes nothing; one with another interval — the setting changed — gets the
 /// new schedule); retries until the cluster has a quorum.
 async fn ensure_system_jobs(node: RaftNode, interval_s: u64) {
-    for job in executor::system_jobs(interval_s) {
+    for task in 0..executor::system_jobs(interval_s, 0).len() {
         loop {
-            let written = match node.read_barrier().await.map(|()| node.state().job(&job.id)) {
+            // The first fire is counted from the cluster's time, read after the barrier (so
+            // from a stamp at least as new as the cluster's when it began).
+            let barrier = node.read_barrier().await;
+            let job = executor::system_jobs(interval_s, node.cluster_now_ms()).swap_remove(task);
+            let written = match barrier.map(|()| node.state().job(&job.id)) {
                 Err(e) => Err(e),
                 Ok(Ok(Some(existing))) if existing.schedule == job.schedule => break,
                 Ok(Ok(Some(_))) => {

@@ -151,6 +151,9 @@ struct Inner {
     paced_rounds: ReadRounds,
     /// The state machine's adapter, for its applied-entry events.
     applied: StateMachineStore,
+    /// The replicated clock's last value this node saw, and when (monotonic): the anchor of
+    /// [`RaftNode::cluster_now_ms`] while this node's own clock is not trusted.
+    applied_clock: std::sync::Mutex<(u64, crate::boot_clock::BootInstant)>,
 }
 
 /// Runs read-index rounds for as long as the node lives (the task holds it weakly).
@@ -375,6 +378,7 @@ impl RaftNode {
             leader_rounds,
             paced_rounds,
             applied,
+            applied_clock: std::sync::Mutex::new((0, crate::boot_clock::BootInstant::now())),
         };
         let inner = Arc::new(inner);
         spawn_rounds(&inner, barrier_waiting, RaftNode::barrier_round, Duration::ZERO);
@@ -401,6 +405,30 @@ impl RaftNode {
     /// What the last clock check found.
     pub fn clock(&self) -> ClockHealth {
         self.inner.clock.borrow().clone()
+    }
+
+    /// The cluster's time now, Unix ms: what every cutoff, expiry, retry time and first fire
+    /// a node computes outside apply is measured on (ARCHITECTURE.md, "Time"). While the
+    /// cluster agrees with this node's clock it is the stamp this node would put in a batch
+    /// as leader (its wall clock, kept within half the bound of the cluster's). Otherwise
+    /// (the clock is off, or not checked yet) this node's wall clock counts for nothing: it
+    /// is the last stamp this node applied, advanced by the boot-time clock since it saw it
+    /// — never ahead of the cluster's time by more than the bound, behind it by as long as
+    /// this node applies nothing.
+    pub fn cluster_now_ms(&self) -> u64 {
+        let applied = self.inner.state.clock_ms().unwrap_or(0);
+        let now = crate::boot_clock::BootInstant::now();
+        let mut anchor = self.inner.applied_clock.lock().unwrap_or_else(|e| e.into_inner());
+        if applied > anchor.0 {
+            *anchor = (applied, now);
+        }
+        let replicated = anchor.0.saturating_add(now.saturating_duration_since(anchor.1).as_millis() as u64);
+        let clock = self.clock();
+        if clock.may_lead() {
+            clock.stamp().max(anchor.0)
+        } else {
+            replicated
+        }
     }
 
     pub fn id(&self) -> NodeId {

@@ -316,10 +316,11 @@ impl BlockStore {
         Ok(())
     }
 
-    /// Age of a block file (time since it was last written or re-put).
-    pub fn age(&self, hash: &BlockHash) -> Result<Option<std::time::Duration>, StorageError> {
+    /// When a block file was last written or re-put; `None` if absent. Compared only for
+    /// equality (a re-put changes it), never against this node's wall clock.
+    pub fn modified(&self, hash: &BlockHash) -> Result<Option<std::time::SystemTime>, StorageError> {
         match fs::metadata(self.path(hash)) {
-            Ok(meta) => Ok(Some(meta.modified()?.elapsed().unwrap_or_default())),
+            Ok(meta) => Ok(Some(meta.modified()?)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e.into()),
         }

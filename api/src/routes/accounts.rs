@@ -140,7 +140,9 @@ pub async fn create_token(
     let name = json::name("name", &request.name)?;
     let expires_ms = match request.expires_in_s {
         None => None,
-        Some(s) if (1..=TOKEN_LIFETIME_S_MAX).contains(&s) => Some(crate::auth::now_ms().saturating_add(s * 1_000)),
+        Some(s) if (1..=TOKEN_LIFETIME_S_MAX).contains(&s) => {
+            Some(state.node.cluster_now_ms().saturating_add(s * 1_000))
+        }
         Some(_) => {
             return Err(ApiError::BadRequest(format!("expiresInS must be 1 to {TOKEN_LIFETIME_S_MAX} seconds")));
         }
@@ -294,10 +296,6 @@ fn secret_view(secret: raftbox_storage::records::WebhookSecret, now_ms: u64) -> 
     }
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// `GET /v1/me/webhook-secret`: the secret that signs the caller's webhook calls (made on
 /// the first ask, or with the first webhook job).
 pub async fn webhook_secret(
@@ -312,7 +310,7 @@ pub async fn webhook_secret(
             crate::webhooks::SECRETS_FORMAT
         ))
     })?;
-    Ok(Json(secret_view(secret, now_ms())))
+    Ok(Json(secret_view(secret, state.node.cluster_now_ms())))
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]
@@ -344,7 +342,7 @@ pub async fn rotate_webhook_secret(
     }
     if hours > 0 {
         crate::access::barrier(&state, &principal).await?;
-        let now = now_ms();
+        let now = state.node.cluster_now_ms();
         if let Some(current) = state.node.state().webhook_secret(&principal.user.id)? {
             if current.previous.is_some() && now < current.previous_until_ms {
                 return Err(ApiError::Conflict(format!(
@@ -369,5 +367,5 @@ pub async fn rotate_webhook_secret(
         .state()
         .webhook_secret(&principal.user.id)?
         .ok_or_else(|| ApiError::Internal("the webhook secret just made is not in the state".into()))?;
-    Ok((axum::http::StatusCode::CREATED, Json(secret_view(secret, now_ms()))))
+    Ok((axum::http::StatusCode::CREATED, Json(secret_view(secret, state.node.cluster_now_ms()))))
 }

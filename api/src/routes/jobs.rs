@@ -28,10 +28,6 @@ pub const RETRY_BACKOFF_MS_DEFAULT: u64 = 1_000;
 pub const TARGET_CHARS_MAX: usize = 2_048;
 pub const PAYLOAD_BYTES_MAX: usize = 64 * 1024;
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// A schedule as a client writes it: `{runAt}` (once) or `{cron, timezone}`. A cron
 /// expression or time zone the server does not know, or a schedule that never fires, is 422.
 #[derive(Deserialize)]
@@ -180,7 +176,7 @@ pub async fn create(State(state): State<AppState>, principal: Principal, keyed: 
     if !(1..=raftbox_storage::jobs::RETRY_BACKOFF_MS_MAX).contains(&retry_backoff_ms) {
         return Err(ApiError::BadRequest("retryBackoffMs is 1 to 3600000".into()));
     }
-    let (schedule, next_run_at) = parse_schedule(&request.schedule, now_ms())?;
+    let (schedule, next_run_at) = parse_schedule(&request.schedule, state.node.cluster_now_ms())?;
     check_limits(&state, &principal, &schedule, next_run_at)?;
     let spec = JobSpec {
         id: new_id(),
@@ -464,7 +460,7 @@ pub async fn patch(
         };
         let merged: ScheduleRequest = serde_json::from_value(merged)
             .map_err(|e| ApiError::Unprocessable(format!("schedule after the merge: {e}")))?;
-        let (schedule, next) = parse_schedule(&merged, now_ms()).map_err(unprocessable)?;
+        let (schedule, next) = parse_schedule(&merged, state.node.cluster_now_ms()).map_err(unprocessable)?;
         check_limits(&state, &principal, &schedule, next)?;
         patch.schedule = Some(schedule);
         patch.next_run_at_ms = Some(next);

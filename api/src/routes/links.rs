@@ -124,10 +124,6 @@ pub struct LinkFolder {
     pub next_page_token: Option<String>,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 fn view(link: &Link, now: u64) -> LinkView {
     LinkView {
         link_id: link.id.clone(),
@@ -168,7 +164,7 @@ pub async fn create(
         (None, Some(folder)) => (parse_folder(folder)?, true),
         _ => return Err(ApiError::Unprocessable("give a file's path or a folder, one of the two".into())),
     };
-    let now = now_ms();
+    let now = state.node.cluster_now_ms();
     let expires_ms = match &request.expires_at {
         None => None,
         Some(text) => {
@@ -240,7 +236,7 @@ pub async fn list(
     crate::access::barrier(&state, &principal).await?;
     let (user_id, after) = (principal.user.id.clone(), query.page_token.clone());
     let found = read_state(&state, move |sm| Ok(sm.links_page(&user_id, after.as_deref(), limit + 1)?)).await?;
-    let now = now_ms();
+    let now = state.node.cluster_now_ms();
     let links = found.iter().take(limit).map(|l| view(l, now)).collect();
     Ok(Json(LinkList { links, next_page_token: (found.len() > limit).then(|| found[limit - 1].id.clone()) }))
 }
@@ -279,7 +275,7 @@ pub async fn list_in_namespace(
     let after = query.page_token.clone();
     let found =
         read_state(&state, move |sm| Ok(sm.namespace_links_page(&namespace_id, after.as_deref(), limit + 1)?)).await?;
-    let now = now_ms();
+    let now = state.node.cluster_now_ms();
     let links = found.iter().take(limit).map(|l| view(l, now)).collect();
     Ok(Json(LinkList { links, next_page_token: (found.len() > limit).then(|| found[limit - 1].id.clone()) }))
 }
@@ -347,7 +343,7 @@ async fn serve(
     if !sm.role(&link.creator_user_id, &link.namespace_id)?.is_some_and(|role| role.can_write()) {
         return Err(no_link());
     }
-    if link.expired(now_ms()) {
+    if link.expired(state.node.cluster_now_ms()) {
         return Err(gone("this link has expired"));
     }
     if let Some(stored) = &link.password_hash {

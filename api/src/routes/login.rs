@@ -49,7 +49,7 @@ use raftbox_storage::{Command, Outcome};
 use serde::{Deserialize, Serialize};
 
 use super::new_id;
-use crate::auth::{generate_token, hash_token, now_ms, Principal};
+use crate::auth::{generate_token, hash_token, Principal};
 use crate::front_door::Client;
 use crate::{json, ApiError, AppState};
 
@@ -521,7 +521,7 @@ pub async fn login(State(state): State<AppState>, request: Request) -> Result<Re
     };
     let token = generate_token();
     let token_id = new_id();
-    let expires_ms = now_ms().saturating_add(SESSION_TTL.as_millis() as u64);
+    let expires_ms = state.node.cluster_now_ms().saturating_add(SESSION_TTL.as_millis() as u64);
     let command = Command::CreateToken {
         token_id: token_id.clone(),
         user_id: user.id.clone(),
@@ -571,11 +571,11 @@ async fn set(state: &AppState, user_id: &str, hash: Option<String>) -> Result<Re
 /// Whether the caller proves who they are afresh: an admin, or a token made within
 /// [`FRESH_PROOF`] that is not a login session (a session proves only a password, and a
 /// password is what is being changed).
-fn fresh_proof(principal: &Principal) -> bool {
+fn fresh_proof(principal: &Principal, now_ms: u64) -> bool {
     if principal.user.admin {
         return true;
     }
-    let age_ms = now_ms().saturating_sub(principal.token_created_ms);
+    let age_ms = now_ms.saturating_sub(principal.token_created_ms);
     !principal.token_session && !principal.token_id.is_empty() && age_ms <= FRESH_PROOF.as_millis() as u64
 }
 
@@ -589,7 +589,7 @@ async fn prove(
     current: Option<String>,
 ) -> Result<(), ApiError> {
     let Some(current) = current else {
-        if fresh_proof(principal) {
+        if fresh_proof(principal, state.node.cluster_now_ms()) {
             return Ok(());
         }
         let needs = if stored.is_some() { "currentPassword" } else { "fresh proof" };

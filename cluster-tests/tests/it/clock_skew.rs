@@ -194,3 +194,140 @@ async fn start_alone(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     }
     Ok(())
 }
+
+/// The fast follower's offset in the cutoff test: a month ahead, far past a day's retention.
+const MONTH_AHEAD: &str = "+31d";
+/// Retention and grace in the cutoff test: a day, so only a wrong clock could pass them.
+const DAY_S: u64 = 24 * 3600;
+/// Fires of each maintenance job watched while the follower is a month ahead.
+const MAINTENANCE_FIRES: u64 = 10;
+/// How long those fires may take (one a second, with elections and claims around them).
+const FIRES_DEADLINE: Duration = Duration::from_secs(60);
+
+/// One clock for every cutoff (issue 35, item 2): a follower whose wall clock jumps a month
+/// ahead, for ten fires of every maintenance job (one a second), deletes no version within
+/// the day's retention, collects no chunk within the day's grace and reclaims no block file
+/// within it — a file it holds unindexed (as one whose `RegisterChunk` has not applied there
+/// yet) and dated by a true clock included — while clients keep reading and writing through
+/// it. Before the change the follower claimed maintenance with its clock ("everything is
+/// due"), computed the cutoffs from it, and reclaimed by file age on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_a_month_ahead_deletes_nothing_within_retention() {
+    let seed = Seed::new("clock_skew::a_follower_a_month_ahead_deletes_nothing_within_retention");
+    let extra_toml =
+        format!("[files]\nversion_retention_s = {DAY_S}\norphan_grace_s = {DAY_S}\nmaintenance_interval_s = 1\n");
+    let options = ClusterOptions { fake_clocks: true, extra_toml, ..ClusterOptions::default() };
+    let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, month_ahead(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+/// The fence of a system maintenance job and who holds its lease, read through `via`.
+async fn system_job(cluster: &Cluster, via: u64, task: &str) -> Result<(u64, Option<String>)> {
+    let url = format!("{}/v1/jobs/system-{task}", cluster.http_url(via));
+    let job = send(cluster.client().get(url).bearer_auth(cluster.admin_token())).await?;
+    let body = job.body().ok_or_else(|| anyhow::anyhow!("system-{task}: {job:?}"))?;
+    let fence = body["fenceToken"].as_u64().ok_or_else(|| anyhow::anyhow!("system-{task}: {body}"))?;
+    Ok((fence, body["leaseOwner"].as_str().map(str::to_owned)))
+}
+
+async fn month_ahead(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    use anyhow::Context as _;
+    let http = cluster.client();
+    let leader = cluster.wait_for_leader(None, SETTLE).await?;
+    let fast = cluster.node_ids().into_iter().find(|id| *id != leader).context("a follower")?;
+    let (lead_url, fast_url) = (cluster.http_url(leader), cluster.http_url(fast));
+    let user =
+        raftbox_cluster_tests::create_user(&http, &lead_url, cluster.admin_token(), &format!("month-{}", seed.value()))
+            .await?;
+    let user_id = user.body().and_then(|b| b["userId"].as_str()).context("user")?.to_owned();
+    let token = raftbox_cluster_tests::create_token(&http, &lead_url, cluster.admin_token(), &user_id, "t").await?;
+    let token = token.body().and_then(|b| b["token"].as_str()).context("token")?.to_owned();
+    let put = |url: String, data: String| {
+        let (http, token) = (http.clone(), token.clone());
+        async move {
+            let hash = blake3::hash(data.as_bytes()).to_hex().to_string();
+            let response = http.put(format!("{url}/v1/blocks/{hash}")).bearer_auth(&token).body(data).send().await?;
+            ensure!(response.status().as_u16() == 201, "PUT through {url}: {}", response.status());
+            anyhow::Ok(hash)
+        }
+    };
+    let commit = |url: String, chunk: String, base: u64| {
+        let (http, token) = (http.clone(), token.clone());
+        async move {
+            let body =
+                serde_json::json!({ "path": "/v.txt", "chunks": [chunk], "baseVersion": base, "size": 1, "mtime": 0 });
+            let response = http.post(format!("{url}/v1/files/commit")).bearer_auth(&token).json(&body).send().await?;
+            ensure!(response.status().as_u16() == 201, "commit through {url}: {}", response.status());
+            anyhow::Ok(())
+        }
+    };
+    // Three versions (two superseded, within the day's retention) and a block in flight.
+    for version in 0..3 {
+        let chunk = put(lead_url.clone(), format!("version {version}")).await?;
+        commit(lead_url.clone(), chunk, version).await?;
+    }
+    let in_flight = put(lead_url.clone(), "uploaded, not committed yet".to_owned()).await?;
+    // A block file the fast node holds unindexed, dated by a true clock (its registration has
+    // not applied there yet): its grace starts when the reclaimer first sees it.
+    let unindexed = blake3::hash(b"registration still on its way").to_hex().to_string();
+    let shard = cluster.data_dir(fast).join("blocks").join(&unindexed[..2]);
+    std::fs::create_dir_all(&shard)?;
+    std::fs::write(shard.join(&unindexed), b"registration still on its way")?;
+
+    let started: Vec<u64> = {
+        let mut fences = Vec::new();
+        for task in ["expire_versions", "collect_orphans"] {
+            fences.push(system_job(cluster, leader, task).await?.0);
+        }
+        fences
+    };
+    cluster.set_clock_offset(fast, MONTH_AHEAD)?;
+    wait_readyz(cluster, fast, false).await?;
+    eprintln!("node {fast} is {MONTH_AHEAD}; watching {MAINTENANCE_FIRES} fires of each maintenance job");
+    let wait = Deadline::after(FIRES_DEADLINE, format!("{MAINTENANCE_FIRES} fires of each maintenance job"));
+    let mut owners = std::collections::BTreeSet::new();
+    let mut round = 0u64;
+    loop {
+        // Clients read and write through the fast node all along.
+        let history = send(http.get(format!("{fast_url}/v1/files/history?path=/v.txt")).bearer_auth(&token)).await?;
+        ensure!(history.is_ok(), "history through node {fast}: {history:?}");
+        let created = raftbox_cluster_tests::create_user(
+            &http,
+            &fast_url,
+            cluster.admin_token(),
+            &format!("month-{}-{round}", seed.value()),
+        )
+        .await?;
+        ensure!(created.is_ok(), "a write through node {fast}: {created:?}");
+        round += 1;
+        let mut fired = Vec::new();
+        for (task, start) in ["expire_versions", "collect_orphans"].into_iter().zip(&started) {
+            let (fence, owner) = system_job(cluster, leader, task).await?;
+            owners.extend(owner);
+            fired.push(fence.saturating_sub(*start));
+        }
+        if fired.iter().all(|n| *n >= MAINTENANCE_FIRES) {
+            break;
+        }
+        wait.tick(&format!("fires so far {fired:?}")).await?;
+    }
+    eprintln!("lease owners seen: {owners:?}");
+
+    for id in cluster.node_ids() {
+        let url = cluster.http_url(id);
+        let history = send(http.get(format!("{url}/v1/files/history?path=/v.txt")).bearer_auth(&token)).await?;
+        let versions = history.body().and_then(|b| b["versions"].as_array().map(Vec::len));
+        ensure!(versions == Some(3), "node {id}: versions within retention were deleted: {history:?}");
+        let block = http.get(format!("{url}/v1/blocks/{in_flight}")).bearer_auth(&token).send().await?;
+        ensure!(block.status().as_u16() == 200, "node {id}: the block in flight is gone: {}", block.status());
+        let file = cluster.data_dir(id).join("blocks").join(&in_flight[..2]).join(&in_flight);
+        ensure!(file.exists(), "node {id} reclaimed the block in flight");
+    }
+    ensure!(shard.join(&unindexed).exists(), "node {fast} reclaimed an unindexed block within its grace");
+    // The block in flight commits, through the fast node.
+    commit(fast_url.clone(), in_flight, 3).await?;
+    cluster.set_clock_offset(fast, "+0")?;
+    wait_readyz(cluster, fast, true).await?;
+    Ok(())
+}
