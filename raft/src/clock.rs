@@ -57,6 +57,9 @@ pub struct ClockHealth {
     /// The members the verdict counted, this node included (the configuration held, or,
     /// before there is one, the initial configuration this node was handed).
     pub cluster_size: usize,
+    /// The members whose last answer, within [`SAMPLE_VALID`], said they lead but refuse
+    /// writes (a full disk or a clock off: stepping down). A follower of one is not ready.
+    pub leading_refusing_writes: std::collections::BTreeSet<NodeId>,
 }
 
 impl ClockHealth {
@@ -150,6 +153,8 @@ fn cluster_offset_ms(samples: &[Sample], max_offset_ms: u64) -> i64 {
 #[derive(Debug, Clone, Copy)]
 struct Measured {
     sample: Sample,
+    /// The member said it leads but refuses writes.
+    leads_refusing_writes: bool,
     taken_wall_ms: u64,
     taken: crate::boot_clock::BootInstant,
 }
@@ -165,7 +170,7 @@ async fn sample(peers: &Peers, addr: &str) -> Option<Measured> {
     let midpoint = i64::try_from(sent).ok()?.saturating_add(round_trip / 2);
     let peer = i64::try_from(reply.now_ms).ok()?;
     let sample = Sample { offset_ms: peer.saturating_sub(midpoint), uncertainty_ms: round_trip / 2 + 1 };
-    Some(Measured { sample, taken_wall_ms: sent, taken })
+    Some(Measured { sample, leads_refusing_writes: reply.leads_refusing_writes, taken_wall_ms: sent, taken })
 }
 
 /// One check's verdict from the measurements held, judged at one reading of both clocks
@@ -195,6 +200,17 @@ fn verdict(
         (u64::try_from(cluster_ms).unwrap_or(0), now)
     });
     (ok, offsets_ms, agreed_at)
+}
+
+/// The members whose last valid answer said they lead but refuse writes.
+fn leading_refusing_writes(
+    last: &BTreeMap<NodeId, Measured>,
+    now: crate::boot_clock::BootInstant,
+) -> std::collections::BTreeSet<NodeId> {
+    last.iter()
+        .filter(|(_, m)| m.leads_refusing_writes && now.saturating_duration_since(m.taken) <= SAMPLE_VALID)
+        .map(|(member, _)| *member)
+        .collect()
 }
 
 /// The members whose clocks this node is judged against (itself left out): the voters of the
@@ -261,7 +277,15 @@ pub(crate) async fn watch_clock(
             }
         }
         let agreed_at = agreed.or(health.borrow().agreed_at);
-        health.send_replace(ClockHealth { ok: Some(ok), offsets_ms, agreed_at, max_offset_ms, cluster_size });
+        let leading_refusing_writes = leading_refusing_writes(&last, now);
+        health.send_replace(ClockHealth {
+            ok: Some(ok),
+            offsets_ms,
+            agreed_at,
+            max_offset_ms,
+            cluster_size,
+            leading_refusing_writes,
+        });
     }
 }
 
@@ -282,6 +306,7 @@ mod tests {
             agreed_at: Some((1_000_000, agreed)),
             max_offset_ms: 500,
             cluster_size: 3,
+            leading_refusing_writes: Default::default(),
         };
         let later = agreed.plus(Duration::from_millis(300));
         // An honest clock passes as it is.
@@ -292,6 +317,16 @@ mod tests {
         // Before any agreeing check there is nothing to predict from.
         let fresh = ClockHealth { agreed_at: None, ..health };
         assert_eq!(fresh.stamp_for(42, later), 42);
+    }
+
+    #[test]
+    fn a_leader_refusing_writes_is_named_while_its_answer_is_valid() {
+        let taken = crate::boot_clock::BootInstant::now();
+        let answer = |refusing| Measured { sample: s(0), leads_refusing_writes: refusing, taken_wall_ms: 0, taken };
+        let last = BTreeMap::from([(1, answer(true)), (2, answer(false))]);
+        assert_eq!(leading_refusing_writes(&last, taken), [1].into());
+        let stale = taken.plus(SAMPLE_VALID + Duration::from_millis(1));
+        assert!(leading_refusing_writes(&last, stale).is_empty(), "an old answer says nothing");
     }
 
     #[test]
@@ -363,7 +398,8 @@ mod tests {
         // 20 s ahead. Filed under the moment the probe left, it disagrees.
         let left = crate::boot_clock::BootInstant::now();
         let mut last = BTreeMap::new();
-        let on_old_clock = Measured { sample: s(3), taken_wall_ms: 1_000_000, taken: left };
+        let on_old_clock =
+            Measured { sample: s(3), leads_refusing_writes: false, taken_wall_ms: 1_000_000, taken: left };
         last.insert(3, on_old_clock);
         let after = left.plus(Duration::from_millis(300));
         let (ok, offsets, agreed) = verdict(&last, 1_000_300 + 20_000, after, 3, 500);
@@ -389,6 +425,7 @@ mod tests {
             agreed_at: Some(((real_at_check + leader_off_ms + offset) as u64, agreed)),
             max_offset_ms: bound,
             cluster_size: 3,
+            leading_refusing_writes: Default::default(),
         };
         let later = agreed.plus(Duration::from_millis(700));
         let real = (real_at_check + 700) as u64;

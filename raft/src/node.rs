@@ -193,7 +193,6 @@ const ELECTION_SWITCH_INTERVAL: Duration = Duration::from_millis(25);
 /// while the clock agrees and the disk is not full (a leader that stops them steps down: the
 /// others elect another), for as long as the node lives. A slow disk only keeps the node from
 /// standing: a leader whose fsync is stuck is silent anyway, and the others elect.
-
 async fn switch_elections_forever(
     id: NodeId,
     raft: Raft,
@@ -290,6 +289,7 @@ impl RaftNode {
             agreed_at: None,
             max_offset_ms: settings.max_clock_offset_ms,
             cluster_size: 1,
+            leading_refusing_writes: Default::default(),
         });
         let (initial_members, initial_members_rx) = watch::channel(Vec::new());
         tokio::spawn(watch_clock(
@@ -400,6 +400,12 @@ impl RaftNode {
     /// What the last disk check found (see [`crate::disk`]).
     pub fn disk(&self) -> DiskHealth {
         *self.inner.disk.borrow()
+    }
+
+    /// Whether this node, as leader, would keep its leadership and take writes now: its
+    /// clock agrees with the cluster's and its disk is not full.
+    pub fn keeps_leading(&self) -> bool {
+        keeps_leading(&self.clock(), &self.disk())
     }
 
     /// What the last clock check found.

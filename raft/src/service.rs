@@ -264,6 +264,7 @@ impl RaftService for RaftGrpc {
             format: self.node.reads_format(),
             cluster_id: self.node.cluster_id().as_deref().unwrap_or_default().to_owned(),
             knows_cluster_ids: true,
+            leads_refusing_writes: metrics.current_leader == Some(self.node.id()) && !self.node.keeps_leading(),
         }))
     }
 

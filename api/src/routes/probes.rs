@@ -31,7 +31,8 @@ pub async fn healthz() -> Json<Health> {
     Json(Health { status: "ok".into() })
 }
 
-/// Member of a cluster that has a leader, with a clock that agrees with the cluster's.
+/// Member of a cluster that has a leader taking writes, with a clock that agrees with the
+/// cluster's and a disk with room.
 pub async fn readyz(State(state): State<AppState>) -> Result<Json<Ready>, ApiError> {
     if let Some((admitted, refused)) = state.in_flight.refusing_most() {
         return Err(ApiError::Unavailable(format!(
@@ -57,6 +58,14 @@ pub async fn readyz(State(state): State<AppState>) -> Result<Json<Ready>, ApiErr
         None => return Err(ApiError::Unavailable("this node's clock is not confirmed by the cluster yet".into())),
     }
     match status.leader_id {
+        // A leader that refuses writes is stepping down; until the others elect another, its
+        // followers take no write either (a reader must not keep this node in a balancer).
+        Some(leader) if status.member && clock.leading_refusing_writes.contains(&leader) => {
+            Err(ApiError::Unavailable(format!(
+                "the leader, node {leader}, refuses writes (its disk is full or its clock is off); \
+                 waiting for the cluster to elect another"
+            )))
+        }
         Some(leader) if status.member => Ok(Json(Ready { ready: true, leader_id: leader })),
         _ => Err(ApiError::Unavailable("not a member of a cluster with a leader".into())),
     }
