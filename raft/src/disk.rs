@@ -111,6 +111,21 @@ impl DiskHealth {
         !self.full && !self.slow
     }
 
+    /// Whether `bytes` more may be written and still leave the minimum free (judged on the
+    /// last check; a disk never read says yes, as before there was a check). The refusal
+    /// says how much is missing.
+    pub fn room_for(&self, bytes: u64, what: &str) -> Result<(), String> {
+        match self.free_bytes {
+            Some(free) if free < bytes.saturating_add(self.min_free_bytes) => Err(format!(
+                "{what} needs {} MiB and the {} MiB minimum left free, but this node's disk has {} MiB free",
+                bytes.div_ceil(1 << 20),
+                self.min_free_bytes >> 20,
+                free >> 20
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The error a refused write or append carries.
     pub fn refusal(&self) -> String {
         format!(
@@ -123,7 +138,7 @@ impl DiskHealth {
 }
 
 /// Free bytes of the file system holding `path`, for an unprivileged writer.
-fn free_bytes(path: &std::path::Path) -> std::io::Result<u64> {
+pub(crate) fn free_bytes(path: &std::path::Path) -> std::io::Result<u64> {
     let stat = rustix::fs::statvfs(path)?;
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
 }
@@ -211,6 +226,16 @@ pub(crate) async fn watch_disk(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn room_is_what_leaves_the_minimum_free() {
+        let mut disk = DiskHealth::new(64 << 20);
+        assert!(disk.room_for(u64::MAX, "anything").is_ok(), "never read: as before there was a check");
+        disk.free_bytes = Some(200 << 20);
+        assert!(disk.room_for(136 << 20, "an install").is_ok());
+        let refused = disk.room_for((136 << 20) + 1, "an install").expect_err("one byte too many");
+        assert!(refused.contains("an install needs 137 MiB and the 64 MiB minimum"), "{refused}");
+    }
 
     #[test]
     fn the_alarm_rises_below_the_minimum_and_clears_at_twice_it() {

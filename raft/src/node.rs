@@ -272,7 +272,9 @@ impl RaftNode {
                 stored_format,
             ))));
         }
-        let sm_store = StateMachineStore::new(state.clone()).map_err(StartError::raft)?;
+        let sm_store = StateMachineStore::new(state.clone())
+            .map_err(StartError::raft)?
+            .with_min_free_bytes(settings.min_free_disk_bytes);
         let applied = sm_store.clone();
         let cluster_id = ClusterId::load(&db)?;
         let peers = Peers::with_tls(secret.clone(), cluster_id.clone(), tls.clone());

@@ -149,7 +149,13 @@ impl RaftService for RaftGrpc {
         self.addressed_to_this_directory(&request)?;
         self.node.same_cluster(&request, self.names_this_directory(&request))?;
         self.disk_has_room()?;
-        let rpc = decode(request.get_ref())?;
+        let rpc: openraft::raft::InstallSnapshotRequest<crate::types::TypeConfig> = decode(request.get_ref())?;
+        // The image's size travels in its id: what is still to come, and the install's copy
+        // of it into the state, must fit above the minimum (the leader retries later).
+        if let Some(bytes) = crate::state_machine::image_bytes(&rpc.meta.snapshot_id) {
+            let need = bytes.saturating_sub(rpc.offset).saturating_add(bytes);
+            self.node.disk().room_for(need, "installing this snapshot").map_err(Status::resource_exhausted)?;
+        }
         reply(self.node.install_snapshot(rpc).await)
     }
 

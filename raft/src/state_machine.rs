@@ -45,6 +45,16 @@ pub struct StateMachineStore {
     /// Set from the first chunk of a received snapshot until its install ends: the log store
     /// then purges no further than the durable snapshot ([`crate::log_store::purge_bound`]).
     installing: Arc<std::sync::atomic::AtomicBool>,
+    /// The free space a build must leave (the disk alarm's minimum; 0: never skip a build).
+    min_free_bytes: u64,
+    /// The last build was skipped for want of space (so the warning is logged once).
+    skipping: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The image size a snapshot id carries (`…-b<bytes>`, as [`StateMachineStore`] builds them),
+/// so a receiver can refuse an install it has no room for; `None` for ids without it.
+pub(crate) fn image_bytes(snapshot_id: &str) -> Option<u64> {
+    snapshot_id.rsplit('-').next()?.strip_prefix('b')?.parse().ok()
 }
 
 /// Applied entries waiting for a slow listener, at most (it then hears [`Applied::Reset`]).
@@ -87,7 +97,49 @@ impl StateMachineStore {
             record: Arc::new(std::sync::Mutex::new(())),
             events: tokio::sync::broadcast::channel(APPLIED_EVENTS_QUEUED_MAX).0,
             installing: Arc::default(),
+            min_free_bytes: 0,
+            skipping: Arc::default(),
         })
+    }
+
+    /// Skips a build that could leave less than `bytes` free (see [`Self::build_blocking`]).
+    pub fn with_min_free_bytes(self, bytes: u64) -> StateMachineStore {
+        StateMachineStore { min_free_bytes: bytes, ..self }
+    }
+
+    /// The current snapshot instead of a new one when a new image, estimated as the larger
+    /// of the current one and the live state's size, would not fit above the minimum free
+    /// space: the build is skipped, openraft keeps the snapshot it has (it ignores one that is
+    /// not newer) and asks again at a later entry. With no current snapshot, `None`: build.
+    fn skipped_build(&self) -> Option<(SnapshotMeta, SnapshotFile)> {
+        use std::sync::atomic::Ordering;
+        if self.min_free_bytes == 0 {
+            return None;
+        }
+        let _record = self.record.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let record = self.current_record().ok()??;
+        let path = self.snapshots.file(&record.file);
+        let current = std::fs::metadata(&path).map_or(0, |m| m.len());
+        let estimate = current.max(self.sm.db().state_size_estimate());
+        let free = crate::disk::free_bytes(self.sm.db().path()).ok()?;
+        let fits = free >= estimate.saturating_add(self.min_free_bytes);
+        let was_skipping = self.skipping.swap(!fits, Ordering::SeqCst);
+        if fits {
+            if was_skipping {
+                tracing::info!(free_mib = free >> 20, "room for a snapshot again; building");
+            }
+            return None;
+        }
+        if !was_skipping {
+            tracing::warn!(
+                free_mib = free >> 20,
+                estimate_mib = estimate >> 20,
+                min_free_mib = self.min_free_bytes >> 20,
+                "no room for a snapshot above the minimum free space; keeping the current one"
+            );
+        }
+        let file = SnapshotFile::open(path).ok()?;
+        Some((record.meta, file))
     }
 
     /// The storage-level state machine, for the tests' reads.
@@ -118,6 +170,9 @@ impl StateMachineStore {
     /// Writes a snapshot file from the current state and makes it current (unless a newer
     /// one became current meanwhile). Blocking.
     fn build_blocking(&self) -> Result<(SnapshotMeta, SnapshotFile), RaftStorageError> {
+        if let Some(current) = self.skipped_build() {
+            return Ok(current);
+        }
         let write_error =
             |e: &dyn std::error::Error| StorageIOError::<NodeId>::write_snapshot(None, &Message(e.to_string()));
         let path = self.snapshots.building();
@@ -138,7 +193,7 @@ impl StateMachineStore {
             None => AppliedMarker::default(),
         };
         let snapshot_id = match marker.last_applied {
-            Some(id) => format!("{}-{}-{}", id.leader_id.term, id.leader_id.node_id, id.index),
+            Some(id) => format!("{}-{}-{}-b{}", id.leader_id.term, id.leader_id.node_id, id.index, written.bytes),
             None => "empty".to_string(),
         };
         let meta = SnapshotMeta { last_log_id: marker.last_applied, last_membership: marker.membership, snapshot_id };

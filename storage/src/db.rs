@@ -44,6 +44,10 @@ const BLOOM_BITS_PER_KEY: f64 = 10.0;
 /// memtable that does not hold the key instead of searching its skip list.
 const MEMTABLE_BLOOM_RATIO: f64 = 0.05;
 
+/// Bounds of every state key (each starts with a table tag, far below 0xff).
+pub(crate) const STATE_KEYS_FROM: &[u8] = &[0x00];
+pub(crate) const STATE_KEYS_TO: &[u8] = &[0xff; 8];
+
 pub(crate) fn write_options(sync: bool) -> WriteOptions {
     let mut options = WriteOptions::default();
     options.set_sync(sync);
@@ -92,6 +96,9 @@ impl Db {
         };
         db.live_state.store(live, Ordering::SeqCst);
         db.check_format()?;
+        // A restore that failed (out of space, a crash) left its unlogged writes flushed into
+        // the spare column family, where they would take that space again at every start.
+        db.clear_spare_state()?;
         Ok(db)
     }
 
@@ -138,6 +145,18 @@ impl Db {
         self.cf(cf::STATES[1 - self.live_state.load(Ordering::SeqCst)])
     }
 
+    /// Empties the spare state column family and gives its space back: a range delete over
+    /// every state key, then a compaction of the whole range, which drops the covered files
+    /// of every level (level 0 included, which `delete_file_in_range_cf` skips). Cheap when
+    /// the column family is empty already.
+    pub(crate) fn clear_spare_state(&self) -> Result<(), StorageError> {
+        let spare = self.spare_state();
+        self.inner.delete_range_cf_opt(spare, STATE_KEYS_FROM, STATE_KEYS_TO, &write_options(false))?;
+        self.inner.delete_file_in_range_cf(spare, STATE_KEYS_FROM, STATE_KEYS_TO)?;
+        self.inner.compact_range_cf(spare, Some(STATE_KEYS_FROM), Some(STATE_KEYS_TO));
+        Ok(())
+    }
+
     /// Makes the spare state column family the live one, durably, in one synced write that
     /// also carries `meta` (Raft metadata written with the switch, or not at all).
     pub(crate) fn make_spare_state_live(&self, meta: &[(&[u8], &[u8])]) -> Result<(), StorageError> {
@@ -151,6 +170,13 @@ impl Db {
         self.inner.write_opt(batch, &write_options(true))?;
         self.live_state.store(spare, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// RocksDB's estimate of the live state's size in bytes (its files' live data and its
+    /// memtables): about what a snapshot image of it takes.
+    pub fn state_size_estimate(&self) -> u64 {
+        let property = |p: &str| self.inner.property_int_value_cf(self.state(), p).ok().flatten().unwrap_or(0);
+        property("rocksdb.estimate-live-data-size").saturating_add(property("rocksdb.cur-size-all-mem-tables"))
     }
 
     /// What RocksDB holds in memory now, over every column family.
@@ -264,6 +290,28 @@ impl Db {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restore_left_in_the_spare_state_is_cleared_at_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = Db::open(dir.path()).expect("open");
+            let mut unlogged = WriteOptions::default();
+            unlogged.disable_wal(true);
+            let value = vec![7u8; 1 << 20];
+            for i in 0..8u8 {
+                db.rocks().put_cf_opt(db.spare_state(), [1, i], &value, &unlogged).expect("put");
+            }
+            db.rocks().flush_cf(db.spare_state()).expect("flush");
+            let left = db.rocks().property_int_value_cf(db.spare_state(), "rocksdb.total-sst-files-size");
+            assert!(left.expect("property").unwrap_or(0) >= 8 << 20, "a half restore's files stay");
+        }
+        let db = Db::open(dir.path()).expect("open again");
+        assert!(db.rocks().iterator_cf(db.spare_state(), rocksdb::IteratorMode::Start).next().is_none(), "emptied");
+        let size = db.rocks().property_int_value_cf(db.spare_state(), "rocksdb.total-sst-files-size");
+        let size = size.expect("property").unwrap_or(0);
+        assert!(size < 1 << 20, "its space given back: {size} bytes left");
+    }
 
     fn open() -> (tempfile::TempDir, Db) {
         let dir = tempfile::tempdir().expect("tempdir");

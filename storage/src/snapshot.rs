@@ -14,7 +14,7 @@ use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 
 use rocksdb::{ColumnFamily, IteratorMode, WriteBatch, WriteOptions};
 
-use crate::db::write_options;
+use crate::db::{STATE_KEYS_FROM, STATE_KEYS_TO};
 use crate::{keys, StateMachine, StorageError};
 
 /// Magic prefix of a snapshot image; the version is the last byte.
@@ -28,9 +28,6 @@ pub const RESTORE_BATCH_BYTES: usize = 4 << 20;
 pub const RESTORE_FLUSH_BYTES: usize = 16 << 20;
 /// Buffer size of the image reader and writer.
 const IO_BUFFER_BYTES: usize = 1 << 20;
-/// Bounds of every state key (each starts with a table tag, far below 0xff).
-const STATE_KEYS_FROM: &[u8] = &[0x00];
-const STATE_KEYS_TO: &[u8] = &[0xff; 8];
 
 /// What [`StateMachine::write_snapshot`] wrote.
 #[derive(Debug, Clone)]
@@ -200,12 +197,9 @@ impl StateMachine {
         db.rocks().flush_cf(spare)?;
         db.make_spare_state_live(meta)?;
 
-        // The old state is the spare now: empty it (not synced: a restore clears it again).
-        let old = db.spare_state();
-        let mut batch = WriteBatch::default();
-        clear(&mut batch, old);
-        db.rocks().write_opt(batch, &write_options(false))?;
-        db.rocks().delete_file_in_range_cf(old, STATE_KEYS_FROM, STATE_KEYS_TO)?;
+        // The old state is the spare now: empty it (not synced: a start or a restore clears
+        // it again).
+        db.clear_spare_state()?;
         Ok(marker)
     }
 }

@@ -240,3 +240,28 @@ fn inline_snapshot_of_an_older_version_moves_to_a_file() {
         assert_eq!(snapshot_files(dir.path()).len(), 1);
     });
 }
+
+/// A build that would not leave the minimum free keeps the current snapshot (openraft
+/// ignores a snapshot that is not newer) instead of writing a new image; with room it builds
+/// again, and the id carries the image's size for a receiver's check.
+#[tokio::test]
+async fn a_build_without_room_keeps_the_current_snapshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut store = store(dir.path());
+    fill(&mut store, 2).await;
+    let first = store.build_snapshot().await.expect("build").meta;
+    let bytes = crate::state_machine::image_bytes(&first.snapshot_id).expect("the id carries the size");
+    let on_disk = std::fs::read_dir(dir.path().join(SNAPSHOT_DIR)).expect("dir").count();
+    assert!(bytes > 2 * PAYLOAD_BYTES as u64, "{bytes} bytes for two 1 MiB payloads");
+
+    let batch = Batch::new(2_000, vec![job(3)].into());
+    store.apply([Entry { log_id: log_id(1, 1, 3), payload: EntryPayload::Normal(batch) }]).await.expect("apply");
+    let mut cramped = store.clone().with_min_free_bytes(u64::MAX / 4);
+    let kept = cramped.build_snapshot().await.expect("a skipped build is no error").meta;
+    assert_eq!(kept, first, "no room: the current snapshot stays");
+    assert_eq!(std::fs::read_dir(dir.path().join(SNAPSHOT_DIR)).expect("dir").count(), on_disk, "no image written");
+
+    let mut roomy = store.clone().with_min_free_bytes(1);
+    let built = roomy.build_snapshot().await.expect("build").meta;
+    assert_eq!(built.last_log_id, Some(log_id(1, 1, 3)), "room again: a new snapshot");
+}
