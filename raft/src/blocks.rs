@@ -32,6 +32,9 @@ pub enum BlockError {
     MembershipUnknown,
     #[error("block store task failed: {0}")]
     Task(String),
+    /// This node lacks the block and a peer that may hold it did not answer: it may exist.
+    #[error("block {0} is not on this node and a member that may hold it could not be reached; try again")]
+    Unreachable(BlockHash),
 }
 
 /// Where a new block must be durable: the voter sets of the configuration (two while a
@@ -190,7 +193,9 @@ impl Blocks {
         client.put_block(request).await.map(|_| ())
     }
 
-    /// The block's bytes: from this node, else fetched (and kept) from a peer that holds it.
+    /// The block's bytes: from this node, else fetched (and kept) from a peer that holds it;
+    /// `None` only when every peer answered that it does not hold it, and
+    /// [`BlockError::Unreachable`] when one that might did not answer.
     pub async fn get(&self, hash: BlockHash) -> Result<Option<Bytes>, BlockError> {
         let store = self.store.clone();
         let local =
@@ -202,7 +207,8 @@ impl Blocks {
         }
         Ok(match self.from_peers(hash).await? {
             Fetched::Got(data) => Some(data),
-            Fetched::NoHolder | Fetched::Failed => None,
+            Fetched::NoHolder => None,
+            Fetched::Failed => return Err(BlockError::Unreachable(hash)),
         })
     }
 

@@ -239,6 +239,16 @@ async fn add(
                 status.incarnation
             )));
         }
+        // A voter from before incarnations: its record cannot tell its directory from another.
+        // Holding data, it is the member it was; empty, it lost its data and would never vote
+        // again (`vote_right`), so "complete" would be a lie.
+        Some(m) if m.voter && m.info.incarnation.is_none() && !(status.initialized || status.last_log_index > 0) => {
+            return Err(MembershipError::Invalid(format!(
+                "node {id} is a voter whose record names no data directory (it joined before incarnations), and \
+                 it now runs an empty one ({}): it lost its data; remove it first, then add it again",
+                status.incarnation
+            )));
+        }
         Some(m) if m.voter => return Ok(MembershipAnswer { members, complete: true }),
         Some(_) => {}
         None => {
@@ -331,6 +341,9 @@ fn finished<T>(
     match result {
         Ok(Ok(_)) => Ok(()),
         Err(_) => Err(MembershipError::Unknown(format!("{step}: no answer before the deadline"))),
+        // Possibly appended (see `proposer::propose`): the caller repeats the change through
+        // the new leader, which is safe because an addition or removal already made answers
+        // as done.
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => Err(MembershipError::NotLeader),
         Ok(Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e)))) => match e {
             ChangeMembershipError::InProgress(e) => {

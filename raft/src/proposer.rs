@@ -234,8 +234,12 @@ async fn propose(raft: &Raft, batch: Batch, deadline: Instant) -> Result<Vec<Out
     match tokio::time::timeout_at(deadline, raft.client_write(batch)).await {
         Ok(Ok(response)) => Ok(response.data),
         Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
-            // Refused before it was appended: the leadership had already moved.
-            Err(WriteError::Unavailable("leadership moved before the write was appended".into()))
+            // Not "never appended": openraft answers this both to a write refused before its
+            // append and to one appended and then truncated by a newer leader — which, with
+            // five voters, may still commit it (it was copied to a node that a later leader
+            // wins with). Only the `Forward` RPC's NotLeader, decided before submitting, is
+            // a sure "not applied".
+            Err(WriteError::Unknown("leadership moved while the write was in flight; it may still apply".into()))
         }
         Ok(Err(e)) => Err(WriteError::Unknown(e.to_string())),
         Err(_) => Err(WriteError::Unknown("no quorum acknowledged the write before the deadline".into())),

@@ -53,6 +53,29 @@ fn put_record(txn: &mut Txn<'_>, scope: &[u8; 32], record: &IdempotencyRecord) -
     Ok(())
 }
 
+/// A replayed version conflict reports the version current *now*, as an unkeyed retry does
+/// (`files::commit`): the first answer's may have expired since, and a client rebasing on it
+/// would conflict again. Everything else replays as it was. (The same key and fingerprint
+/// name the same body, so the same namespace and path.)
+fn with_current_version(
+    txn: &Txn<'_>,
+    command: &Command,
+    earlier: IdempotencyOutcome,
+) -> Result<IdempotencyOutcome, StorageError> {
+    let IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(outcome) } = &earlier else {
+        return Ok(earlier);
+    };
+    let Outcome::FileConflict { copy, .. } = outcome.as_ref() else { return Ok(earlier) };
+    let (namespace_id, path) = match command {
+        Command::CommitFile(c) => (&c.namespace_id, c.path.as_str()),
+        Command::MoveFile(m) => (&m.namespace_id, m.from.as_str()),
+        _ => return Ok(earlier),
+    };
+    let current_version = crate::files::file_at(txn, namespace_id, path)?.map_or(0, |f| f.current_version);
+    let outcome = Outcome::FileConflict { current_version, copy: copy.clone() };
+    Ok(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(Box::new(outcome)) })
+}
+
 pub(crate) fn idempotent(
     txn: &mut Txn<'_>,
     scope: &[u8; 32],
@@ -72,7 +95,7 @@ pub(crate) fn idempotent(
         return Ok(Outcome::Rejected(Rejection::Conflict("an idempotency guard cannot wrap another".into())));
     }
     if let Some(earlier) = existing(txn, scope, fingerprint)? {
-        return Ok(Outcome::Idempotency(earlier));
+        return Ok(Outcome::Idempotency(with_current_version(txn, command, earlier)?));
     }
     let outcome = apply_command(txn, command)?;
     if matches!(&outcome, Outcome::Rejected(rejection) if rejection.is_curable()) {

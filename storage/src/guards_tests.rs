@@ -290,3 +290,62 @@ fn a_key_guard_inside_another_is_rejected_and_saves_nothing() {
     // The key is untouched: a plain begin under it starts afresh.
     assert!(matches!(apply(&sm, 3, begin), Outcome::Idempotency(IdempotencyOutcome::Begun)));
 }
+
+#[test]
+fn a_replayed_version_conflict_reports_the_version_current_now() {
+    use crate::blocks::BlockHash;
+    use crate::command::FileCommit;
+    use crate::paths::FilePath;
+    let (_dir, sm) = open();
+    let (a, b) = (BlockHash::of(b"a"), BlockHash::of(b"b"));
+    for hash in [a, b] {
+        let register =
+            Command::RegisterChunk { hash, size: 1, uploader: String::new(), quota_bytes: None, placed_in: None };
+        apply(&sm, 1, register);
+    }
+    let commit = |base: u64, device: &str, ids: &str| {
+        let chunk = if device == "phone" { b } else { a };
+        Command::CommitFile(Box::new(FileCommit {
+            namespace_id: "ns".into(),
+            path: FilePath::parse("/f").expect("path"),
+            chunks: vec![chunk],
+            size: 1,
+            mtime_ms: 0,
+            executable: false,
+            base_version: base,
+            deleted: false,
+            device: device.into(),
+            new_file_id: format!("file-{ids}"),
+            copy_file_id: format!("copy-{ids}"),
+            actor_user_id: String::new(),
+            quota_bytes: None,
+        }))
+    };
+    let keyed = |command: Command| Command::Idempotent {
+        scope: [8; 32],
+        fingerprint: [2; 32],
+        ttl_ms: 10_000,
+        on_success: None,
+        command: Box::new(command),
+    };
+    apply(&sm, 2, commit(0, "laptop", "1"));
+    apply(&sm, 3, commit(1, "laptop", "2"));
+    // A keyed commit on base 1 conflicts at version 2 and is saved under its key.
+    let Outcome::Idempotency(IdempotencyOutcome::Applied { outcome }) = apply(&sm, 4, keyed(commit(1, "phone", "3")))
+    else {
+        panic!("applied expected")
+    };
+    let Outcome::FileConflict { current_version: 2, copy } = *outcome else { panic!("a conflict at 2: {outcome:?}") };
+    // The file moves on; the replay reports version 3, with the same copy.
+    let mut laptop = commit(2, "laptop", "4");
+    if let Command::CommitFile(c) = &mut laptop {
+        c.chunks = vec![b, a];
+    }
+    apply(&sm, 5, laptop);
+    let replay = apply(&sm, 6, keyed(commit(1, "phone", "5")));
+    let Outcome::Idempotency(IdempotencyOutcome::Replay { result: IdempotencyResult::Outcome(outcome) }) = replay
+    else {
+        panic!("a replay expected, got {replay:?}")
+    };
+    assert_eq!(*outcome, Outcome::FileConflict { current_version: 3, copy });
+}

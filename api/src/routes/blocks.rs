@@ -181,14 +181,17 @@ pub async fn get(
 }
 
 /// A block's bytes as an answer (fetched from a peer when this node lacks it); 404 when no
-/// node has it.
+/// node has it, 503 when this node lacks it and a peer that may hold it did not answer.
 pub(crate) async fn block_response(state: &AppState, hash: BlockHash) -> Result<Response, ApiError> {
     let data = state
         .node
         .blocks()
         .get(hash)
         .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| match e {
+            raftbox_raft::BlockError::Unreachable(_) => ApiError::Unavailable(e.to_string()),
+            e => ApiError::Internal(e.to_string()),
+        })?
         .ok_or_else(|| ApiError::NotFound(format!("block {hash}")))?;
     let mut response = Body::from(data).into_response();
     let headers = response.headers_mut();

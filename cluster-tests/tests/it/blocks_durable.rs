@@ -63,3 +63,35 @@ async fn scenario(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     }
     Ok(())
 }
+
+/// A block this node lacks, whose only holder is down, is unavailable (503: it exists and
+/// may come back), not missing (404) — and 200 again once the holder is back (issue 35,
+/// item 7). Before, any failed fetch answered 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_whose_holder_is_down_is_unavailable_not_missing() {
+    let mut cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, holder_down(&mut cluster)).await;
+    cluster.conclude(result);
+}
+
+async fn holder_down(cluster: &mut Cluster) -> Result<()> {
+    let http = cluster.client();
+    let data = b"held by one node only".to_vec();
+    let hash = hex(&data);
+    let url = format!("{}/v1/blocks/{hash}", cluster.http_url(1));
+    let put = http.put(&url).bearer_auth(cluster.admin_token()).body(data.clone()).send().await?;
+    ensure!(put.status().as_u16() == 201, "PUT: {}", put.status());
+    // Every node got it; nodes 1 and 2 lose their copies, and node 3, the only holder, stops.
+    for id in [1, 2] {
+        let path = cluster.data_dir(id).join("blocks").join(&hash[..2]).join(&hash);
+        std::fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))?;
+    }
+    cluster.kill9(3)?;
+    let status = http.get(&url).bearer_auth(cluster.admin_token()).send().await?.status();
+    ensure!(status.as_u16() == 503, "the holder is down: 503 expected, got {status}");
+    cluster.start_node(3)?;
+    cluster.wait_ready(READY_DEADLINE).await?;
+    let got = get_block(&http, &cluster.http_url(1), cluster.admin_token(), &hash).await?;
+    ensure!(got == data, "fetched from the holder once it is back");
+    Ok(())
+}

@@ -2,6 +2,7 @@
 //! real RocksDB-backed log store and state machine, and streamed snapshots.
 
 mod format_fixture;
+mod openraft_pins;
 mod snapshot_stream;
 
 use std::sync::{Mutex, MutexGuard};
