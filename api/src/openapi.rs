@@ -226,6 +226,7 @@ mod ops {
 
     #[utoipa::path(delete, path = "/v1/admin/cluster/members/{id}", tag = "admin", params(("id" = u64, Path, description = "Node id")), responses(
         (status = 200, description = "The members after the removal.", body = cluster::MembersView),
+        (status = 202, description = "Not removed yet: the remaining voters are still filling in the blocks they lack (`complete` is false). Repeat the request; it goes on from where the fill got.", body = cluster::MembersView),
         (status = 403, description = "Not the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such member.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The change conflicts with the membership.", body = Problem, content_type = "application/problem+json"),

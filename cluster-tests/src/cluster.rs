@@ -31,6 +31,9 @@ pub struct RaftTuning {
     pub write_timeout_ms: u64,
     /// The nodes' NOSPACE minimum (`raft.min_free_disk_mb`); the node's default if `None`.
     pub min_free_disk_mb: Option<u64>,
+    /// The deadline of one membership change (`raft.membership_timeout_ms`); the node's
+    /// default if `None`.
+    pub membership_timeout_ms: Option<u64>,
 }
 
 impl Default for RaftTuning {
@@ -43,6 +46,7 @@ impl Default for RaftTuning {
             logs_to_keep: 1_000,
             write_timeout_ms: 5_000,
             min_free_disk_mb: None,
+            membership_timeout_ms: None,
         }
     }
 }
@@ -1056,7 +1060,7 @@ fn render_config(config: &NodeConfig<'_>) -> String {
     }
     out.push_str(&format!(
         "\n[raft]\nheartbeat_ms = {}\nelection_timeout_min_ms = {}\nelection_timeout_max_ms = {}\n\
-         snapshot_logs_since_last = {}\nlogs_to_keep = {}\nwrite_timeout_ms = {}\n{}",
+         snapshot_logs_since_last = {}\nlogs_to_keep = {}\nwrite_timeout_ms = {}\n{}{}",
         raft.heartbeat_ms,
         raft.election_timeout_min_ms,
         raft.election_timeout_max_ms,
@@ -1064,6 +1068,7 @@ fn render_config(config: &NodeConfig<'_>) -> String {
         raft.logs_to_keep,
         raft.write_timeout_ms,
         raft.min_free_disk_mb.map_or(String::new(), |mb| format!("min_free_disk_mb = {mb}\n")),
+        raft.membership_timeout_ms.map_or(String::new(), |ms| format!("membership_timeout_ms = {ms}\n")),
     ));
     if let (Some(dir), true) = (config.certs_dir, config.tls != Tls::Off) {
         let file = |name: String| toml_string(&dir.join(name).display().to_string());

@@ -98,9 +98,25 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             }
         }
         ClusterCommand::Remove { id } => {
-            let (_, answer) = call(&api, Method::DELETE, &format!("/v1/admin/cluster/members/{id}"), None).await?;
-            eprintln!("node {id} removed; stop its process");
-            print_members(&answer);
+            // 202 while the remaining voters fill in the blocks they lack: each repeat goes
+            // on from where the fill got, so a removal needing any number of them arrives.
+            let started = std::time::Instant::now();
+            loop {
+                let (status, answer) =
+                    call(&api, Method::DELETE, &format!("/v1/admin/cluster/members/{id}"), None).await?;
+                if status == StatusCode::OK {
+                    eprintln!("node {id} removed; stop its process");
+                    print_members(&answer);
+                    break;
+                }
+                if started.elapsed() > ADD_DEADLINE {
+                    bail!("the remaining voters are still filling in blocks after {ADD_DEADLINE:?}; run the removal again to go on");
+                }
+                eprintln!(
+                    "node {id} not removed yet: the remaining voters are filling in blocks ({}s)…",
+                    started.elapsed().as_secs()
+                );
+            }
         }
     }
     Ok(())

@@ -18,6 +18,9 @@ use crate::types::{NodeId, Raft};
 
 /// Deadline of one block transfer to or from a peer.
 pub const BLOCK_TRANSFER_TIMEOUT_MS: u64 = 30_000;
+/// Blocks a fill checks for (and fetches) at once: presence checks are a file system lookup
+/// each, a disk seek on a cold cache, so they overlap.
+pub const FILL_IN_FLIGHT: usize = 16;
 
 /// Why a block could not be made durable or found.
 #[derive(Debug, thiserror::Error)]
@@ -87,7 +90,7 @@ pub struct FillReport {
 }
 
 impl FillReport {
-    fn add(&mut self, other: FillReport) {
+    pub(crate) fn add(&mut self, other: FillReport) {
         self.fetched += other.fetched;
         self.unavailable += other.unavailable;
         self.failed += other.failed;
@@ -212,12 +215,15 @@ impl Blocks {
         })
     }
 
-    /// Fetches (and keeps) each of `hashes` this node lacks from the peers.
+    /// Fetches (and keeps) each of `hashes` this node lacks from the peers, up to
+    /// [`FILL_IN_FLIGHT`] at once.
     pub async fn fill(&self, hashes: impl IntoIterator<Item = BlockHash>) -> FillReport {
-        let mut report = FillReport::default();
-        for hash in hashes {
-            if self.store.has(&hash) {
-                continue;
+        use futures::StreamExt as _;
+        let one = |hash: BlockHash| async move {
+            let store = self.store.clone();
+            let mut report = FillReport::default();
+            if tokio::task::spawn_blocking(move || store.has(&hash)).await.unwrap_or(false) {
+                return report;
             }
             match self.from_peers(hash).await {
                 Ok(Fetched::Got(_)) => report.fetched += 1,
@@ -231,26 +237,54 @@ impl Blocks {
                     report.failed += 1;
                 }
             }
+            report
+        };
+        let mut report = FillReport::default();
+        let mut each = futures::stream::iter(hashes).map(one).buffer_unordered(FILL_IN_FLIGHT);
+        while let Some(one) = each.next().await {
+            report.add(one);
         }
         report
     }
 
-    /// Fills in every block the chunk index of `state` names and this node lacks, walking
-    /// the whole index `round` entries at a time.
-    pub async fn fill_all(
+    /// Fills in the blocks the chunk index of `state` names after `after` (from the start
+    /// when `None`) and this node lacks, `round` entries at a time, until the index ends or,
+    /// after a round, `until` has passed. Returns what it did and where to go on from
+    /// (`None`: the end was reached). Every entry up to that position was handled.
+    pub async fn fill_from(
         &self,
         state: &raftbox_storage::StateMachine,
+        after: Option<BlockHash>,
         round: usize,
-    ) -> Result<FillReport, BlockError> {
+        until: Option<tokio::time::Instant>,
+    ) -> Result<(FillReport, Option<BlockHash>), BlockError> {
+        use futures::StreamExt as _;
         let mut report = FillReport::default();
-        let mut cursor = None;
+        let mut cursor = after;
         loop {
             let hashes = state.chunk_hashes(cursor.as_ref(), round.max(1))?;
-            let last = (hashes.len() >= round.max(1)).then(|| hashes.last().copied()).flatten();
-            report.add(self.fill(hashes).await);
-            match last {
-                Some(last) => cursor = Some(last),
-                None => return Ok(report),
+            let whole_round = hashes.len() >= round.max(1);
+            // In index order (`buffered`, not `buffer_unordered`), so the position handed
+            // back has every entry before it handled, even when the budget ends mid-round.
+            let mut each = futures::stream::iter(hashes)
+                .map(|hash| async move { (hash, self.fill([hash]).await) })
+                .buffered(FILL_IN_FLIGHT);
+            loop {
+                // The budget ends the wait for the next block too (those in flight are
+                // dropped, and the position stays at the last one handled).
+                let next = match until {
+                    Some(until) => match tokio::time::timeout_at(until, each.next()).await {
+                        Ok(next) => next,
+                        Err(_) => return Ok((report, cursor)),
+                    },
+                    None => each.next().await,
+                };
+                let Some((hash, one)) = next else { break };
+                report.add(one);
+                cursor = Some(hash);
+            }
+            if !whole_round {
+                return Ok((report, None));
             }
         }
     }

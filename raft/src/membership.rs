@@ -49,6 +49,67 @@ use crate::types::{NodeId, NodeInfo, Raft, RaftMetrics};
 const IDENTITY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause between checks of a learner's progress while it catches up.
 const CATCH_UP_POLL: Duration = Duration::from_millis(50);
+/// How long one `FillBlocks` call may fill before it reports where it got.
+const FILL_STEP: Duration = Duration::from_secs(5);
+/// What a fill call's answer may take beyond its budget (the blocks in flight, the reply);
+/// at most half of what is left of the request's deadline.
+const FILL_REPLY_MARGIN: Duration = Duration::from_secs(2);
+/// How long the leader keeps where a member's fill got, for the next request to go on from.
+/// Bounded so a position outlives no lost block file by long; the argument for keeping it
+/// at all is in [`FillProgress`].
+const FILL_PROGRESS_KEPT: Duration = Duration::from_secs(600);
+
+/// Where each member's fill of blocks got, kept by the leader across membership requests,
+/// so a removal or promotion needing a fill longer than one request's deadline is reached
+/// by repeating the request (each answers 202 meanwhile), never stuck starting over. A
+/// position is keyed by the member, its incarnation and the configuration's log id, and
+/// kept [`FILL_PROGRESS_KEPT`]. Why skipping what a position passed is safe: every block
+/// registered since it was passed was placed on a majority of that same configuration's
+/// voters (`RegisterChunk` is fenced on it), which is what the removal's argument needs of a
+/// block registered after its fill (ARCHITECTURE.md, "Blocks across member changes"); a
+/// new configuration starts every position over.
+#[derive(Debug, Default)]
+pub(crate) struct FillProgress {
+    at: std::sync::Mutex<std::collections::BTreeMap<FillKey, (Position, Instant)>>,
+}
+
+type FillKey = (NodeId, Option<String>, Option<crate::types::LogId>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Position {
+    /// Every entry after this hash is still to be filled.
+    After(raftbox_storage::blocks::BlockHash),
+    Done,
+}
+
+impl FillProgress {
+    fn get(&self, key: &FillKey) -> Option<Position> {
+        let mut at = self.at.lock().unwrap_or_else(|e| e.into_inner());
+        at.retain(|_, (_, saved)| saved.elapsed() < FILL_PROGRESS_KEPT);
+        at.get(key).map(|(position, _)| *position)
+    }
+
+    fn set(&self, key: FillKey, position: Position) {
+        self.at.lock().unwrap_or_else(|e| e.into_inner()).insert(key, (position, Instant::now()));
+    }
+}
+
+/// Why a member's fill is not done.
+#[derive(Debug)]
+enum FillStop {
+    /// It is progressing and the deadline came first: a repeat goes on from where it got.
+    Unfinished(String),
+    /// It failed (down, refused, a block it could not fetch, an older version).
+    Failed(String),
+}
+
+impl std::fmt::Display for FillStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FillStop::Unfinished(why) | FillStop::Failed(why) => f.write_str(why),
+        }
+    }
+}
 
 /// A change of the cluster's membership.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +175,7 @@ pub(crate) fn members_of(metrics: &RaftMetrics) -> Vec<Member> {
 pub(crate) async fn change_on_leader(
     raft: &Raft,
     peers: &Peers,
+    progress: &FillProgress,
     (cluster_format, cluster_id): (&ClusterFormat, Option<&str>),
     change: &MembershipChange,
     deadline: Instant,
@@ -130,7 +192,7 @@ pub(crate) async fn change_on_leader(
                     "the leader has entries it has not applied yet; try again".into(),
                 ));
             }
-            add(raft, peers, cluster_format, cluster_id, *id, info, deadline).await
+            add(raft, peers, progress, cluster_format, cluster_id, *id, info, deadline).await
         }
         MembershipChange::Remove { id } => {
             // Serialized with additions (and other removals): the fill below is judged on
@@ -139,7 +201,7 @@ pub(crate) async fn change_on_leader(
             let _gate = tokio::time::timeout_at(deadline, cluster_format.gate.lock())
                 .await
                 .map_err(|_| MembershipError::Unavailable("another membership change is running; try again".into()))?;
-            remove(raft, peers, *id, deadline).await
+            remove(raft, peers, progress, *id, deadline).await
         }
     }
 }
@@ -176,9 +238,11 @@ fn another_cluster(ours: Option<&str>, status: &PeerStatus) -> Option<String> {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn add(
     raft: &Raft,
     peers: &Peers,
+    progress: &FillProgress,
     cluster_format: &ClusterFormat,
     cluster_id: Option<&str>,
     id: NodeId,
@@ -262,7 +326,7 @@ async fn add(
         tracing::info!(node = id, "learner still catching up at the deadline; not promoted yet");
         return Ok(MembershipAnswer { members, complete: false });
     }
-    if let Err(why) = blocks_filled(raft, peers, id, info, deadline).await {
+    if let Err(why) = blocks_filled(raft, peers, progress, id, info, deadline).await {
         let members = members_of(&raft.metrics().borrow());
         tracing::info!(node = id, %why, "learner still filling in blocks; not promoted yet");
         return Ok(MembershipAnswer { members, complete: false });
@@ -298,6 +362,7 @@ async fn add(
 async fn remove(
     raft: &Raft,
     peers: &Peers,
+    progress: &FillProgress,
     id: NodeId,
     deadline: Instant,
 ) -> Result<MembershipAnswer, MembershipError> {
@@ -310,8 +375,16 @@ async fn remove(
             return Err(MembershipError::Invalid(format!("node {id} is the last voter; a cluster needs one")));
         }
         let config = raft.metrics().borrow().membership_config.log_id().clone();
-        if let Err(why) = blocks_on_remaining_majority(raft, peers, &members, id, deadline).await {
-            return Err(MembershipError::Unavailable(format!("node {id} not removed yet: {why}")));
+        match blocks_on_remaining_majority(raft, peers, progress, &members, id, deadline).await {
+            Ok(()) => {}
+            // Progressing: the caller repeats the request, which goes on from here.
+            Err(FillStop::Unfinished(why)) => {
+                tracing::info!(node = id, %why, "blocks still being filled in before the removal");
+                return Ok(MembershipAnswer { members, complete: false });
+            }
+            Err(FillStop::Failed(why)) => {
+                return Err(MembershipError::Unavailable(format!("node {id} not removed yet: {why}")));
+            }
         }
         // The voters filled must be the ones the removal leaves (a change by a leader before
         // this one may have landed meanwhile).
@@ -401,12 +474,16 @@ async fn caught_up(raft: &Raft, id: NodeId, deadline: Instant) -> bool {
 async fn blocks_filled(
     raft: &Raft,
     peers: &Peers,
+    progress: &FillProgress,
     id: NodeId,
     info: &NodeInfo,
     deadline: Instant,
-) -> Result<(), String> {
-    let applied_index = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
-    fill_on(peers, id, info, applied_index, deadline, Older::CountsAsFilled).await
+) -> Result<(), FillStop> {
+    let (applied_index, config) = {
+        let metrics = raft.metrics().borrow().clone();
+        (metrics.last_applied.map_or(0, |l| l.index), *metrics.membership_config.log_id())
+    };
+    fill_on(peers, progress, (id, info, config), applied_index, deadline, Older::CountsAsFilled).await
 }
 
 /// How [`fill_on`] counts a node of a version without `FillBlocks`.
@@ -426,67 +503,135 @@ enum Older {
 async fn blocks_on_remaining_majority(
     raft: &Raft,
     peers: &Peers,
+    progress: &FillProgress,
     members: &[Member],
     removed: NodeId,
     deadline: Instant,
-) -> Result<(), String> {
-    let applied_index = raft.metrics().borrow().last_applied.map_or(0, |l| l.index);
+) -> Result<(), FillStop> {
+    let (applied_index, config) = {
+        let metrics = raft.metrics().borrow().clone();
+        (metrics.last_applied.map_or(0, |l| l.index), *metrics.membership_config.log_id())
+    };
     let remaining: Vec<&Member> = members.iter().filter(|m| m.voter && m.id != removed).collect();
-    let fills = remaining
-        .iter()
-        .map(|m| async move { (m.id, fill_on(peers, m.id, &m.info, applied_index, deadline, Older::NotFilled).await) });
+    let fills = remaining.iter().map(|m| async move {
+        (m.id, fill_on(peers, progress, (m.id, &m.info, config), applied_index, deadline, Older::NotFilled).await)
+    });
     let results = futures::future::join_all(fills).await;
     let filled = results.iter().filter(|(_, result)| result.is_ok()).count();
     if filled > remaining.len() / 2 {
         return Ok(());
     }
+    let unfinished = results.iter().filter(|(_, result)| matches!(result, Err(FillStop::Unfinished(_)))).count();
     let why: Vec<String> =
         results.into_iter().filter_map(|(id, result)| result.err().map(|e| format!("node {id}: {e}"))).collect();
-    Err(format!(
+    let why = format!(
         "only {filled} of the {} remaining voters hold every block, and a majority must ({})",
         remaining.len(),
         why.join("; ")
-    ))
+    );
+    // Still reachable by repeating only while those progressing could make the majority.
+    if filled + unfinished > remaining.len() / 2 {
+        Err(FillStop::Unfinished(why))
+    } else {
+        Err(FillStop::Failed(why))
+    }
 }
 
 /// Has member `id` fetch every block the chunk index names as of `applied_index` that it
-/// lacks (`FillBlocks`); `Err` says why it is not done yet.
+/// lacks (`FillBlocks`), in calls of at most [`FILL_STEP`], going on from where an earlier
+/// request got ([`FillProgress`]); `Err` says why it is not done yet.
 async fn fill_on(
     peers: &Peers,
-    id: NodeId,
-    info: &NodeInfo,
+    progress: &FillProgress,
+    (id, info, config): (NodeId, &NodeInfo, Option<crate::types::LogId>),
     applied_index: u64,
     deadline: Instant,
     older: Older,
-) -> Result<(), String> {
-    let mut client = peers.client(&info.grpc_addr).map_err(|e| e.to_string())?;
-    let mut request = tonic::Request::new(FillBlocksRequest { applied_index });
-    request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-    let report = match tokio::time::timeout_at(deadline, client.fill_blocks(request)).await {
-        Err(_) => return Err("no answer before the deadline".into()),
-        Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
-            return match older {
-                Older::CountsAsFilled => {
-                    tracing::warn!(node = id, "the node cannot fill in blocks (an older version); counted as filled");
-                    Ok(())
-                }
-                Older::NotFilled => Err("it runs a version that cannot fill in blocks: upgrade it first".into()),
-            };
-        }
-        Ok(Err(status)) => return Err(status.message().to_owned()),
-        Ok(Ok(reply)) => reply.into_inner(),
+) -> Result<(), FillStop> {
+    let key = (id, info.incarnation.clone(), config);
+    let mut after = match progress.get(&key) {
+        Some(Position::Done) => return Ok(()),
+        Some(Position::After(hash)) => Some(hash),
+        None => None,
     };
-    tracing::info!(
-        node = id,
-        fetched = report.fetched,
-        unavailable = report.unavailable,
-        failed = report.failed,
-        "node filled in blocks"
-    );
-    if report.failed > 0 {
-        return Err(format!("{} blocks could not be fetched yet", report.failed));
+    let mut client = peers.client(&info.grpc_addr).map_err(|e| FillStop::Failed(e.to_string()))?;
+    let mut total = crate::blocks::FillReport::default();
+    let mut answered = false;
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let left = remaining.saturating_sub(FILL_REPLY_MARGIN.min(remaining / 2));
+        if left.is_zero() {
+            return Err(if answered {
+                FillStop::Unfinished(format!(
+                    "still filling in blocks ({} fetched so far this request); repeat to go on",
+                    total.fetched
+                ))
+            } else {
+                FillStop::Failed("no time was left to ask for a fill".into())
+            });
+        }
+        let budget = FILL_STEP.min(left);
+        let mut request = tonic::Request::new(FillBlocksRequest {
+            applied_index,
+            after: after.map(|hash| hash.0.to_vec()).unwrap_or_default(),
+            budget_ms: budget.as_millis() as u64,
+        });
+        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        let answer = tokio::time::timeout_at(deadline, client.fill_blocks(request)).await;
+        let timed_out =
+            |status: &tonic::Status| matches!(status.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled);
+        let answer = match answer {
+            Ok(Err(status)) if timed_out(&status) => Err(status),
+            Ok(other) => Ok(other),
+            Err(elapsed) => Err(tonic::Status::deadline_exceeded(elapsed.to_string())),
+        };
+        let reply = match answer {
+            // Unfinished only if it answered this request before: a node that never answers
+            // is not progressing.
+            Err(_) if answered => {
+                return Err(FillStop::Unfinished("no answer before the deadline; repeat to go on".into()))
+            }
+            Err(_) => return Err(FillStop::Failed("no answer before the deadline".into())),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                return match older {
+                    Older::CountsAsFilled => {
+                        tracing::warn!(
+                            node = id,
+                            "the node cannot fill in blocks (an older version); counted as filled"
+                        );
+                        Ok(())
+                    }
+                    Older::NotFilled => {
+                        Err(FillStop::Failed("it runs a version that cannot fill in blocks: upgrade it first".into()))
+                    }
+                };
+            }
+            Ok(Err(status)) => return Err(FillStop::Failed(status.message().to_owned())),
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+        answered = true;
+        total.add(crate::blocks::FillReport {
+            fetched: reply.fetched,
+            unavailable: reply.unavailable,
+            failed: reply.failed,
+        });
+        if reply.failed > 0 {
+            // Not kept past a block it could not fetch: the next request tries it again.
+            return Err(FillStop::Failed(format!("{} blocks could not be fetched yet", reply.failed)));
+        }
+        if !reply.more {
+            tracing::info!(node = id, ?total, "node filled in blocks");
+            progress.set(key, Position::Done);
+            return Ok(());
+        }
+        let next: [u8; 32] = reply
+            .next
+            .as_slice()
+            .try_into()
+            .map_err(|_| FillStop::Failed("the node's fill named no position to go on from".into()))?;
+        after = Some(raftbox_storage::blocks::BlockHash(next));
+        progress.set(key.clone(), Position::After(raftbox_storage::blocks::BlockHash(next)));
     }
-    Ok(())
 }
 
 /// Whether this node may vote (see the module documentation).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::{Config, SnapshotPolicy};
-use raftbox_storage::blocks::BlockStore;
+use raftbox_storage::blocks::{BlockHash, BlockStore};
 use raftbox_storage::{Command, Db, Outcome, StateMachine};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -154,6 +154,8 @@ struct Inner {
     /// The replicated clock's last value this node saw, and when (monotonic): the anchor of
     /// [`RaftNode::cluster_now_ms`] while this node's own clock is not trusted.
     applied_clock: std::sync::Mutex<(u64, crate::boot_clock::BootInstant)>,
+    /// Where each member's fill of blocks got, for membership requests that go on from it.
+    fill_progress: membership::FillProgress,
 }
 
 /// Runs read-index rounds for as long as the node lives (the task holds it weakly).
@@ -381,6 +383,7 @@ impl RaftNode {
             paced_rounds,
             applied,
             applied_clock: std::sync::Mutex::new((0, crate::boot_clock::BootInstant::now())),
+            fill_progress: membership::FillProgress::default(),
         };
         let inner = Arc::new(inner);
         spawn_rounds(&inner, barrier_waiting, RaftNode::barrier_round, Duration::ZERO);
@@ -537,6 +540,7 @@ impl RaftNode {
                 membership::change_on_leader(
                     &self.inner.raft,
                     &self.inner.peers,
+                    &self.inner.fill_progress,
                     (&self.inner.cluster_format, cluster_id.as_deref()),
                     &change,
                     deadline,
@@ -571,13 +575,30 @@ impl RaftNode {
         let deadline = Instant::now() + Duration::from_millis(self.inner.settings.membership_timeout_ms);
         let cluster_id = self.inner.cluster_id.get();
         let cluster = (&self.inner.cluster_format, cluster_id.as_deref());
-        membership::change_on_leader(&self.inner.raft, &self.inner.peers, cluster, change, deadline).await
+        membership::change_on_leader(
+            &self.inner.raft,
+            &self.inner.peers,
+            &self.inner.fill_progress,
+            cluster,
+            change,
+            deadline,
+        )
+        .await
     }
 
-    /// Fetches every block the chunk index names and this node lacks, once this node has
-    /// applied up to `applied_index` (waiting at most [`FILL_APPLY_WAIT`]); asked of a learner
-    /// by the leader before promoting it.
-    pub async fn fill_blocks(&self, applied_index: u64) -> Result<crate::blocks::FillReport, String> {
+    /// Fetches every block the chunk index names after `after` and this node lacks, once
+    /// this node has applied up to `applied_index` (waiting at most [`FILL_APPLY_WAIT`]);
+    /// asked by the leader of a learner before promoting it and of the remaining voters
+    /// before a removal. With a `budget` it stops after the round that passes it and returns
+    /// where to go on from (`None`: done), so a fill of any size proceeds in bounded calls.
+    pub async fn fill_blocks(
+        &self,
+        applied_index: u64,
+        after: Option<BlockHash>,
+        budget: Option<Duration>,
+    ) -> Result<(crate::blocks::FillReport, Option<BlockHash>), String> {
+        // The budget counts from the call's arrival: waiting to apply spends it too.
+        let until = budget.map(|budget| tokio::time::Instant::now() + budget);
         let disk = self.disk();
         if disk.full {
             return Err(disk.refusal());
@@ -588,10 +609,14 @@ impl RaftNode {
             .applied_index_at_least(Some(applied_index), "fill blocks")
             .await
             .map_err(|e| format!("not applied up to {applied_index} yet: {e}"))?;
-        let report =
-            self.inner.blocks.fill_all(&self.inner.state, FILL_ROUND_CHUNKS).await.map_err(|e| e.to_string())?;
-        tracing::info!(?report, "filled in the blocks this node lacked");
-        Ok(report)
+        let (report, next) = self
+            .inner
+            .blocks
+            .fill_from(&self.inner.state, after, FILL_ROUND_CHUNKS, until)
+            .await
+            .map_err(|e| e.to_string())?;
+        tracing::info!(?report, more = next.is_some(), "filled in the blocks this node lacked");
+        Ok((report, next))
     }
 
     async fn forward_membership(

@@ -5,8 +5,10 @@ use openraft::raft::{AppendEntriesRequest, VoteRequest};
 use raftbox_storage::blocks::{BlockHash, VerifiedBlock};
 use raftbox_storage::Command;
 use serde::Serialize;
+use std::time::Duration;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
+
 use tonic::{Request, Response, Status};
 
 use crate::error::WriteError;
@@ -290,12 +292,16 @@ impl RaftService for RaftGrpc {
     /// lacks once it has applied as far as the leader had.
     async fn fill_blocks(&self, request: Request<FillBlocksRequest>) -> Result<Response<FillBlocksReply>, Status> {
         self.node.same_cluster(&request, false)?;
-        let applied_index = request.get_ref().applied_index;
-        let report = self.node.fill_blocks(applied_index).await.map_err(Status::unavailable)?;
+        let FillBlocksRequest { applied_index, after, budget_ms } = request.into_inner();
+        let after = if after.is_empty() { None } else { Some(block_hash(&after)?) };
+        let budget = (budget_ms > 0).then(|| Duration::from_millis(budget_ms));
+        let (report, next) = self.node.fill_blocks(applied_index, after, budget).await.map_err(Status::unavailable)?;
         Ok(Response::new(FillBlocksReply {
             fetched: report.fetched,
             unavailable: report.unavailable,
             failed: report.failed,
+            next: next.map(|hash| hash.0.to_vec()).unwrap_or_default(),
+            more: next.is_some(),
         }))
     }
 

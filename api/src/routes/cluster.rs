@@ -104,10 +104,12 @@ pub async fn remove(
     State(state): State<AppState>,
     principal: Principal,
     Path(id): Path<String>,
-) -> Result<Json<MembersView>, ApiError> {
+) -> Result<Response, ApiError> {
     principal.require_admin()?;
     let id = id.parse::<u64>().map_err(|_| ApiError::BadRequest(format!("{id:?} is not a node id")))?;
     let id = node_id(id)?;
     let MembershipAnswer { members, complete } = state.node.change_membership(MembershipChange::Remove { id }).await?;
-    Ok(Json(view(members, complete)))
+    // 202: the remaining voters are still filling in blocks; a repeat goes on from there.
+    let status = if complete { StatusCode::OK } else { StatusCode::ACCEPTED };
+    Ok((status, Json(view(members, complete))).into_response())
 }

@@ -154,3 +154,81 @@ async fn removal(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
     ensure!(lacking == 0, "node 1 was removed while node 3 lacked {lacking} of the {} blocks", all.len());
     Ok(())
 }
+
+/// Blocks on the follower that must fill in before a removal (its disk slowed to
+/// `SLOW_FSYNC_MS` a sync, and each block stored syncs twice).
+const FILL_BLOCKS: usize = 400;
+const SLOW_FSYNC_MS: u64 = 40;
+/// The membership deadline: far shorter than that fill.
+const MEMBERSHIP_TIMEOUT_MS: u64 = 1_000;
+
+/// A removal whose fill outlasts one request's deadline arrives by repetition (issue 35,
+/// item 6): each request answers 202 and the next goes on from where the fill got, until a
+/// request removes the node and every remaining voter holds every block. Before, each
+/// request refilled from the start within one deadline and answered 503, for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_needing_a_long_fill_arrives_by_repeating_it() {
+    let seed = Seed::new("block_replication::a_removal_needing_a_long_fill_arrives_by_repeating_it");
+    let raft = raftbox_cluster_tests::RaftTuning {
+        membership_timeout_ms: Some(MEMBERSHIP_TIMEOUT_MS),
+        ..raftbox_cluster_tests::RaftTuning::default()
+    };
+    let options = ClusterOptions {
+        raft,
+        slow_disks: true,
+        extra_toml: "[files]\nmaintenance_interval_s = 3600\n".to_owned(),
+        ..ClusterOptions::default()
+    };
+    let mut cluster = Cluster::start(options).await.expect("start the cluster");
+    let result = within(TEST_DEADLINE, long_fill(&mut cluster, &seed)).await;
+    cluster.conclude(result);
+}
+
+async fn long_fill(cluster: &mut Cluster, seed: &Seed) -> Result<()> {
+    let http = cluster.client();
+    let leader = cluster.wait_for_leader(None, CONVERGE_DEADLINE).await?;
+    let followers: Vec<u64> = cluster.node_ids().into_iter().filter(|id| *id != leader).collect();
+    let (filler, removed) = (followers[0], followers[1]);
+    let (url, admin) = (cluster.http_url(leader), cluster.admin_token().to_owned());
+    let (_, token) = new_user(cluster, leader, &format!("long-fill-{}", seed.value()), "t").await?;
+    let run = seed.value();
+    let hashes = in_lanes((0..FILL_BLOCKS).collect(), 8, {
+        let (http, url, token) = (http.clone(), url.clone(), token.clone());
+        move |i| {
+            let (http, url, token) = (http.clone(), url.clone(), token.clone());
+            async move { put_block(&http, &url, &token, format!("block {i} of run {run}").as_bytes()).await }
+        }
+    })
+    .await?;
+    let all: BTreeSet<String> = hashes.into_iter().collect();
+    wait_for_blocks(cluster, filler, &all).await?;
+    ensure!(cluster.lose_block_files(filler)? >= all.len(), "node {filler} held the blocks");
+    cluster.set_fsync_delay(filler, SLOW_FSYNC_MS)?;
+
+    let wait = Deadline::after(CONVERGE_DEADLINE, format!("node {removed} removed"));
+    let (mut unfinished, mut unknown) = (0, 0);
+    loop {
+        match remove_member(&http, &url, &admin, removed).await? {
+            Outcome::Ok(answer) if answer["complete"] == true => break,
+            Outcome::Ok(answer) => {
+                ensure!(answer.to_string().contains(&format!("\"id\":{removed}")), "not removed yet: {answer}");
+                unfinished += 1;
+            }
+            // The change itself may outlast what the fill left of the deadline (the slow disk
+            // syncs it too): its outcome is unknown, and a repeat finds it done or does it.
+            Outcome::Unknown(why) if why.contains("outcome unknown") => unknown += 1,
+            Outcome::Rejected(404, _) if unknown > 0 => break,
+            other => anyhow::bail!("remove node {removed} (after {unfinished} unfinished answers): {other:?}"),
+        }
+        wait.tick(&format!("{unfinished} unfinished answers, {unknown} unknown")).await?;
+    }
+    let Outcome::Ok(members) = cluster_members(&http, &url, &admin).await? else { anyhow::bail!("list the members") };
+    ensure!(!members.to_string().contains(&format!("\"id\":{removed}")), "node {removed} is still a member: {members}");
+    cluster.set_fsync_delay(filler, 0)?;
+    eprintln!("node {removed} removed after {unfinished} answers that the fill went on");
+    ensure!(unfinished >= 1, "the fill fit one request: the test shows nothing (slow the disk more)");
+    let held = cluster.block_files(filler)?;
+    let lacking = all.difference(&held).count();
+    ensure!(lacking == 0, "node {removed} was removed while node {filler} lacked {lacking} of {} blocks", all.len());
+    Ok(())
+}
