@@ -3,8 +3,10 @@
 //!
 //! - [`check_admissions`]: a token bucket never admitted more than it holds plus what refilled,
 //!   in *any* window of the run (not only over the whole run);
-//! - [`check_fires`]: a fence goes to one fire only, fences grow with the fires' times, and no
-//!   fire took effect twice at a target that applies each `Idempotency-Key` once;
+//! - [`check_fires`]: a fence goes to one fire only, fences grow with the fires' times, no
+//!   fire took effect twice at a target that applies each `Idempotency-Key` once, and, in
+//!   the order the target received them, no call of a fire carried an older fence than one
+//!   already received for it (a lease stops work: [`check_fence_arrivals`]);
 //! - [`check_fire_times`]: no fire arrived before its time, and a fire ran again (a new
 //!   fence) only once the lease of its run before had lapsed: at most one run per lease;
 //! - [`check_due_fires`]: every fire due in a span arrived;
@@ -121,7 +123,36 @@ pub fn check_fires(calls: &[FireCall]) -> Result<FireSummary> {
     for (fire, fire_keys) in &keys {
         ensure!(fire_keys.len() == 1, "fire {fire:?} took effect {} times, under keys {fire_keys:?}", fire_keys.len());
     }
+    check_fence_arrivals(calls)?;
     Ok(FireSummary { calls: calls.len(), fires: keys.into_keys().collect(), fences: by_fence.len() })
+}
+
+/// Checks a fire's calls in the order the target received them: once a call with fence f
+/// arrived, no call with a lower fence arrives (a target that keeps the highest fence seen
+/// and refuses lower ones — the fencing contract — then never sees a stale executor's work
+/// after the new one's). A worker whose lease was taken over must have stopped calling.
+pub fn check_fence_arrivals(calls: &[FireCall]) -> Result<()> {
+    let mut by_arrival: Vec<&FireCall> = calls.iter().collect();
+    by_arrival.sort_by_key(|call| call.received_ms);
+    let mut highest: BTreeMap<(&str, u64), (u64, u64)> = BTreeMap::new();
+    for call in by_arrival {
+        let seen = highest.entry((&call.job_id, call.scheduled_s)).or_insert((call.fence, call.received_ms));
+        // Calls received in the same millisecond are not ordered: only a later one counts.
+        ensure!(
+            call.fence >= seen.0 || call.received_ms == seen.1,
+            "job {}: a call of the fire at {} s with fence {} arrived at {} ms, after one with fence {} at {} ms",
+            call.job_id,
+            call.scheduled_s,
+            call.fence,
+            call.received_ms,
+            seen.0,
+            seen.1
+        );
+        if call.fence > seen.0 {
+            *seen = (call.fence, call.received_ms);
+        }
+    }
+    Ok(())
 }
 
 /// Checks when the fires arrived, on the target's clock, allowing `tolerance_ms` for the

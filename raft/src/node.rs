@@ -427,19 +427,20 @@ impl RaftNode {
     /// — never ahead of the cluster's time by more than the bound, behind it by as long as
     /// this node applies nothing.
     pub fn cluster_now_ms(&self) -> u64 {
+        {
+            // On every authenticated request: no clone, no read of the state.
+            let clock = self.inner.clock.borrow();
+            if clock.may_lead() {
+                return clock.stamp();
+            }
+        }
         let applied = self.inner.state.clock_ms().unwrap_or(0);
         let now = crate::boot_clock::BootInstant::now();
         let mut anchor = self.inner.applied_clock.lock().unwrap_or_else(|e| e.into_inner());
         if applied > anchor.0 {
             *anchor = (applied, now);
         }
-        let replicated = anchor.0.saturating_add(now.saturating_duration_since(anchor.1).as_millis() as u64);
-        let clock = self.clock();
-        if clock.may_lead() {
-            clock.stamp().max(anchor.0)
-        } else {
-            replicated
-        }
+        anchor.0.saturating_add(now.saturating_duration_since(anchor.1).as_millis() as u64)
     }
 
     pub fn id(&self) -> NodeId {

@@ -358,6 +358,22 @@ mod guards {
     }
 
     #[test]
+    fn a_stale_fence_arriving_after_a_newer_one_fails() {
+        // Run 1 (fence 4) called, its lease lapsed, run 2 (fence 5) called: in order.
+        let good = [arrived(10, 4, 10_050), arrived(10, 5, 14_000), arrived(10, 5, 14_200)];
+        check_fires(&good).expect("fences arrive in order");
+        // The run that lost its lease calls after the run that took it over (issue 35: an
+        // attempt held for a slot while its renewals failed started late).
+        let late = [arrived(10, 5, 14_000), arrived(10, 4, 14_300)];
+        let error = check_fires(&late).expect_err("a stale fence after a newer one");
+        assert!(error.to_string().contains("fence 4 arrived at 14300 ms, after one with fence 5"), "{error}");
+        // In the same millisecond the two are not ordered.
+        check_fires(&[arrived(10, 5, 14_000), arrived(10, 4, 14_000)]).expect("unordered within a millisecond");
+        // Another fire's calls are another order.
+        check_fires(&[arrived(11, 6, 11_050), arrived(10, 5, 14_000)]).expect("two fires");
+    }
+
+    #[test]
     fn a_missing_fire_fails() {
         let fires: BTreeSet<(String, u64)> = [1, 2, 4].into_iter().map(|s| ("job".to_owned(), s)).collect();
         assert_eq!(check_due_fires(&fires, "job", 1, 3).expect("1 and 2 arrived"), 2);
