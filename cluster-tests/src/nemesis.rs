@@ -32,7 +32,8 @@ pub enum FaultKind {
     OneWay,
     /// Two sides that cannot talk, and one node that talks to both.
     Bridge,
-    /// Move one node's wall clock by several seconds (needs `fake_clocks`).
+    /// Move one node's wall clock (any node: leader or follower) by seconds, or now and
+    /// then by a month (needs `fake_clocks`).
     ClockSkew,
     /// Replace a follower as an operator replaces a machine: remove it, wipe its disk,
     /// start it empty and add it back (learner, then voter) at heal.
@@ -345,7 +346,14 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
         }
         FaultKind::ClockSkew => {
             let id = *ids.choose(rng).context("no node")?;
-            let offset = format!("{}{}s", if rng.gen_bool(0.5) { "+" } else { "-" }, rng.gen_range(2..=30));
+            // Seconds off as a rule; now and then a month (every cutoff must still come from
+            // the cluster's time: nothing within retention expires, nothing fires early).
+            let sign = if rng.gen_bool(0.5) { "+" } else { "-" };
+            let offset = if rng.gen_bool(0.2) {
+                format!("{sign}31d")
+            } else {
+                format!("{sign}{}s", rng.gen_range(2..=30))
+            };
             cluster.set_clock_offset(id, &offset)?;
             Fault::ClockSkew(id, offset)
         }
