@@ -236,7 +236,7 @@ pub struct LookedUp(pub Option<Principal>);
 
 /// The principal holding the token with this hash as this node knows it, without a barrier.
 pub fn lookup_local(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principal>, ApiError> {
-    principal_of(state.node.state().token(hash)?, hash, state.node.cluster_now_ms())
+    principal_of(state.node.state().token(hash)?, hash, state.node.expiry_now_ms())
 }
 
 /// The principal holding the token with this hash. A token unknown here may have been
@@ -251,7 +251,7 @@ pub async fn lookup(state: &AppState, hash: &[u8; 32]) -> Result<Option<Principa
         state.node.read_barrier_paced().await?;
         found = state_machine.token(hash)?;
     }
-    principal_of(found, hash, state.node.cluster_now_ms())
+    principal_of(found, hash, state.node.expiry_now_ms())
 }
 
 fn principal_of(

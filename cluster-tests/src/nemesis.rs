@@ -349,11 +349,8 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
             // Seconds off as a rule; now and then a month (every cutoff must still come from
             // the cluster's time: nothing within retention expires, nothing fires early).
             let sign = if rng.gen_bool(0.5) { "+" } else { "-" };
-            let offset = if rng.gen_bool(0.2) {
-                format!("{sign}31d")
-            } else {
-                format!("{sign}{}s", rng.gen_range(2..=30))
-            };
+            let offset =
+                if rng.gen_bool(0.2) { format!("{sign}31d") } else { format!("{sign}{}s", rng.gen_range(2..=30)) };
             cluster.set_clock_offset(id, &offset)?;
             Fault::ClockSkew(id, offset)
         }

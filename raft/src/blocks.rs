@@ -97,6 +97,15 @@ impl FillReport {
     }
 }
 
+/// Where a budgeted fill stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillEnd {
+    /// The end of the chunk index: every entry was handled.
+    Done,
+    /// The budget ran out; every entry up to this position (none: from the start) was handled.
+    At(Option<BlockHash>),
+}
+
 /// What asking the peers for one block gave.
 enum Fetched {
     Got(Bytes),
@@ -248,19 +257,23 @@ impl Blocks {
     }
 
     /// Fills in the blocks the chunk index of `state` names after `after` (from the start
-    /// when `None`) and this node lacks, `round` entries at a time, until the index ends or,
-    /// after a round, `until` has passed. Returns what it did and where to go on from
-    /// (`None`: the end was reached). Every entry up to that position was handled.
+    /// when `None`) and this node lacks, `round` entries at a time, until the index ends or
+    /// `until` passes. Returns what it did and where it stopped: [`FillEnd::Done`] only when
+    /// the end of the index was reached; otherwise the position to go on from, every entry up
+    /// to it handled (`after` itself when the budget ran out before any was).
     pub async fn fill_from(
         &self,
         state: &raftbox_storage::StateMachine,
         after: Option<BlockHash>,
         round: usize,
         until: Option<tokio::time::Instant>,
-    ) -> Result<(FillReport, Option<BlockHash>), BlockError> {
+    ) -> Result<(FillReport, FillEnd), BlockError> {
         use futures::StreamExt as _;
         let mut report = FillReport::default();
         let mut cursor = after;
+        if until.is_some_and(|until| tokio::time::Instant::now() >= until) {
+            return Ok((report, FillEnd::At(cursor)));
+        }
         loop {
             let hashes = state.chunk_hashes(cursor.as_ref(), round.max(1))?;
             let whole_round = hashes.len() >= round.max(1);
@@ -275,7 +288,7 @@ impl Blocks {
                 let next = match until {
                     Some(until) => match tokio::time::timeout_at(until, each.next()).await {
                         Ok(next) => next,
-                        Err(_) => return Ok((report, cursor)),
+                        Err(_) => return Ok((report, FillEnd::At(cursor))),
                     },
                     None => each.next().await,
                 };
@@ -284,7 +297,7 @@ impl Blocks {
                 cursor = Some(hash);
             }
             if !whole_round {
-                return Ok((report, None));
+                return Ok((report, FillEnd::Done));
             }
         }
     }

@@ -94,6 +94,12 @@ impl FillProgress {
     }
 }
 
+/// Whether the node at `info`'s address still runs the data directory its record names.
+async fn still_the_directory(peers: &Peers, info: &NodeInfo) -> bool {
+    let status = peer_status(peers, &info.grpc_addr, IDENTITY_PROBE_TIMEOUT).await;
+    status.is_some_and(|status| info.incarnation.as_deref() == Some(status.incarnation.as_str()))
+}
+
 /// Why a member's fill is not done.
 #[derive(Debug)]
 enum FillStop {
@@ -550,9 +556,13 @@ async fn fill_on(
 ) -> Result<(), FillStop> {
     let key = (id, info.incarnation.clone(), config);
     let mut after = match progress.get(&key) {
-        Some(Position::Done) => return Ok(()),
-        Some(Position::After(hash)) => Some(hash),
-        None => None,
+        // Trusted only while the directory answering is the one the position was made on
+        // (a node wiped and restarted since holds none of what it fetched).
+        Some(position) if still_the_directory(peers, info).await => match position {
+            Position::Done => return Ok(()),
+            Position::After(hash) => Some(hash),
+        },
+        _ => None,
     };
     let mut client = peers.client(&info.grpc_addr).map_err(|e| FillStop::Failed(e.to_string()))?;
     let mut total = crate::blocks::FillReport::default();
@@ -624,11 +634,16 @@ async fn fill_on(
             progress.set(key, Position::Done);
             return Ok(());
         }
+        if reply.next.is_empty() {
+            // The budget ran out before any entry was handled (the node was still applying):
+            // ask again from the same place.
+            continue;
+        }
         let next: [u8; 32] = reply
             .next
             .as_slice()
             .try_into()
-            .map_err(|_| FillStop::Failed("the node's fill named no position to go on from".into()))?;
+            .map_err(|_| FillStop::Failed("the node's fill named no valid position to go on from".into()))?;
         after = Some(raftbox_storage::blocks::BlockHash(next));
         progress.set(key.clone(), Position::After(raftbox_storage::blocks::BlockHash(next)));
     }

@@ -443,6 +443,19 @@ impl RaftNode {
         anchor.0.saturating_add(now.saturating_duration_since(anchor.1).as_millis() as u64)
     }
 
+    /// The time an expiry is *checked* against (a token's, a session's, a link's, a fresh
+    /// proof's): [`RaftNode::cluster_now_ms`], or, while the cluster does not agree with this
+    /// node's clock, the later of it and this node's wall clock. It fails closed: a node
+    /// restarted after a long outage (its last applied stamp old) or with a clock behind never
+    /// takes what expired for current; one with a clock ahead only refuses early, and says it
+    /// is not ready meanwhile.
+    pub fn expiry_now_ms(&self) -> u64 {
+        if self.inner.clock.borrow().may_lead() {
+            return self.cluster_now_ms();
+        }
+        self.cluster_now_ms().max(crate::clock::now_ms())
+    }
+
     pub fn id(&self) -> NodeId {
         self.inner.id
     }
@@ -597,7 +610,7 @@ impl RaftNode {
         applied_index: u64,
         after: Option<BlockHash>,
         budget: Option<Duration>,
-    ) -> Result<(crate::blocks::FillReport, Option<BlockHash>), String> {
+    ) -> Result<(crate::blocks::FillReport, crate::blocks::FillEnd), String> {
         // The budget counts from the call's arrival: waiting to apply spends it too.
         let until = budget.map(|budget| tokio::time::Instant::now() + budget);
         let disk = self.disk();
@@ -616,7 +629,7 @@ impl RaftNode {
             .fill_from(&self.inner.state, after, FILL_ROUND_CHUNKS, until)
             .await
             .map_err(|e| e.to_string())?;
-        tracing::info!(?report, more = next.is_some(), "filled in the blocks this node lacked");
+        tracing::info!(?report, ?next, "filled in the blocks this node lacked");
         Ok((report, next))
     }
 

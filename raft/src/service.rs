@@ -300,8 +300,11 @@ impl RaftService for RaftGrpc {
             fetched: report.fetched,
             unavailable: report.unavailable,
             failed: report.failed,
-            next: next.map(|hash| hash.0.to_vec()).unwrap_or_default(),
-            more: next.is_some(),
+            next: match next {
+                crate::blocks::FillEnd::At(Some(hash)) => hash.0.to_vec(),
+                _ => Vec::new(),
+            },
+            more: next != crate::blocks::FillEnd::Done,
         }))
     }
 

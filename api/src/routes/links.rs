@@ -343,7 +343,7 @@ async fn serve(
     if !sm.role(&link.creator_user_id, &link.namespace_id)?.is_some_and(|role| role.can_write()) {
         return Err(no_link());
     }
-    if link.expired(state.node.cluster_now_ms()) {
+    if link.expired(state.node.expiry_now_ms()) {
         return Err(gone("this link has expired"));
     }
     if let Some(stored) = &link.password_hash {

@@ -589,7 +589,7 @@ async fn prove(
     current: Option<String>,
 ) -> Result<(), ApiError> {
     let Some(current) = current else {
-        if fresh_proof(principal, state.node.cluster_now_ms()) {
+        if fresh_proof(principal, state.node.expiry_now_ms()) {
             return Ok(());
         }
         let needs = if stored.is_some() { "currentPassword" } else { "fresh proof" };

@@ -478,7 +478,7 @@ enum Heard {
 impl Watch {
     fn new(state: &AppState, principal: &Principal, seen: Cursor) -> Result<Watch, ApiError> {
         let expires = principal.token_expires_ms.map(|at| {
-            tokio::time::Instant::now() + Duration::from_millis(at.saturating_sub(state.node.cluster_now_ms()))
+            tokio::time::Instant::now() + Duration::from_millis(at.saturating_sub(state.node.expiry_now_ms()))
         });
         let mut watch = Watch {
             user_id: principal.user.id.clone(),
