@@ -228,30 +228,32 @@ impl Blocks {
     /// [`FILL_IN_FLIGHT`] at once.
     pub async fn fill(&self, hashes: impl IntoIterator<Item = BlockHash>) -> FillReport {
         use futures::StreamExt as _;
-        let one = |hash: BlockHash| async move {
-            let store = self.store.clone();
-            let mut report = FillReport::default();
-            if tokio::task::spawn_blocking(move || store.has(&hash)).await.unwrap_or(false) {
-                return report;
-            }
-            match self.from_peers(hash).await {
-                Ok(Fetched::Got(_)) => report.fetched += 1,
-                Ok(Fetched::NoHolder) => {
-                    tracing::warn!(%hash, "no member holds an indexed block");
-                    report.unavailable += 1;
-                }
-                Ok(Fetched::Failed) => report.failed += 1,
-                Err(e) => {
-                    tracing::warn!(%hash, error = %e, "could not keep a fetched block");
-                    report.failed += 1;
-                }
-            }
-            report
-        };
         let mut report = FillReport::default();
-        let mut each = futures::stream::iter(hashes).map(one).buffer_unordered(FILL_IN_FLIGHT);
+        let mut each = futures::stream::iter(hashes).map(|hash| self.fill_one(hash)).buffer_unordered(FILL_IN_FLIGHT);
         while let Some(one) = each.next().await {
             report.add(one);
+        }
+        report
+    }
+
+    /// Fetches (and keeps) one block if this node lacks it.
+    async fn fill_one(&self, hash: BlockHash) -> FillReport {
+        let store = self.store.clone();
+        let mut report = FillReport::default();
+        if tokio::task::spawn_blocking(move || store.has(&hash)).await.unwrap_or(false) {
+            return report;
+        }
+        match self.from_peers(hash).await {
+            Ok(Fetched::Got(_)) => report.fetched += 1,
+            Ok(Fetched::NoHolder) => {
+                tracing::warn!(%hash, "no member holds an indexed block");
+                report.unavailable += 1;
+            }
+            Ok(Fetched::Failed) => report.failed += 1,
+            Err(e) => {
+                tracing::warn!(%hash, error = %e, "could not keep a fetched block");
+                report.failed += 1;
+            }
         }
         report
     }
@@ -280,7 +282,7 @@ impl Blocks {
             // In index order (`buffered`, not `buffer_unordered`), so the position handed
             // back has every entry before it handled, even when the budget ends mid-round.
             let mut each = futures::stream::iter(hashes)
-                .map(|hash| async move { (hash, self.fill([hash]).await) })
+                .map(|hash| async move { (hash, self.fill_one(hash).await) })
                 .buffered(FILL_IN_FLIGHT);
             loop {
                 // The budget ends the wait for the next block too (those in flight are

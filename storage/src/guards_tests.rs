@@ -16,6 +16,25 @@ fn apply(sm: &StateMachine, now_ms: u64, command: Command) -> Outcome {
     outcomes.pop().expect("one outcome")
 }
 
+/// A commit of `/f` in namespace `ns` holding one chunk.
+fn file_commit(chunk: crate::blocks::BlockHash, base: u64, device: &str, ids: &str) -> Command {
+    Command::CommitFile(Box::new(crate::command::FileCommit {
+        namespace_id: "ns".into(),
+        path: crate::paths::FilePath::parse("/f").expect("path"),
+        chunks: vec![chunk],
+        size: 1,
+        mtime_ms: 0,
+        executable: false,
+        base_version: base,
+        deleted: false,
+        device: device.into(),
+        new_file_id: format!("file-{ids}"),
+        copy_file_id: format!("copy-{ids}"),
+        actor_user_id: String::new(),
+        quota_bytes: None,
+    }))
+}
+
 fn response(body: &str) -> SavedResponse {
     SavedResponse { status: 201, headers: vec![("content-type".into(), "application/json".into())], body: body.into() }
 }
@@ -223,27 +242,9 @@ fn a_rate_set_from_an_earlier_term_does_not_undo_a_later_take_over() {
 #[test]
 fn a_curable_rejection_is_not_saved_under_the_key() {
     use crate::blocks::BlockHash;
-    use crate::command::FileCommit;
-    use crate::paths::FilePath;
     let (_dir, sm) = open();
     let chunk = BlockHash::of(b"late chunk");
-    let commit = |ids: &str| {
-        Command::CommitFile(Box::new(FileCommit {
-            namespace_id: "ns".into(),
-            path: FilePath::parse("/f").expect("path"),
-            chunks: vec![chunk],
-            size: 1,
-            mtime_ms: 0,
-            executable: false,
-            base_version: 0,
-            deleted: false,
-            device: "d".into(),
-            new_file_id: format!("file-{ids}"),
-            copy_file_id: format!("copy-{ids}"),
-            actor_user_id: String::new(),
-            quota_bytes: None,
-        }))
-    };
+    let commit = |ids: &str| file_commit(chunk, 0, "d", ids);
     let keyed_commit = |ids: &str| Command::Idempotent {
         scope: [9; 32],
         fingerprint: [1; 32],
@@ -294,8 +295,6 @@ fn a_key_guard_inside_another_is_rejected_and_saves_nothing() {
 #[test]
 fn a_replayed_version_conflict_reports_the_version_current_now() {
     use crate::blocks::BlockHash;
-    use crate::command::FileCommit;
-    use crate::paths::FilePath;
     let (_dir, sm) = open();
     let (a, b) = (BlockHash::of(b"a"), BlockHash::of(b"b"));
     for hash in [a, b] {
@@ -303,24 +302,8 @@ fn a_replayed_version_conflict_reports_the_version_current_now() {
             Command::RegisterChunk { hash, size: 1, uploader: String::new(), quota_bytes: None, placed_in: None };
         apply(&sm, 1, register);
     }
-    let commit = |base: u64, device: &str, ids: &str| {
-        let chunk = if device == "phone" { b } else { a };
-        Command::CommitFile(Box::new(FileCommit {
-            namespace_id: "ns".into(),
-            path: FilePath::parse("/f").expect("path"),
-            chunks: vec![chunk],
-            size: 1,
-            mtime_ms: 0,
-            executable: false,
-            base_version: base,
-            deleted: false,
-            device: device.into(),
-            new_file_id: format!("file-{ids}"),
-            copy_file_id: format!("copy-{ids}"),
-            actor_user_id: String::new(),
-            quota_bytes: None,
-        }))
-    };
+    let commit =
+        |base: u64, device: &str, ids: &str| file_commit(if device == "phone" { b } else { a }, base, device, ids);
     let keyed = |command: Command| Command::Idempotent {
         scope: [8; 32],
         fingerprint: [2; 32],
