@@ -123,6 +123,49 @@ impl Bystander {
     }
 }
 
+/// The niceness of an attacker's thread: the lowest priority.
+const ATTACKER_NICENESS: i32 = 19;
+
+/// An attack's traffic, generated on a thread of its own at the lowest priority
+/// ([`Attacker::spawn`]). On one small machine the test's own client work (thousands of
+/// requests a second built, sent and read) competes for the cores the nodes run on; a real
+/// attacker's client runs elsewhere. At the lowest priority that work takes only the CPU the
+/// nodes and the bystander leave, so the bystander's latency measures what the *nodes* spend
+/// on the attack. (In CI the password guesser, at normal priority in the test's runtime,
+/// tripled the bystander's p99 on its own.)
+pub struct Attacker<T> {
+    thread: std::thread::JoinHandle<Result<T>>,
+}
+
+impl<T: Send + 'static> Attacker<T> {
+    /// Runs `attack` (made on the new thread) on a one-thread runtime of its own.
+    pub fn spawn<F, Fut>(name: &str, attack: F) -> Result<Attacker<T>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = T>,
+    {
+        let thread = std::thread::Builder::new().name(format!("attacker-{name}")).spawn(move || {
+            rustix::process::setpriority_process(Some(rustix::thread::gettid()), ATTACKER_NICENESS)
+                .context("lower the attacker's priority")?;
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            Ok(runtime.block_on(attack()))
+        })?;
+        Ok(Attacker { thread })
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Waits for the attack to end and hands back what it returned.
+    pub async fn finish(self) -> Result<T> {
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the attacker's thread panicked"))?
+    }
+}
+
 /// The cluster's term as node `node` sees it.
 pub async fn term(cluster: &Cluster, node: u64) -> Result<u64> {
     let view: Value =
