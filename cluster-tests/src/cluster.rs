@@ -185,7 +185,14 @@ pub struct Cluster {
     mounts: Vec<PathBuf>,
     /// The compiled slow-disk layer ([`ClusterOptions::slow_disks`]).
     fsync_layer: Option<PathBuf>,
+    /// URLs of nodes that serve another cluster for now ([`Cluster::set_forked`]).
+    forked: ForkedNodes,
 }
+
+/// URLs of the nodes a workload must not call for now: each serves a cluster of its own (an
+/// operator recovered it with `--force-new-cluster`), so what it acknowledges is not this
+/// cluster's history. Shared by the harness and the workloads.
+pub type ForkedNodes = std::sync::Arc<std::sync::Mutex<BTreeSet<String>>>;
 
 impl Cluster {
     /// Launches every node and waits until all are ready (see [`Cluster::wait_ready`]).
@@ -249,6 +256,7 @@ impl Cluster {
             failed: false,
             mounts: Vec::new(),
             fsync_layer: None,
+            forked: ForkedNodes::default(),
         };
         if cluster.options.slow_disks {
             cluster.fsync_layer = Some(compile_fsync_layer(&cluster.root)?);
@@ -427,6 +435,22 @@ impl Cluster {
         self.nodes.values().filter(|n| n.child.is_some()).map(|n| n.member.id).collect()
     }
 
+    /// The nodes that serve another cluster for now, as the workloads see them.
+    pub fn forked_nodes(&self) -> ForkedNodes {
+        self.forked.clone()
+    }
+
+    /// Marks node `id` as serving another cluster (`true`) or this one again.
+    pub fn set_forked(&self, id: u64, forked: bool) {
+        let url = self.http_url(id);
+        let mut set = self.forked.lock().unwrap_or_else(|e| e.into_inner());
+        if forked {
+            set.insert(url);
+        } else {
+            set.remove(&url);
+        }
+    }
+
     pub fn is_running(&self, id: u64) -> bool {
         self.node(id).child.is_some()
     }
@@ -472,6 +496,11 @@ impl Cluster {
 
     pub fn data_dir(&self, id: u64) -> &Path {
         &self.node(id).data_dir
+    }
+
+    /// Node `id`'s `config.toml` (what `raftbox recover --config` is given).
+    pub fn config_path(&self, id: u64) -> PathBuf {
+        self.root.join(format!("node{id}")).join("config.toml")
     }
 
     /// Tolerates ERROR lines containing `fragment` in [`Cluster::check_logs`]. Panics are

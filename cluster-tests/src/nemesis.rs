@@ -51,6 +51,24 @@ pub enum FaultKind {
     /// without removing it: it must take no part until removed and added back, which the
     /// heal does.
     WipeInPlace,
+    /// An operator's mistake: a follower cut off is taken for the last one alive, killed and
+    /// recovered with `raftbox recover --force-new-cluster` (a new cluster id), started
+    /// still cut off, and written to. At heal the cut heals and for a while both sides must
+    /// stay apart (the recovered node leads only itself; no majority node follows it); then
+    /// it is wiped and added back. The workloads do not call it meanwhile: it serves another
+    /// cluster (needs `network_namespaces`).
+    RecoverMinority,
+    /// An operator's mistake: a backup restored into a follower's wiped directory with
+    /// `raftbox restore` while the old members live and reach it. The restored node leads a
+    /// new cluster (a new cluster id) and is written to; both sides must stay apart, then it
+    /// is wiped and added back. The workloads do not call it meanwhile.
+    RestoreBeside,
+    /// A machine restarted on its old directory: a follower's directory is copied aside
+    /// (killed for the copy, started again); at heal the follower is replaced (removed, wiped,
+    /// added back empty) and then started on the copy, the data of a member the cluster has
+    /// replaced. It must take no part (its leader refuses the old incarnation) while the
+    /// cluster serves; then it is wiped and added back again.
+    OldDirectory,
 }
 
 /// Environment variable restricting the fault kinds of a chaos scenario (`scripts/chaos
@@ -68,7 +86,7 @@ pub fn at_once() -> usize {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::IsolateLeader,
@@ -81,6 +99,9 @@ impl FaultKind {
         FaultKind::DiskFull,
         FaultKind::KillCatchingUp,
         FaultKind::WipeInPlace,
+        FaultKind::RecoverMinority,
+        FaultKind::RestoreBeside,
+        FaultKind::OldDirectory,
     ];
 
     /// The name `scripts/chaos --nemesis` and the report use.
@@ -98,6 +119,9 @@ impl FaultKind {
             FaultKind::DiskFull => "disk-full",
             FaultKind::KillCatchingUp => "kill-catching-up",
             FaultKind::WipeInPlace => "wipe-in-place",
+            FaultKind::RecoverMinority => "recover-minority",
+            FaultKind::RestoreBeside => "restore-beside",
+            FaultKind::OldDirectory => "old-directory",
         }
     }
 
@@ -120,12 +144,17 @@ impl FaultKind {
 
     /// The kinds that need network namespaces.
     pub fn needs_network(self) -> bool {
-        self.is_partition() || self == FaultKind::LossyLink
+        self.is_partition() || matches!(self, FaultKind::LossyLink | FaultKind::RecoverMinority)
     }
 
     /// The kinds that change membership at heal (which needs a quorum): they run alone.
     fn runs_alone(self) -> bool {
-        matches!(self, FaultKind::Replace | FaultKind::WipeInPlace)
+        matches!(self, FaultKind::Replace
+                | FaultKind::WipeInPlace
+                | FaultKind::RecoverMinority
+                | FaultKind::RestoreBeside
+                | FaultKind::OldDirectory
+        )
     }
 }
 
@@ -144,6 +173,11 @@ pub enum Fault {
     /// Killed; at heal started, killed again after this many ms, and started.
     KillCatchingUp(u64, u64),
     WipeInPlace(u64),
+    /// Made a cluster of its own (recovered cut off, or restored beside the old members):
+    /// its new cluster id and what it acknowledged.
+    Forked(u64, String),
+    /// Its directory copied aside, to this path.
+    OldDirectory(u64, std::path::PathBuf),
 }
 
 /// The kinds of `supported` a scenario runs with: all of them, or those `RAFTBOX_NEMESES`
@@ -191,9 +225,14 @@ pub fn allow_log_errors(cluster: &mut Cluster, kinds: &[FaultKind]) {
         cluster.allow_log_error("NOSPACE");
         cluster.allow_log_error("disk is full");
     }
-    if kinds.contains(&FaultKind::WipeInPlace) {
+    if kinds.contains(&FaultKind::WipeInPlace) || kinds.contains(&FaultKind::OldDirectory) {
         cluster.allow_log_error("lost its data");
     }
+    if kinds.contains(&FaultKind::RecoverMinority) || kinds.contains(&FaultKind::RestoreBeside) {
+        // Each side refuses the other's calls (and openraft logs the refused ones as errors).
+        cluster.allow_log_error("never joined");
+    }
+
 }
 
 /// What the nemesis did, with times since the test's start.
@@ -331,6 +370,47 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
             cluster.start_node(id)?;
             Fault::WipeInPlace(id)
         }
+        FaultKind::RecoverMinority | FaultKind::RestoreBeside => {
+            let leader = cluster.wait_for_leader(None, READD_DEADLINE).await?;
+            let followers: Vec<u64> = cluster.live_ids().into_iter().filter(|id| *id != leader).collect();
+            let id = *followers.choose(rng).context("no running follower")?;
+            let config = cluster.config_path(id);
+            let config = config.to_str().context("a UTF-8 config path")?.to_owned();
+            cluster.set_forked(id, true);
+            if kind == FaultKind::RecoverMinority {
+                cluster.network().context("a recovery of a minority needs `network_namespaces`")?.isolate(id)?;
+                // Dead, as the operator believes (cut off, a graceful stop may wait on its peers).
+                cluster.kill9(id)?;
+                cli(&["recover", "--force-new-cluster", "--config", &config]).await?;
+            } else {
+                let backup = cluster.root().join(format!("restore-beside-{}.backup", rng.gen::<u32>()));
+                let backup = backup.to_str().context("a UTF-8 backup path")?.to_owned();
+                let url = cluster.http_url(leader);
+                cli(&["backup", &backup, "--url", &url, "--token", cluster.admin_token()]).await?;
+                cluster.kill9(id)?;
+                cluster.wipe(id)?;
+                cli(&["restore", &backup, "--config", &config]).await?;
+                std::fs::remove_file(&backup).with_context(|| format!("remove {backup}"))?;
+            }
+            cluster.start_node(id)?;
+            cluster
+                .wait_view(id, READD_DEADLINE, "the forked node leading alone", |v| v.leader_id == Some(id))
+                .await?;
+            // It acknowledges writes of its own: the fork is real.
+            let (user, _) = crate::new_user(cluster, id, &format!("fork-{}", rng.gen::<u32>()), "t").await?;
+            let cluster_id = cluster.cluster_info(id).await?["clusterId"].as_str().unwrap_or_default().to_owned();
+            Fault::Forked(id, format!("cluster {cluster_id}, wrote user {user}"))
+        }
+        FaultKind::OldDirectory => {
+            let leader = cluster.wait_for_leader(None, READD_DEADLINE).await?;
+            let followers: Vec<u64> = cluster.live_ids().into_iter().filter(|id| *id != leader).collect();
+            let id = *followers.choose(rng).context("no running follower")?;
+            cluster.kill9(id)?;
+            let copy = cluster.root().join(format!("node{id}-old-directory"));
+            copy_dir(cluster.data_dir(id), &copy)?;
+            cluster.start_node(id)?;
+            Fault::OldDirectory(id, copy)
+        }
         FaultKind::LossyLink => {
             let id = target(cluster, rng).await?;
             let loss = rng.gen_range(LOSS_PERCENT.0..=LOSS_PERCENT.1);
@@ -403,6 +483,74 @@ async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
             remove(cluster, *id).await?;
             readd(cluster, *id).await
         }
+        Fault::Forked(id, _) => {
+            let majority: Vec<u64> = cluster.node_ids().into_iter().filter(|n| n != id).collect();
+            if let Some(network) = cluster.network() {
+                network.heal()?;
+            }
+            // For a while after the cut heals neither side joins the other.
+            let healed = Instant::now();
+            while healed.elapsed() < APART_AFTER_HEAL {
+                let recovered = cluster.view(*id).await?;
+                anyhow::ensure!(
+                    recovered.leader_id == Some(*id) && recovered.voters == vec![*id],
+                    "{:?} after the heal, forked node {id} names leader {:?} and voters {:?}",
+                    healed.elapsed(),
+                    recovered.leader_id,
+                    recovered.voters
+                );
+                for other in &majority {
+                    // A node of the majority down for another reason says nothing.
+                    if let Ok(view) = cluster.view(*other).await {
+                        anyhow::ensure!(
+                            view.leader_id != Some(*id),
+                            "{:?} after the heal, node {other} follows the forked node {id}",
+                            healed.elapsed()
+                        );
+                    }
+                }
+                // The check's own pace while both sides run, not a synchronisation.
+                tokio::time::sleep(APART_POLL).await;
+            }
+            // The operator learns of the mistake: the machine is wiped and added back.
+            cluster.kill9(*id)?;
+            remove(cluster, *id).await?;
+            cluster.wipe(*id)?;
+            cluster.start_node(*id)?;
+            readd(cluster, *id).await?;
+            cluster.set_forked(*id, false);
+            Ok(())
+        }
+        Fault::OldDirectory(id, copy) => {
+            // The machine is replaced...
+            remove(cluster, *id).await?;
+            cluster.kill9(*id)?;
+            cluster.wipe(*id)?;
+            cluster.start_node(*id)?;
+            readd(cluster, *id).await?;
+            // ...and then started on its old disk, a member the cluster replaced.
+            cluster.kill9(*id)?;
+            cluster.wipe(*id)?;
+            copy_dir(copy, cluster.data_dir(*id))?;
+            std::fs::remove_dir_all(copy).with_context(|| format!("remove {}", copy.display()))?;
+            cluster.start_node(*id)?;
+            let started = Instant::now();
+            while started.elapsed() < APART_AFTER_HEAL {
+                let leader = cluster.leader_id().await;
+                anyhow::ensure!(
+                    leader != Some(*id),
+                    "node {id}, started on the directory of a member the cluster replaced, leads"
+                );
+                // The check's own pace while the cluster serves, not a synchronisation.
+                tokio::time::sleep(APART_POLL).await;
+            }
+            // Then wiped and added back once more.
+            cluster.kill9(*id)?;
+            cluster.wipe(*id)?;
+            cluster.start_node(*id)?;
+            remove(cluster, *id).await?;
+            readd(cluster, *id).await
+        }
         Fault::Kill(id) => cluster.start_node(*id),
         Fault::KillCatchingUp(id, after_ms) => {
             cluster.start_node(*id)?;
@@ -421,6 +569,36 @@ async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
         Fault::Network(_) => cluster.network().context("network")?.heal(),
         Fault::LossyLink(id, _) => cluster.network().context("network")?.restore(*id),
     }
+}
+
+/// How long after a forked or stale node comes back the nemesis checks it stays apart.
+const APART_AFTER_HEAL: Duration = Duration::from_secs(4);
+const APART_POLL: Duration = Duration::from_millis(250);
+
+/// Copies directory `from` to `to` (created), as `cp -a` does: a machine's disk image.
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("create {}", to.display()))?;
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", from.display()))
+        .arg(to)
+        .status()
+        .context("run cp")?;
+    anyhow::ensure!(status.success(), "cp -a {} {}: {status}", from.display(), to.display());
+    Ok(())
+}
+
+/// Runs the `raftbox` command line as an operator would; fails with its output if it fails.
+async fn cli(args: &[&str]) -> Result<()> {
+    let output = crate::run_cli(args).await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "raftbox {}: {}\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
 }
 
 /// How long adding a replaced node back may take (its catch-up included).

@@ -31,8 +31,10 @@ pub const FOREIGN_CONTENT: u64 = u64::MAX;
 pub struct RegisterSpec {
     pub clients: usize,
     pub paths: Vec<String>,
-    /// HTTP URLs of the nodes; each operation picks one at random.
+    /// HTTP URLs of the nodes; each operation picks one at random, of those not forked.
     pub targets: Vec<String>,
+    /// Nodes serving another cluster for now (`Cluster::forked_nodes`): never called.
+    pub forked: crate::ForkedNodes,
     pub token: String,
     /// Share of reads among operations.
     pub read_ratio: f64,
@@ -162,7 +164,11 @@ impl Client {
     async fn run(mut self, stop: Arc<AtomicBool>) -> Result<Vec<RegisterRecord>> {
         let mut records = Vec::new();
         while !stop.load(Ordering::Relaxed) {
-            let node = self.spec.targets.choose(&mut self.rng).context("no targets")?.clone();
+            let node = {
+                let forked = self.spec.forked.lock().unwrap_or_else(|e| e.into_inner());
+                let ours: Vec<&String> = self.spec.targets.iter().filter(|t| !forked.contains(*t)).collect();
+                (*ours.choose(&mut self.rng).context("no target serves this cluster")?).clone()
+            };
             let path = self.spec.paths.choose(&mut self.rng).context("no paths")?.clone();
             let record = if self.rng.gen_bool(self.spec.read_ratio) {
                 self.read(&node, &path).await?

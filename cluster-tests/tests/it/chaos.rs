@@ -12,14 +12,18 @@
 //!
 //! `partitions`: each node in its own network namespace, links cut by `nft` rules — the
 //! leader isolated, a minority cut off, one-way loss, a bridge node, a lossy and slow link —
-//! plus pauses and kills.
+//! plus pauses and kills, and an operator's mistake: a follower cut off recovered with
+//! `recover --force-new-cluster` and written to (the two clusters must stay apart after the
+//! cut heals; the workload does not call the forked node).
 //! A machine that cannot create namespaces fails this test; it never skips it.
 //! `crashes_pauses_and_clocks`: `kill -9` and restart, SIGSTOP longer than an election
 //! timeout, a node's clock moved by seconds (libfaketime), a follower replaced as an
 //! operator replaces a machine (removed, wiped, started empty, added back), a follower wiped
 //! in place under its id (it takes no part until removed and added back), a node killed again
-//! while it catches up by a snapshot install, and a node's disk filled past the NOSPACE
-//! minimum.
+//! while it catches up by a snapshot install, a node's disk filled past the NOSPACE
+//! minimum, a replaced machine started again on its old directory (it must not lead), and a
+//! backup restored into a follower while the old members live (a new cluster: both sides
+//! must stay apart).
 //!
 //! The history (one JSON line per operation) and the nemesis log are written to the cluster
 //! directory, which a failed run keeps; the seed replays the schedule.
@@ -84,6 +88,7 @@ async fn partitions() {
         FaultKind::LossyLink,
         FaultKind::Pause,
         FaultKind::Kill,
+        FaultKind::RecoverMinority,
     ])
     .expect("RAFTBOX_NEMESES");
     let mut cluster = Cluster::start(options(&kinds)).await.expect("start the cluster in network namespaces");
@@ -102,6 +107,8 @@ async fn crashes_pauses_and_clocks() {
         FaultKind::Replace,
         FaultKind::KillCatchingUp,
         FaultKind::WipeInPlace,
+        FaultKind::OldDirectory,
+        FaultKind::RestoreBeside,
         FaultKind::DiskFull,
     ])
     .expect("RAFTBOX_NEMESES");
@@ -119,6 +126,7 @@ async fn files_under_faults(cluster: &mut Cluster, seed: &Seed, kinds: Vec<Fault
         clients: CLIENTS,
         paths: PATHS.iter().map(|p| p.to_string()).collect(),
         targets: cluster.http_urls(&cluster.node_ids()),
+        forked: cluster.forked_nodes(),
         token: token.clone(),
         read_ratio: READ_RATIO,
     };

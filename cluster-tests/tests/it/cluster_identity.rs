@@ -9,7 +9,6 @@
 //! it named the majority's leader while listing only itself, answered 503, and the write it
 //! had acknowledged was readable on no node.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
@@ -47,7 +46,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     cluster.network().context("network namespaces")?.isolate(cut)?;
     // Dead, as the operator believes (cut off, a graceful stop may wait on its peers).
     cluster.kill9(cut)?;
-    let report = raftbox(&["recover", "--force-new-cluster", "--config", &config_of(cluster, cut)]).await?;
+    let report = raftbox(&["recover", "--force-new-cluster", "--config", cluster.config_path(cut).to_str().context("a UTF-8 config path")?]).await?;
     ensure!(report.contains("only voter"), "recover's report: {report}");
     cluster.start_node(cut)?;
     cluster.wait_view(cut, LEADER_DEADLINE, "the recovered node to lead alone", |v| v.leader_id == Some(cut)).await?;
@@ -135,9 +134,4 @@ async fn raftbox(args: &[&str]) -> Result<String> {
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     ensure!(output.status.success(), "raftbox {}: {}\n{stderr}", args.join(" "), output.status);
     Ok(stderr)
-}
-
-fn config_of(cluster: &Cluster, id: u64) -> String {
-    let dir: PathBuf = cluster.data_dir(id).parent().expect("a node directory").join("config.toml");
-    dir.display().to_string()
 }
