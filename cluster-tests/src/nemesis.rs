@@ -407,7 +407,7 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
             let id = *followers.choose(rng).context("no running follower")?;
             cluster.kill9(id)?;
             let copy = cluster.root().join(format!("node{id}-old-directory"));
-            copy_dir(cluster.data_dir(id), &copy)?;
+            crate::copy_dir(cluster.data_dir(id), &copy)?;
             cluster.start_node(id)?;
             Fault::OldDirectory(id, copy)
         }
@@ -531,7 +531,7 @@ async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
             // ...and then started on its old disk, a member the cluster replaced.
             cluster.kill9(*id)?;
             cluster.wipe(*id)?;
-            copy_dir(copy, cluster.data_dir(*id))?;
+            crate::copy_dir(copy, cluster.data_dir(*id))?;
             std::fs::remove_dir_all(copy).with_context(|| format!("remove {}", copy.display()))?;
             cluster.start_node(*id)?;
             let started = Instant::now();
@@ -574,19 +574,6 @@ async fn heal(cluster: &mut Cluster, fault: &Fault) -> Result<()> {
 /// How long after a forked or stale node comes back the nemesis checks it stays apart.
 const APART_AFTER_HEAL: Duration = Duration::from_secs(4);
 const APART_POLL: Duration = Duration::from_millis(250);
-
-/// Copies directory `from` to `to` (created), as `cp -a` does: a machine's disk image.
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
-    std::fs::create_dir_all(to).with_context(|| format!("create {}", to.display()))?;
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(format!("{}/.", from.display()))
-        .arg(to)
-        .status()
-        .context("run cp")?;
-    anyhow::ensure!(status.success(), "cp -a {} {}: {status}", from.display(), to.display());
-    Ok(())
-}
 
 /// Runs the `raftbox` command line as an operator would; fails with its output if it fails.
 async fn cli(args: &[&str]) -> Result<()> {

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::env;
 use std::future::Future;
 use std::net::{Ipv4Addr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -279,4 +279,13 @@ pub async fn run_cli(args: &[&str]) -> Result<std::process::Output> {
         .output()
         .await
         .context("run raftbox")
+}
+
+/// Copies directory `from` into `to` (created), as `cp -a` does: a machine's disk image.
+pub fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("create {}", to.display()))?;
+    let status =
+        std::process::Command::new("cp").arg("-a").arg(format!("{}/.", from.display())).arg(to).status().context("run cp")?;
+    ensure!(status.success(), "cp -a {} {}: {status}", from.display(), to.display());
+    Ok(())
 }

@@ -54,13 +54,17 @@ impl RaftGrpc {
     /// Refuses a call from a leader whose configuration records another incarnation for this
     /// node: this data directory is not the one that acknowledged that leader's entries, so
     /// its acknowledgements must not count (a wiped node would otherwise help a stale leader
-    /// of an old term commit). It takes entries again once removed and added back.
-    fn addressed_to_this_directory<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let Some(expected) = request.metadata().get(crate::network::INCARNATION_HEADER) else { return Ok(()) };
+    /// of an old term commit). It takes entries again once removed and added back. `true`
+    /// when the call names this directory's incarnation exactly: only such a call may give a
+    /// fresh node its cluster id (never one that merely reached its address).
+    fn addressed_to_this_directory<T>(&self, request: &Request<T>) -> Result<bool, Status> {
+        // The header is read once here; whether it names this directory exactly is the answer.
+        let Some(expected) = request.metadata().get(crate::network::INCARNATION_HEADER) else { return Ok(false) };
         let mine = self.node.incarnation();
+        let named = expected.as_bytes() == mine.as_bytes();
         let legacy_record = expected.as_bytes() == crate::network::LEGACY_INCARNATION.as_bytes();
-        if expected.as_bytes() == mine.as_bytes() || (legacy_record && self.node.legacy_directory()) {
-            return Ok(());
+        if named || (legacy_record && self.node.legacy_directory()) {
+            return Ok(named);
         }
         Err(Status::failed_precondition(format!(
             "node {} runs another data directory (incarnation {mine}) than the sender's configuration records \
@@ -68,13 +72,6 @@ impl RaftGrpc {
             self.node.id(),
             expected.to_str().unwrap_or("?")
         )))
-    }
-
-    /// Whether `request` names this data directory's incarnation: only such a call may give a
-    /// fresh node its cluster id (never one that merely reached its address).
-    fn names_this_directory<T>(&self, request: &Request<T>) -> bool {
-        let named = request.metadata().get(crate::network::INCARNATION_HEADER);
-        named.is_some_and(|named| named.as_bytes() == self.node.incarnation().as_bytes())
     }
 
     /// Refuses what would write entries while the NOSPACE alarm is raised (the leader
@@ -109,8 +106,8 @@ fn reply<T: Serialize, E: Serialize>(result: Result<T, E>) -> Result<Response<Ra
 #[tonic::async_trait]
 impl RaftService for RaftGrpc {
     async fn append_entries(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
-        self.addressed_to_this_directory(&request)?;
-        self.node.same_cluster(&request, self.names_this_directory(&request))?;
+        let named = self.addressed_to_this_directory(&request)?;
+        self.node.same_cluster(&request, named)?;
         let rpc: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
         if !rpc.entries.is_empty() {
             self.disk_has_room()?;
@@ -119,8 +116,8 @@ impl RaftService for RaftGrpc {
     }
 
     async fn append_entries_framed(&self, request: Request<AppendEntriesFrame>) -> Result<Response<RaftReply>, Status> {
-        self.addressed_to_this_directory(&request)?;
-        self.node.same_cluster(&request, self.names_this_directory(&request))?;
+        let named = self.addressed_to_this_directory(&request)?;
+        self.node.same_cluster(&request, named)?;
         let frame = request.into_inner();
         if !frame.entries.is_empty() {
             self.disk_has_room()?;
@@ -139,6 +136,11 @@ impl RaftService for RaftGrpc {
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
+        // A vote counts for the directory the candidate's configuration records: a machine
+        // started on a replaced member's old directory (whose own stale configuration still
+        // says it votes) must not lend the candidate a vote its replacement may have given
+        // another candidate in the same term.
+        self.addressed_to_this_directory(&request)?;
         self.node.same_cluster(&request, false)?;
         let rpc: VoteRequest<NodeId> = decode(request.get_ref())?;
         match self.node.vote(rpc).await {
@@ -148,8 +150,8 @@ impl RaftService for RaftGrpc {
     }
 
     async fn install_snapshot(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
-        self.addressed_to_this_directory(&request)?;
-        self.node.same_cluster(&request, self.names_this_directory(&request))?;
+        let named = self.addressed_to_this_directory(&request)?;
+        self.node.same_cluster(&request, named)?;
         self.disk_has_room()?;
         let rpc: openraft::raft::InstallSnapshotRequest<crate::types::TypeConfig> = decode(request.get_ref())?;
         // The image's size travels in its id: what is still to come, and the install's copy

@@ -8,12 +8,15 @@
 //!   votes: with the one other survivor it cannot elect a leader, so nothing is
 //!   acknowledged that a majority of the data directories that voted does not hold. Removed
 //!   and added again, it votes, and every user acknowledged before the wipe is there.
+//! - A machine started on the old directory of a member the cluster replaced lends no vote:
+//!   with the leader down, the other survivor cannot be elected with it (its own stale
+//!   configuration still says it votes; the candidate's names its replacement).
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    add_member, create_user, create_users, remove_member, within, Cluster, ClusterOptions, CreatedUser, Deadline,
+    add_member, copy_dir, create_user, create_users, remove_member, within, Cluster, ClusterOptions, CreatedUser, Deadline,
     Outcome, Seed,
 };
 use rand::Rng as _;
@@ -148,4 +151,89 @@ async fn never_votes(cluster: &Cluster, id: u64, when: &str) -> Result<()> {
     }
     ensure!(answered > 0, "node {id} never answered {when}");
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_members_old_directory_lends_no_vote() {
+    let mut cluster = Cluster::start(ClusterOptions::default()).await.expect("start the cluster");
+    // Leaders and candidates log the calls the old directory refuses.
+    cluster.allow_log_error("lost its data");
+    let result = within(TEST_DEADLINE, old_directory_scenario(&mut cluster)).await;
+    cluster.conclude(result);
+}
+
+async fn old_directory_scenario(cluster: &mut Cluster) -> Result<()> {
+    let http = cluster.client();
+    let token = cluster.admin_token().to_owned();
+    let leader = cluster.wait_for_leader(None, LEADER_DEADLINE).await?;
+    let mut others = cluster.node_ids().into_iter().filter(|id| *id != leader);
+    let (stale, survivor) = (others.next().context("a follower")?, others.next().context("another follower")?);
+    let names = |prefix: &str| (0..USERS).map(|i| format!("{prefix}-{i}")).collect::<Vec<String>>();
+    let mut users = create_users(&http, &cluster.http_urls(&[leader]), &token, names("before-copy"), 4).await?;
+    cluster.wait_caught_up(stale, MEMBERSHIP_DEADLINE).await?;
+
+    // A copy of the follower's disk, taken stopped.
+    cluster.kill9(stale)?;
+    let copy = cluster.root().join("old-directory");
+    copy_dir(cluster.data_dir(stale), &copy)?;
+    cluster.start_node(stale)?;
+    // The machine is replaced: removed, wiped, started empty and added back.
+    let url = cluster.http_url(leader);
+    let removed = remove_member(&http, &url, &token, stale).await?;
+    ensure!(removed.is_ok(), "remove node {stale}: {removed:?}");
+    cluster.kill9(stale)?;
+    cluster.wipe(stale)?;
+    cluster.start_node(stale)?;
+    add_back(cluster, &url, stale).await?;
+    users.extend(create_users(&http, &cluster.http_urls(&[leader]), &token, names("after-replace"), 4).await?);
+
+    // Then started on its old disk, and the leader is lost.
+    cluster.kill9(stale)?;
+    cluster.wipe(stale)?;
+    copy_dir(&copy, cluster.data_dir(stale))?;
+    cluster.start_node(stale)?;
+    cluster.kill9(leader)?;
+    let until = tokio::time::Instant::now() + SILENCE_WATCH + SILENCE_WATCH;
+    while tokio::time::Instant::now() < until {
+        for id in [stale, survivor] {
+            if let Ok(view) = cluster.view(id).await {
+                ensure!(!view.is_leader(), "node {id} leads with the vote of a replaced member's old directory: {view:?}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = create_user(&http, &cluster.http_url(survivor), &token, "must-not-commit").await?;
+    ensure!(!matches!(refused, Outcome::Ok(_)), "a write was acknowledged by the survivor and the old directory");
+
+    // The leader returns: a real majority. The old directory is wiped and added back.
+    cluster.start_node(leader)?;
+    let leader = cluster.wait_for_leader_among(&[leader, survivor], LEADER_DEADLINE).await?;
+    let url = cluster.http_url(leader);
+    cluster.kill9(stale)?;
+    cluster.wipe(stale)?;
+    cluster.start_node(stale)?;
+    let removed = remove_member(&http, &url, &token, stale).await?;
+    ensure!(removed.is_ok(), "remove node {stale} again: {removed:?}");
+    add_back(cluster, &url, stale).await?;
+    cluster.wait_view(stale, MEMBERSHIP_DEADLINE, "the re-added node to vote", |v| v.votes).await?;
+    cluster.verify_users(stale, &users).await.context("every user through the re-added node")?;
+    eprintln!(
+        "node {stale} on a replaced member's directory: node {survivor} was not elected with it for {:?}; \
+         wiped and added back, it votes and serves all {} users",
+        SILENCE_WATCH + SILENCE_WATCH,
+        users.len()
+    );
+    Ok(())
+}
+
+/// Adds node `id` back through `url`, repeating while it catches up.
+async fn add_back(cluster: &Cluster, url: &str, id: u64) -> Result<()> {
+    let (http_addr, grpc_addr) = cluster.addresses(id);
+    let wait = Deadline::after(MEMBERSHIP_DEADLINE, format!("node {id} to be added again"));
+    loop {
+        match add_member(&cluster.client(), url, cluster.admin_token(), id, &http_addr, &grpc_addr).await? {
+            Outcome::Ok(body) if body["complete"] == true => return Ok(()),
+            other => wait.tick(&format!("{other:?}")).await?,
+        }
+    }
 }
