@@ -244,6 +244,38 @@ fn another_cluster(ours: Option<&str>, status: &PeerStatus) -> Option<String> {
     })
 }
 
+/// What adding member `m` again comes to, its node now running `status`.
+#[derive(Debug, PartialEq, Eq)]
+enum Rejoin {
+    /// A voter rejoining with its own data: nothing to do.
+    AlreadyVoter,
+    /// A learner: caught up and filled, then promoted.
+    Promote,
+}
+
+/// Judges an addition of existing member `m` whose node now runs `status`: refused when the
+/// node lost the data its record names (another incarnation; or, for a voter recorded before
+/// incarnations, an empty directory, which would never vote again: `vote_right`).
+fn rejoining(m: &Member, status: &PeerStatus) -> Result<Rejoin, MembershipError> {
+    let id = m.id;
+    match &m.info.incarnation {
+        Some(recorded) if *recorded != status.incarnation => Err(MembershipError::Invalid(format!(
+            "node {id} is a member with another data directory (incarnation {recorded}; it now runs {}): it lost \
+             its data; remove it first, then add it again",
+            status.incarnation
+        ))),
+        None if m.voter && !(status.initialized || status.last_log_index > 0) => {
+            Err(MembershipError::Invalid(format!(
+                "node {id} is a voter whose record names no data directory (it joined before incarnations), and \
+                 it now runs an empty one ({}): it lost its data; remove it first, then add it again",
+                status.incarnation
+            )))
+        }
+        _ if m.voter => Ok(Rejoin::AlreadyVoter),
+        _ => Ok(Rejoin::Promote),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn add(
     raft: &Raft,
@@ -301,26 +333,10 @@ async fn add(
     }
     let info = &NodeInfo { incarnation: Some(status.incarnation.clone()), ..info.clone() };
     match existing {
-        Some(m) if m.info.incarnation.is_some() && m.info.incarnation != info.incarnation => {
-            return Err(MembershipError::Invalid(format!(
-                "node {id} is a member with another data directory (incarnation {}; it now runs {}): it lost \
-                 its data; remove it first, then add it again",
-                m.info.incarnation.as_deref().unwrap_or("?"),
-                status.incarnation
-            )));
-        }
-        // A voter from before incarnations: its record cannot tell its directory from another.
-        // Holding data, it is the member it was; empty, it lost its data and would never vote
-        // again (`vote_right`), so "complete" would be a lie.
-        Some(m) if m.voter && m.info.incarnation.is_none() && !(status.initialized || status.last_log_index > 0) => {
-            return Err(MembershipError::Invalid(format!(
-                "node {id} is a voter whose record names no data directory (it joined before incarnations), and \
-                 it now runs an empty one ({}): it lost its data; remove it first, then add it again",
-                status.incarnation
-            )));
-        }
-        Some(m) if m.voter => return Ok(MembershipAnswer { members, complete: true }),
-        Some(_) => {}
+        Some(m) => match rejoining(m, &status)? {
+            Rejoin::AlreadyVoter => return Ok(MembershipAnswer { members, complete: true }),
+            Rejoin::Promote => {}
+        },
         None => {
             let joined = tokio::time::timeout_at(deadline, raft.add_learner(id, info.clone(), false)).await;
             finished(joined, "adding the learner")?;
@@ -773,4 +789,49 @@ pub(crate) async fn peer_status(peers: &Peers, addr: &str, timeout: Duration) ->
         cluster_id: reply.cluster_id,
         knows_cluster_ids: reply.knows_cluster_ids,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(voter: bool, incarnation: Option<&str>) -> Member {
+        let mut info = NodeInfo::new("127.0.0.1:1", "127.0.0.1:2");
+        info.incarnation = incarnation.map(str::to_owned);
+        Member { id: 2, info, voter }
+    }
+
+    fn running(incarnation: &str, holds_data: bool) -> PeerStatus {
+        PeerStatus {
+            initialized: holds_data,
+            last_log_index: if holds_data { 40 } else { 0 },
+            incarnation: incarnation.to_owned(),
+            format: FORMAT_BEFORE_REPORTS,
+            cluster_id: String::new(),
+            knows_cluster_ids: true,
+        }
+    }
+
+    fn refused(verdict: Result<Rejoin, MembershipError>) -> bool {
+        matches!(verdict, Err(MembershipError::Invalid(why)) if why.contains("lost its data"))
+    }
+
+    /// Issue 35 item 7: re-adding a voter recorded before incarnations whose machine now runs
+    /// an empty directory answered "complete" and changed nothing; the node never voted again.
+    #[test]
+    fn a_voter_recorded_before_incarnations_that_lost_its_data_is_refused() {
+        assert!(refused(rejoining(&member(true, None), &running("fresh", false))));
+        // Holding data, it is the member it was.
+        assert_eq!(rejoining(&member(true, None), &running("old", true)).ok(), Some(Rejoin::AlreadyVoter));
+        // A learner is caught up and promoted either way.
+        assert_eq!(rejoining(&member(false, None), &running("fresh", false)).ok(), Some(Rejoin::Promote));
+    }
+
+    #[test]
+    fn a_member_running_another_directory_than_its_record_names_is_refused() {
+        assert!(refused(rejoining(&member(true, Some("a")), &running("b", true))));
+        assert!(refused(rejoining(&member(false, Some("a")), &running("b", false))));
+        assert_eq!(rejoining(&member(true, Some("a")), &running("a", true)).ok(), Some(Rejoin::AlreadyVoter));
+        assert_eq!(rejoining(&member(false, Some("a")), &running("a", true)).ok(), Some(Rejoin::Promote));
+    }
 }
