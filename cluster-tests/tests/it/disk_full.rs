@@ -169,12 +169,14 @@ async fn install_scenario(cluster: &mut Cluster) -> Result<()> {
     cluster.kill9(follower)?;
 
     // Writes until the leader's snapshot is past the follower's log and its image is big.
-    let image = loop {
+    let (image, image_index) = loop {
         let view = cluster.view(leader).await?;
         let image = last_image_bytes(cluster, leader)?;
         let past = view.snapshot_index.is_some_and(|index| index > behind + LOGS_KEPT);
-        if past && image.is_some_and(|bytes| bytes >= IMAGE_MIN_BYTES) {
-            break image.unwrap_or_default();
+        if let (true, Some(bytes), Some(index)) = (past, image, view.snapshot_index) {
+            if bytes >= IMAGE_MIN_BYTES {
+                break (bytes, index);
+            }
         }
         ensure!(users.len() < IMAGE_USERS_MAX, "{} users made no {IMAGE_MIN_BYTES}-byte image: {view:?}", users.len());
         let names = (0..200).map(|i| format!("grow-{}-{i}", users.len())).collect();
@@ -204,11 +206,16 @@ async fn install_scenario(cluster: &mut Cluster) -> Result<()> {
         // The watch's own pace, sampling the disk while the leader retries.
         tokio::time::sleep(WATCH_EVERY).await;
     }
+    // An older, smaller image the leader was already sending may have fitted, and been
+    // installed; the one at `image_index` did not.
     let view = cluster.view(follower).await?;
-    ensure!(view.last_applied <= behind, "node {follower} installed the snapshot without room: {view:?}");
+    ensure!(
+        view.last_applied < image_index,
+        "node {follower} installed the {image}-byte image at {image_index} without room: {view:?}"
+    );
     eprintln!(
-        "a {image}-byte image to node {follower} with {leave_mb} MiB free: refused for {REFUSING_FOR:?}, at least \
-         {} MiB free throughout, applied {} (behind {behind})",
+        "a {image}-byte image at {image_index} to node {follower} with {leave_mb} MiB free: refused for \
+         {REFUSING_FOR:?}, at least {} MiB free throughout, applied {} (behind {behind})",
         lowest >> 20,
         view.last_applied
     );
