@@ -149,7 +149,9 @@ impl FaultKind {
 
     /// The kinds that change membership at heal (which needs a quorum): they run alone.
     fn runs_alone(self) -> bool {
-        matches!(self, FaultKind::Replace
+        matches!(
+            self,
+            FaultKind::Replace
                 | FaultKind::WipeInPlace
                 | FaultKind::RecoverMinority
                 | FaultKind::RestoreBeside
@@ -232,7 +234,6 @@ pub fn allow_log_errors(cluster: &mut Cluster, kinds: &[FaultKind]) {
         // Each side refuses the other's calls (and openraft logs the refused ones as errors).
         cluster.allow_log_error("never joined");
     }
-
 }
 
 /// What the nemesis did, with times since the test's start.
@@ -393,9 +394,7 @@ async fn inject(cluster: &mut Cluster, kind: FaultKind, rng: &mut StdRng) -> Res
                 std::fs::remove_file(&backup).with_context(|| format!("remove {backup}"))?;
             }
             cluster.start_node(id)?;
-            cluster
-                .wait_view(id, READD_DEADLINE, "the forked node leading alone", |v| v.leader_id == Some(id))
-                .await?;
+            cluster.wait_view(id, READD_DEADLINE, "the forked node leading alone", |v| v.leader_id == Some(id)).await?;
             // It acknowledges writes of its own: the fork is real.
             let (user, _) = crate::new_user(cluster, id, &format!("fork-{}", rng.gen::<u32>()), "t").await?;
             let cluster_id = cluster.cluster_info(id).await?["clusterId"].as_str().unwrap_or_default().to_owned();

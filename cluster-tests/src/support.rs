@@ -284,8 +284,12 @@ pub async fn run_cli(args: &[&str]) -> Result<std::process::Output> {
 /// Copies directory `from` into `to` (created), as `cp -a` does: a machine's disk image.
 pub fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(to).with_context(|| format!("create {}", to.display()))?;
-    let status =
-        std::process::Command::new("cp").arg("-a").arg(format!("{}/.", from.display())).arg(to).status().context("run cp")?;
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(format!("{}/.", from.display()))
+        .arg(to)
+        .status()
+        .context("run cp")?;
     ensure!(status.success(), "cp -a {} {}: {status}", from.display(), to.display());
     Ok(())
 }

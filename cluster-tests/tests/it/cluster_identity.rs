@@ -46,7 +46,13 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     cluster.network().context("network namespaces")?.isolate(cut)?;
     // Dead, as the operator believes (cut off, a graceful stop may wait on its peers).
     cluster.kill9(cut)?;
-    let report = raftbox(&["recover", "--force-new-cluster", "--config", cluster.config_path(cut).to_str().context("a UTF-8 config path")?]).await?;
+    let report = raftbox(&[
+        "recover",
+        "--force-new-cluster",
+        "--config",
+        cluster.config_path(cut).to_str().context("a UTF-8 config path")?,
+    ])
+    .await?;
     ensure!(report.contains("only voter"), "recover's report: {report}");
     cluster.start_node(cut)?;
     cluster.wait_view(cut, LEADER_DEADLINE, "the recovered node to lead alone", |v| v.leader_id == Some(cut)).await?;

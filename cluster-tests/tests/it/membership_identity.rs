@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use raftbox_cluster_tests::{
-    add_member, copy_dir, create_user, create_users, remove_member, within, Cluster, ClusterOptions, CreatedUser, Deadline,
-    Outcome, Seed,
+    add_member, copy_dir, create_user, create_users, remove_member, within, Cluster, ClusterOptions, CreatedUser,
+    Deadline, Outcome, Seed,
 };
 use rand::Rng as _;
 
@@ -197,7 +197,10 @@ async fn old_directory_scenario(cluster: &mut Cluster) -> Result<()> {
     while tokio::time::Instant::now() < until {
         for id in [stale, survivor] {
             if let Ok(view) = cluster.view(id).await {
-                ensure!(!view.is_leader(), "node {id} leads with the vote of a replaced member's old directory: {view:?}");
+                ensure!(
+                    !view.is_leader(),
+                    "node {id} leads with the vote of a replaced member's old directory: {view:?}"
+                );
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
